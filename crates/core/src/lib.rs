@@ -1,0 +1,21 @@
+//! Core types of policy-serving.
+//!
+//! This crate owns the vocabulary every other crate speaks: chat messages and their normalisation
+//! ([`message`]), session and turn identities ([`session`]), the tokens an upstream reported for a
+//! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
+//! the captured main turn ([`capture`]) and the trainer's [`sample::Sample`].
+//!
+//! It must not depend on a web framework, an async runtime or any other crate of this workspace:
+//! the dependency arrows of the workspace all point here.
+
+pub mod align;
+pub mod capture;
+pub mod message;
+pub mod rollout;
+pub mod sample;
+pub mod session;
+
+pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
+pub use capture::{CapturedTurn, TurnSink};
+pub use rollout::{FinishReason, RolloutResponse, SampledToken};
+pub use session::{SessionHeaders, TurnType};

@@ -1,0 +1,52 @@
+//! What the upstream reported about a generated answer: the assembled assistant message and, for each
+//! sampled token it reported, the token's text, id (when returned) and log-prob.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One sampled token as the upstream reported it in `logprobs.content[]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampledToken {
+    /// The token decoded on its own (SGLang's `token` field).
+    pub token: String,
+    /// The token id, when the upstream returned sampled ids.
+    pub id: Option<u32>,
+    pub logprob: f64,
+}
+
+/// Why generation stopped, with the stop the upstream matched (`matched_stop`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FinishReason {
+    /// `stop`, `length`, `tool_calls`, `abort`, … or `None` when the upstream sent none.
+    pub reason: Option<String>,
+    /// A token id (number) or stop string, or `Null`.
+    pub matched_stop: Value,
+}
+
+impl FinishReason {
+    /// Whether the model itself sampled the end-of-turn token `eos_id`: it stopped normally (`stop` or
+    /// `tool_calls`) and the matched stop is that token, or is not reported (older builds).
+    pub fn sampled_eos(&self, eos_id: Option<u32>) -> bool {
+        let stopped = matches!(self.reason.as_deref(), Some("stop" | "tool_calls"));
+        if !stopped {
+            return false;
+        }
+        match (&self.matched_stop, eos_id) {
+            (Value::Null, _) => true,
+            (Value::Number(n), Some(eos)) => n.as_u64() == Some(u64::from(eos)),
+            _ => false,
+        }
+    }
+}
+
+/// The assembled answer of one chat completion (streamed or not), for the first choice.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RolloutResponse {
+    /// `{"role": "assistant", "content", "reasoning_content"?, "tool_calls"?}` as returned or assembled.
+    pub message: Value,
+    /// Every sampled token the upstream reported, in order.
+    pub tokens: Vec<SampledToken>,
+    pub finish: FinishReason,
+    /// Whether the answer came as a stream (streamed answers may lack log-probs of empty deltas).
+    pub streamed: bool,
+}

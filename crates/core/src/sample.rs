@@ -1,0 +1,53 @@
+//! The training sample handed to the trainer, with the field names of Slime's `Sample`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Status of a sample, as Slime names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleStatus {
+    #[default]
+    Pending,
+    Completed,
+    Truncated,
+    Aborted,
+    Failed,
+}
+
+/// `{"score": x}`, read by the trainer with `--reward-key score`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct Reward {
+    pub score: f64,
+}
+
+/// One training sample (a group of size one). Field names follow Slime's `Sample`; `session_id`,
+/// `turn` and `metadata` carry our bookkeeping.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Sample {
+    pub index: u64,
+    pub group_index: u64,
+    /// The rendered prompt text.
+    pub prompt: String,
+    /// The rendered response text.
+    pub response: String,
+    /// Prompt ids followed by response ids.
+    pub tokens: Vec<u32>,
+    pub response_length: usize,
+    /// One entry per response token.
+    pub loss_mask: Vec<u8>,
+    /// One entry per response token; `0.0` where the metadata marks no log-prob.
+    pub rollout_log_probs: Vec<f64>,
+    pub reward: Reward,
+    pub status: SampleStatus,
+    pub session_id: String,
+    pub turn: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher_log_probs: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher_topk_log_probs: Option<Vec<Vec<f64>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher_topk_indices: Option<Vec<Vec<u32>>>,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+}
