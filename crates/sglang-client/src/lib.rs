@@ -1,1 +1,18 @@
-//! (being written)
+//! Client of the policy model's SGLang (or any OpenAI-compatible) chat endpoint.
+//!
+//! This crate owns the wire side of one chat completion: sending the forwarded body, streamed
+//! (server-sent events, parsed by `eventsource-stream`) or not, classifying failures (refused,
+//! timed out, upstream status, broken body), and assembling an answer's message and per-token
+//! log-probs from a response or from stream chunks ([`assemble`]). It knows nothing about sessions,
+//! templates or HTTP serving; it depends only on `ps-core`.
+
+pub mod assemble;
+mod client;
+mod error;
+
+pub use assemble::{StreamAssembler, rollout_from_response, synthesize_chunks};
+pub use client::{ChatEventStream, PolicyClient, SglangClient, SglangClientConfig, StreamEvent};
+pub use error::SglangError;
+
+#[cfg(any(test, feature = "test-support"))]
+pub use client::MockPolicyClient;
