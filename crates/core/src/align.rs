@@ -154,7 +154,15 @@ mod tests {
 
     // A toy vocabulary: ids are indexes into this table.
     const VOCAB: &[&str] = &[
-        "<think>", "\n", "</think>", "\n\n", "Hel", "lo", "<|im_end|>", "!", " world",
+        "<think>",
+        "\n",
+        "</think>",
+        "\n\n",
+        "Hel",
+        "lo",
+        "<|im_end|>",
+        "!",
+        " world",
     ];
     const EOS: u32 = 6;
 
@@ -181,11 +189,31 @@ mod tests {
     fn template_scaffolding_is_marked_not_shifted() {
         // Re-rendered: <think>\n</think>\n\n Hel lo <|im_end|> \n ; sampled: Hel lo <|im_end|>
         let response = [0, 1, 2, 3, 4, 5, 6, 1];
-        let upstream = [tok(4, -0.1, false), tok(5, -0.2, false), tok(6, -0.3, false)];
-        let a = align_logprobs(&response, text, &upstream, &stop(), Some(EOS), AlignPolicy::default());
+        let upstream = [
+            tok(4, -0.1, false),
+            tok(5, -0.2, false),
+            tok(6, -0.3, false),
+        ];
+        let a = align_logprobs(
+            &response,
+            text,
+            &upstream,
+            &stop(),
+            Some(EOS),
+            AlignPolicy::default(),
+        );
         assert_eq!(
             a.logprobs,
-            vec![None, None, None, None, Some(-0.1), Some(-0.2), Some(-0.3), None]
+            vec![
+                None,
+                None,
+                None,
+                None,
+                Some(-0.1),
+                Some(-0.2),
+                Some(-0.3),
+                None
+            ]
         );
         assert_eq!(a.loss_mask, vec![0, 0, 0, 0, 1, 1, 1, 0]);
         assert_eq!(a.marked(), 5);
@@ -198,7 +226,14 @@ mod tests {
     fn streamed_eos_without_logprob_is_trained_by_default_and_configurable() {
         let response = [4, 5, 6, 1];
         let upstream = [tok(4, -0.1, false), tok(5, -0.2, false)];
-        let a = align_logprobs(&response, text, &upstream, &stop(), Some(EOS), AlignPolicy::default());
+        let a = align_logprobs(
+            &response,
+            text,
+            &upstream,
+            &stop(),
+            Some(EOS),
+            AlignPolicy::default(),
+        );
         assert_eq!(
             a.sources,
             vec![
@@ -225,7 +260,14 @@ mod tests {
             reason: Some("length".into()),
             matched_stop: json!(null),
         };
-        let a = align_logprobs(&response, text, &upstream, &length, Some(EOS), AlignPolicy::default());
+        let a = align_logprobs(
+            &response,
+            text,
+            &upstream,
+            &length,
+            Some(EOS),
+            AlignPolicy::default(),
+        );
         assert_eq!(a.sources[2], PositionSource::Unsampled);
         assert_eq!(a.loss_mask, vec![1, 1, 0, 0]);
     }
@@ -234,10 +276,25 @@ mod tests {
     fn ids_are_used_when_every_token_has_one_and_mismatches_are_counted() {
         // The upstream sampled " world" (8) where the re-render has "!" (7).
         let response = [4, 5, 7, 6, 1];
-        let upstream = [tok(4, -0.1, true), tok(5, -0.2, true), tok(8, -0.5, true), tok(6, -0.3, true)];
-        let a = align_logprobs(&response, text, &upstream, &stop(), Some(EOS), AlignPolicy::default());
+        let upstream = [
+            tok(4, -0.1, true),
+            tok(5, -0.2, true),
+            tok(8, -0.5, true),
+            tok(6, -0.3, true),
+        ];
+        let a = align_logprobs(
+            &response,
+            text,
+            &upstream,
+            &stop(),
+            Some(EOS),
+            AlignPolicy::default(),
+        );
         assert!(a.matched_by_ids);
-        assert_eq!(a.logprobs, vec![Some(-0.1), Some(-0.2), None, Some(-0.3), None]);
+        assert_eq!(
+            a.logprobs,
+            vec![Some(-0.1), Some(-0.2), None, Some(-0.3), None]
+        );
         assert_eq!(a.unmatched_upstream, 1);
         assert_eq!(a.first_unmatched_upstream, Some(2));
     }
@@ -245,7 +302,14 @@ mod tests {
     #[test]
     fn empty_upstream_marks_everything() {
         let response = [4, 5, 6];
-        let a = align_logprobs(&response, text, &[], &stop(), Some(EOS), AlignPolicy::default());
+        let a = align_logprobs(
+            &response,
+            text,
+            &[],
+            &stop(),
+            Some(EOS),
+            AlignPolicy::default(),
+        );
         assert_eq!(a.logprobs, vec![None, None, None]);
         assert_eq!(a.loss_mask, vec![0, 0, 1]);
         assert_eq!(a.unmatched_upstream, 0);

@@ -72,7 +72,10 @@ mod tests {
         let n = normalize_message(&m);
         assert_eq!(n, json!({"role": "system", "content": "a b", "name": "x"}));
         // key order is preserved
-        let keys: Vec<_> = n.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+        let keys: Vec<_> = n
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
         assert_eq!(keys, ["role", "content", "name"]);
     }
 
@@ -87,7 +90,9 @@ mod tests {
 
     #[test]
     fn response_null_content_becomes_empty() {
-        let r = normalize_response_message(&json!({"role": "assistant", "content": null, "tool_calls": []}));
+        let r = normalize_response_message(
+            &json!({"role": "assistant", "content": null, "tool_calls": []}),
+        );
         assert_eq!(r["content"], json!(""));
         let r = normalize_response_message(&json!({"role": "assistant"}));
         assert_eq!(r["content"], json!(""));

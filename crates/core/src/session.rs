@@ -30,7 +30,10 @@ impl TurnType {
 
 /// `1`, `true`, `yes` and `on` (any case) are truthy, as in the reference server.
 pub fn is_truthy(s: &str) -> bool {
-    matches!(s.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+    matches!(
+        s.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
 }
 
 /// The session keys of one request, before defaults are applied.

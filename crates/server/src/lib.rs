@@ -1,1 +1,43 @@
-//! (being written)
+//! The policy-serving HTTP server.
+//!
+//! This crate owns the HTTP surface: the OpenAI-compatible `POST /v1/chat/completions` proxy (streamed
+//! and not), the session keys of each request, the hand-off of every main turn to the capture workers
+//! (rendering, tokenizing and log-prob alignment run on their own threads, never on the executor),
+//! health and model routes, client authentication, and the one place where errors become HTTP
+//! responses ([`error::ApiError`]). It depends on the client crates and `ps-core` through their
+//! traits; concrete implementations are injected by the binary.
+
+pub mod capture;
+mod chat;
+pub mod error;
+mod health;
+pub mod metrics;
+mod proxy_stream;
+mod request;
+mod state;
+pub mod wiring;
+
+pub use capture::{CaptureQueue, LoggingSink};
+pub use error::ApiError;
+pub use state::{AppState, ServerOptions, build_router};
+pub use wiring::StartupError;
+
+use std::future::Future;
+
+/// Serves `app` on `listener` until `shutdown` resolves, then lets in-flight requests finish and
+/// drains the capture queue (every turn already accepted is still captured).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = build_router(app.clone());
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    let drained = tokio::task::spawn_blocking(move || app.capture().shutdown())
+        .await
+        .unwrap_or(0);
+    tracing::info!(drained, "capture queue drained");
+    Ok(())
+}

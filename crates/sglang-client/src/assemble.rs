@@ -122,6 +122,11 @@ impl StreamAssembler {
     pub fn feed_str(&mut self, data: &str) -> Result<(), String> {
         let chunk: Value =
             serde_json::from_str(data).map_err(|e| format!("chunk is not JSON: {e}"))?;
+        self.feed_checked(&chunk)
+    }
+
+    /// Feeds one parsed chunk; an upstream error event is returned as an error message.
+    pub fn feed_checked(&mut self, chunk: &Value) -> Result<(), String> {
         if let Some(err) = chunk.get("error") {
             let message = err
                 .get("message")
@@ -130,7 +135,7 @@ impl StreamAssembler {
                 .unwrap_or_else(|| err.to_string());
             return Err(message);
         }
-        self.feed(&chunk);
+        self.feed(chunk);
         Ok(())
     }
 
@@ -372,7 +377,10 @@ mod tests {
             "usage": {"prompt_tokens": 3}});
         let chunks = synthesize_chunks(&resp);
         assert_eq!(chunks.len(), 2);
-        assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": "Hi"}));
+        assert_eq!(
+            chunks[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": "Hi"})
+        );
         assert_eq!(chunks[1]["choices"][0]["finish_reason"], "stop");
         assert_eq!(chunks[1]["usage"]["prompt_tokens"], 3);
         // Re-assembling the synthesized chunks gives the same answer back.

@@ -91,10 +91,15 @@ impl SglangClient {
     fn send_error(&self, e: reqwest::Error) -> SglangError {
         if e.is_timeout() {
             self.timeout_error()
-        } else {
+        } else if e.is_connect() {
             SglangError::Connect {
                 url: self.config.chat_url.clone(),
                 config_key: CHAT_URL_KEY,
+                source: e,
+            }
+        } else {
+            SglangError::Transport {
+                url: self.config.chat_url.clone(),
                 source: e,
             }
         }

@@ -13,6 +13,12 @@ pub enum SglangError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("the connection to the policy upstream at {url} failed before an answer: {source}")]
+    Transport {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("the policy upstream at {url} did not answer within {after:?} (raise `{config_key}`)")]
     Timeout {
         url: String,

@@ -1,0 +1,226 @@
+//! Capture workers: render, tokenize and align each main turn on dedicated threads, fed by a bounded
+//! queue, so that the chat path never waits for this work and a long conversation cannot stall other
+//! clients. A full queue drops the turn (counted and logged), it never blocks a request.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use ps_chat_template::{ChatTemplateError, ChatTokenizer, TurnInput};
+use ps_core::{
+    AlignPolicy, CapturedTurn, PositionSource, RolloutResponse, TurnSink, align_logprobs,
+};
+use serde_json::{Map, Value};
+
+use crate::metrics as m;
+
+/// Everything needed to capture one main turn, taken from the request and the upstream's answer.
+#[derive(Debug, Clone)]
+pub struct CaptureJob {
+    pub session_id: String,
+    pub arrival_seq: u64,
+    pub messages: Vec<Value>,
+    pub tools: Option<Value>,
+    pub template_kwargs: Option<Map<String, Value>>,
+    pub rollout: RolloutResponse,
+}
+
+/// Renders, tokenizes and aligns one turn.
+pub fn capture_turn(
+    tok: &ChatTokenizer,
+    job: CaptureJob,
+    policy: AlignPolicy,
+) -> Result<CapturedTurn, ChatTemplateError> {
+    let tokens = tok.split_turn(&TurnInput {
+        messages: &job.messages,
+        tools: job.tools.as_ref(),
+        response_message: &job.rollout.message,
+        template_kwargs: job.template_kwargs.as_ref(),
+    })?;
+    let alignment = align_logprobs(
+        &tokens.response_ids,
+        |id| tok.token_text(id),
+        &job.rollout.tokens,
+        &job.rollout.finish,
+        tok.eos_token_id(),
+        policy,
+    );
+    Ok(CapturedTurn {
+        session_id: job.session_id,
+        arrival_seq: job.arrival_seq,
+        messages: job.messages,
+        tools: job.tools,
+        response_message: job.rollout.message,
+        prompt_text: tokens.prompt_text,
+        response_text: tokens.response_text,
+        prompt_is_prefix: tokens.prompt_is_prefix,
+        prompt_ids: tokens.prompt_ids,
+        response_ids: tokens.response_ids,
+        alignment,
+        finish_reason: job.rollout.finish.reason,
+        streamed: job.rollout.streamed,
+    })
+}
+
+/// Counts and logs what a captured turn tells an operator.
+fn report(turn: &CapturedTurn) {
+    let a = &turn.alignment;
+    if !turn.prompt_is_prefix {
+        metrics::counter!(m::PROMPT_NOT_PREFIX_TOTAL).increment(1);
+        tracing::warn!(
+            session_id = %turn.session_id, turn = turn.arrival_seq,
+            "the rendered conversation does not start with the rendered prompt; the whole text is taken as the response"
+        );
+    }
+    if a.unmatched_upstream > 0 {
+        metrics::counter!(m::TOKEN_MISMATCH_TOTAL).increment(1);
+        tracing::warn!(
+            session_id = %turn.session_id, turn = turn.arrival_seq,
+            unmatched = a.unmatched_upstream,
+            first_unmatched = a.first_unmatched_upstream,
+            by_ids = a.matched_by_ids,
+            "sampled tokens differ from the re-rendered response tokens; their positions carry no log-prob"
+        );
+    }
+    let eos = a
+        .sources
+        .iter()
+        .filter(|s| **s == PositionSource::EosUnreported)
+        .count();
+    let unsampled = a
+        .sources
+        .iter()
+        .filter(|s| **s == PositionSource::Unsampled)
+        .count();
+    metrics::counter!(m::MARKED_POSITIONS_TOTAL, "source" => "eos_unreported")
+        .increment(eos as u64);
+    metrics::counter!(m::MARKED_POSITIONS_TOTAL, "source" => "unsampled")
+        .increment(unsampled as u64);
+}
+
+/// The bounded queue in front of the capture workers.
+pub struct CaptureQueue {
+    tx: std::sync::Mutex<Option<SyncSender<CaptureJob>>>,
+    workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
+}
+
+impl std::fmt::Debug for CaptureQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureQueue").finish_non_exhaustive()
+    }
+}
+
+impl CaptureQueue {
+    /// Starts `workers` threads sharing a queue of `capacity` jobs.
+    pub fn start(
+        tokenizer: Arc<ChatTokenizer>,
+        sink: Arc<dyn TurnSink>,
+        policy: AlignPolicy,
+        capacity: usize,
+        workers: usize,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = sync_channel::<CaptureJob>(capacity.max(1));
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let mut handles = Vec::new();
+        for i in 0..workers.max(1) {
+            let (rx, tok, sink) = (rx.clone(), tokenizer.clone(), sink.clone());
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("capture-{i}"))
+                    .spawn(move || worker(&rx, &tok, sink.as_ref(), policy))?,
+            );
+        }
+        Ok(Self {
+            tx: std::sync::Mutex::new(Some(tx)),
+            workers: std::sync::Mutex::new(handles),
+        })
+    }
+
+    /// Queues a job without waiting. Returns `false` (counted, logged) when the queue is full or closed.
+    pub fn submit(&self, job: CaptureJob) -> bool {
+        let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(tx) = guard.as_ref() else {
+            metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "closed").increment(1);
+            tracing::warn!(session_id = %job.session_id, "capture is shut down; turn not captured");
+            return false;
+        };
+        match tx.try_send(job) {
+            Ok(()) => true,
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
+                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "queue_full").increment(1);
+                tracing::warn!(
+                    session_id = %job.session_id, turn = job.arrival_seq,
+                    "capture queue full; turn not captured (more capture workers or a larger queue help)"
+                );
+                false
+            }
+        }
+    }
+
+    /// Closes the queue, lets the workers finish every queued job and returns how many they captured.
+    /// Blocking: call it off the executor.
+    pub fn shutdown(&self) -> usize {
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let handles = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        handles.into_iter().filter_map(|h| h.join().ok()).sum()
+    }
+}
+
+impl Drop for CaptureQueue {
+    fn drop(&mut self) {
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+}
+
+fn worker(
+    rx: &std::sync::Mutex<Receiver<CaptureJob>>,
+    tok: &ChatTokenizer,
+    sink: &dyn TurnSink,
+    policy: AlignPolicy,
+) -> usize {
+    let mut captured = 0;
+    loop {
+        let job = {
+            let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.recv() {
+                Ok(job) => job,
+                Err(_) => return captured,
+            }
+        };
+        let started = Instant::now();
+        let (session_id, seq) = (job.session_id.clone(), job.arrival_seq);
+        match capture_turn(tok, job, policy) {
+            Ok(turn) => {
+                metrics::histogram!(m::CAPTURE_SECONDS).record(started.elapsed().as_secs_f64());
+                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "captured").increment(1);
+                report(&turn);
+                sink.accept(turn);
+                captured += 1;
+            }
+            Err(e) => {
+                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "render_failed").increment(1);
+                tracing::error!(session_id = %session_id, turn = seq, error = %e, "capture failed: the turn could not be rendered or tokenized");
+            }
+        }
+    }
+}
+
+/// A sink that logs a one-line summary of each captured turn (what `serve` wires until the session
+/// buffer takes the turns).
+#[derive(Debug, Default)]
+pub struct LoggingSink;
+
+impl TurnSink for LoggingSink {
+    fn accept(&self, turn: CapturedTurn) {
+        tracing::info!(
+            session_id = %turn.session_id,
+            turn = turn.arrival_seq,
+            prompt_tokens = turn.prompt_ids.len(),
+            response_tokens = turn.response_ids.len(),
+            marked = turn.alignment.marked(),
+            trained = turn.alignment.loss_mask.iter().filter(|b| **b == 1).count(),
+            "main turn captured"
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! `POST /v1/chat/completions`: validate, forward, answer the client, and hand main turns to capture.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use ps_core::TurnType;
+use ps_sglang_client::{rollout_from_response, synthesize_chunks};
+use serde_json::{Map, Value, json};
+use tracing::Instrument;
+
+use crate::capture::CaptureJob;
+use crate::error::ApiError;
+use crate::metrics as m;
+use crate::proxy_stream::{ClientShape, ProxyStream, sse_bytes};
+use crate::request::{self, ForwardOptions};
+use crate::state::AppState;
+
+/// Session id of a request that names none (as the reference).
+pub const UNKNOWN_SESSION: &str = "unknown";
+
+/// What a main turn needs captured, taken from the request before it is forwarded.
+pub(crate) struct TurnContext {
+    pub session_id: String,
+    pub arrival_seq: u64,
+    pub messages: Vec<Value>,
+    pub tools: Option<Value>,
+    pub template_kwargs: Option<Map<String, Value>>,
+}
+
+impl TurnContext {
+    pub fn job(self, rollout: ps_core::RolloutResponse) -> CaptureJob {
+        CaptureJob {
+            session_id: self.session_id,
+            arrival_seq: self.arrival_seq,
+            messages: self.messages,
+            tools: self.tools,
+            template_kwargs: self.template_kwargs,
+            rollout,
+        }
+    }
+}
+
+pub async fn chat_completions(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let span = tracing::info_span!(
+        "chat",
+        session_id = tracing::field::Empty,
+        turn_type = tracing::field::Empty,
+        turn = tracing::field::Empty
+    );
+    async move {
+        match handle(&app, &headers, body).await {
+            Ok((resp, turn_type)) => {
+                metrics::counter!(m::REQUESTS_TOTAL, "turn_type" => turn_type.as_str(), "outcome" => "ok")
+                    .increment(1);
+                resp
+            }
+            Err(e) => {
+                let outcome = if e.is_client_error() { "client_error" } else { "upstream_error" };
+                metrics::counter!(m::REQUESTS_TOTAL, "turn_type" => "unknown", "outcome" => outcome)
+                    .increment(1);
+                if e.is_client_error() {
+                    tracing::info!(code = e.code(), error = %e, "rejected chat request");
+                } else {
+                    tracing::warn!(code = e.code(), error = %e, "chat request failed upstream");
+                }
+                e.into_response()
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let inner = e.into_inner();
+        if inner
+            .downcast_ref::<http_body_util::LengthLimitError>()
+            .is_some()
+        {
+            ApiError::PayloadTooLarge { limit }
+        } else {
+            ApiError::invalid(
+                "body_read_failed",
+                format!("reading the request body failed: {inner}"),
+            )
+        }
+    })
+}
+
+async fn handle(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Response, TurnType), ApiError> {
+    let opts = app.options();
+    let bytes = read_body(body, opts.max_body_bytes).await?;
+    let req = request::parse(&bytes, headers)?;
+
+    let session_id = req
+        .session
+        .session_id
+        .clone()
+        .unwrap_or_else(|| UNKNOWN_SESSION.to_owned());
+    if req.session.session_id.is_none() && app.first_warning("\0no-session-id") {
+        tracing::warn!(
+            "a chat request carries no session id (`X-Session-Id` header or `session_id` key); such requests share the session \"unknown\""
+        );
+    }
+    let turn_type = match req.session.turn_type {
+        Some(t) => t,
+        None => {
+            if app.first_warning(&session_id) {
+                tracing::warn!(
+                    session_id = %session_id,
+                    default = opts.default_turn_type.as_str(),
+                    "requests of this session carry no turn type (`X-Turn-Type: main|side`); using `server.default_turn_type` ({}), so {}",
+                    opts.default_turn_type.as_str(),
+                    if opts.default_turn_type == TurnType::Side { "they produce NO training data" } else { "they are trained on" },
+                );
+            }
+            opts.default_turn_type
+        }
+    };
+    let arrival_seq = app.next_arrival();
+    let span = tracing::Span::current();
+    span.record("session_id", session_id.as_str());
+    span.record("turn_type", turn_type.as_str());
+    span.record("turn", arrival_seq);
+    if req.session.done {
+        tracing::debug!("session marked done by the client");
+    }
+
+    let turn = (turn_type == TurnType::Main).then(|| TurnContext {
+        session_id: session_id.clone(),
+        arrival_seq,
+        messages: req
+            .body
+            .get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        tools: req.body.get("tools").filter(|t| !t.is_null()).cloned(),
+        template_kwargs: req
+            .body
+            .get("chat_template_kwargs")
+            .and_then(Value::as_object)
+            .cloned(),
+    });
+    let upstream_stream = req.stream && opts.upstream_stream;
+    let forward_opts = ForwardOptions {
+        served_model_name: &opts.served_model_name,
+        stream: upstream_stream,
+        return_token_ids: opts.return_token_ids,
+    };
+    let forwarded = request::forward_body(&req.body, &forward_opts);
+    let shape = ClientShape::of(&req.body, &forwarded);
+    let session_header = HeaderValue::from_str(&session_id).ok();
+
+    let started = Instant::now();
+    let mut resp = if upstream_stream {
+        let events = app.0.policy.chat_stream(&forwarded).await?;
+        metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
+        let stream = ProxyStream::start(events, app.clone(), turn, shape).await?;
+        sse_response(Body::from_stream(stream))
+    } else {
+        let mut answer = app.0.policy.chat(&forwarded).await?;
+        metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
+        if !answer.is_object() {
+            return Err(ps_sglang_client::SglangError::InvalidBody {
+                url: app.0.policy.chat_url().to_owned(),
+                detail: "the answer is not a JSON object".into(),
+            }
+            .into());
+        }
+        if let Some(turn) = turn {
+            app.capture()
+                .submit(turn.job(rollout_from_response(&answer)));
+        }
+        shape.reshape(&mut answer);
+        if req.stream {
+            let mut out = Vec::new();
+            for chunk in synthesize_chunks(&answer) {
+                out.extend_from_slice(&sse_bytes(&chunk.to_string()));
+            }
+            out.extend_from_slice(&sse_bytes("[DONE]"));
+            sse_response(Body::from(out))
+        } else {
+            if let Some(obj) = answer.as_object_mut() {
+                obj.insert("session_id".into(), json!(session_id));
+            }
+            axum::Json(answer).into_response()
+        }
+    };
+    if let Some(v) = session_header {
+        resp.headers_mut().insert("x-session-id", v);
+    }
+    Ok((resp, turn_type))
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}

@@ -1,0 +1,47 @@
+//! `GET /health` (and `/healthz`), `GET /v1/models`, `GET /metrics`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::state::AppState;
+
+/// `{"status":"ok","submission_enabled":true,"upstream":{"url":..,"reachable":..}}`. The proxy itself is
+/// up whenever it answers; the upstream's state is reported beside it.
+pub async fn health(State(app): State<AppState>) -> Json<Value> {
+    let policy = &app.0.policy;
+    let mut upstream = json!({"url": policy.chat_url(), "reachable": true});
+    if let Err(e) = policy.health().await {
+        upstream["reachable"] = json!(false);
+        upstream["error"] = json!(e.to_string());
+    }
+    Json(json!({
+        "status": "ok",
+        "submission_enabled": app.submission_enabled(),
+        "upstream": upstream,
+    }))
+}
+
+pub async fn models(State(app): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": app.options().served_model_name, "object": "model", "owned_by": "policy-serving"}],
+    }))
+}
+
+pub async fn metrics(State(app): State<AppState>) -> Response {
+    match &app.0.metrics {
+        Some(h) => (
+            [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            h.render(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "metrics are not enabled in this process",
+        )
+            .into_response(),
+    }
+}

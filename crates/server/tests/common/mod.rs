@@ -1,0 +1,132 @@
+//! Harness: the real server on a free loopback port in front of the in-process fake SGLang, with a
+//! channel sink that receives every captured turn.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ps_chat_template::ChatTokenizer;
+use ps_core::{CapturedTurn, TurnSink};
+use ps_fake_sglang::{FakeHandle, FakeSglang};
+use ps_server::{AppState, CaptureQueue, ServerOptions};
+use ps_sglang_client::{SglangClient, SglangClientConfig};
+use tokio::sync::mpsc;
+
+pub struct ChannelSink(Mutex<mpsc::UnboundedSender<CapturedTurn>>);
+
+impl TurnSink for ChannelSink {
+    fn accept(&self, turn: CapturedTurn) {
+        let _ = self.0.lock().unwrap().send(turn);
+    }
+}
+
+pub struct Harness {
+    pub url: String,
+    pub fake: Option<FakeHandle>,
+    pub turns: mpsc::UnboundedReceiver<CapturedTurn>,
+    pub tokenizer: Arc<ChatTokenizer>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub struct Setup {
+    pub options: ServerOptions,
+    pub timeout: Duration,
+    pub chat_url: Option<String>,
+    pub fake: Option<ps_fake_sglang::FakeBuilder>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            options: ServerOptions {
+                default_turn_type: ps_core::TurnType::Main,
+                ..ServerOptions::default()
+            },
+            timeout: Duration::from_secs(10),
+            chat_url: None,
+            fake: Some(FakeSglang::builder()),
+        }
+    }
+}
+
+impl Harness {
+    pub async fn start() -> Self {
+        Self::with(Setup::default()).await
+    }
+
+    pub async fn with(setup: Setup) -> Self {
+        let tokenizer = Arc::new(ChatTokenizer::mini());
+        let fake = match setup.fake {
+            Some(b) => Some(b.tokenizer(tokenizer.clone()).spawn().await.unwrap()),
+            None => None,
+        };
+        let chat_url = setup
+            .chat_url
+            .or_else(|| fake.as_ref().map(FakeHandle::chat_url))
+            .expect("a chat url");
+        let policy = SglangClient::new(SglangClientConfig {
+            chat_url,
+            api_key: None,
+            timeout: setup.timeout,
+            connect_timeout: Duration::from_secs(2),
+        })
+        .unwrap();
+        let (tx, turns) = mpsc::unbounded_channel();
+        let sink = Arc::new(ChannelSink(Mutex::new(tx)));
+        let capture =
+            CaptureQueue::start(tokenizer.clone(), sink, setup.options.align_policy, 64, 1)
+                .unwrap();
+        let app = AppState::new(setup.options, Arc::new(policy), capture, None);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            ps_server::serve(listener, app, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self {
+            url,
+            fake,
+            turns,
+            tokenizer,
+            shutdown: Some(tx),
+            server: Some(server),
+        }
+    }
+
+    pub fn fake(&self) -> &FakeHandle {
+        self.fake.as_ref().expect("fake")
+    }
+
+    pub fn chat_url(&self) -> String {
+        format!("{}/v1/chat/completions", self.url)
+    }
+
+    /// The next captured turn, failing after 10 s.
+    pub async fn next_turn(&mut self) -> CapturedTurn {
+        tokio::time::timeout(Duration::from_secs(10), self.turns.recv())
+            .await
+            .expect("a captured turn within 10 s")
+            .expect("sink open")
+    }
+
+    /// Stops the server and drains capture; returns every turn captured that was not yet read.
+    pub async fn stop(mut self) -> Vec<CapturedTurn> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(s) = self.server.take() {
+            s.await.unwrap();
+        }
+        let mut rest = Vec::new();
+        while let Ok(t) = self.turns.try_recv() {
+            rest.push(t);
+        }
+        rest
+    }
+}
