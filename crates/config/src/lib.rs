@@ -1,1 +1,41 @@
-//! (being written)
+//! Configuration of policy-serving: this crate owns loading, layering, validating and printing it.
+//!
+//! Layers, lowest first: the built-in defaults ([`defaults`]) < one settings file (JSON or TOML,
+//! chosen by extension; the operators' `settings.json` loads unchanged, its `taotoken` section read
+//! as `provider`) < the legacy operator variables of [`LEGACY_ENV`] < `POLICY_SERVING_*` variables
+//! with `__` between section and key (`POLICY_SERVING_SERVER__PORT=8080`) < command-line
+//! [`Overrides`]. [`load`] merges them with figment, extracts [`Settings`] (unknown keys are
+//! errors) and runs [`Settings::validate`]; every error names the key, the value, where it came
+//! from and what was expected.
+//!
+//! Secrets are never read from files (except the literal `sglang.api_key` for keyless local
+//! servers): `*.api_key_env` keys name environment variables, resolved into [`Secret`]s through an
+//! environment lookup closure the caller chooses ([`process_env`] for the real one).
+//!
+//! This crate depends on no workspace crate but `ps-core`, and on no web framework or async
+//! runtime.
+
+pub mod defaults;
+mod error;
+mod load;
+mod redact;
+mod schema;
+mod secret;
+mod validate;
+
+pub use error::ConfigError;
+pub use load::{
+    ENV_PREFIX, ENV_SEPARATOR, LEGACY_ENV, LEGACY_ENV_NOT_HONOURED, Overrides, ignored_legacy_env,
+    load, load_with_env,
+};
+/// Re-exported: the type of `server.default_turn_type`.
+pub use ps_core::TurnType;
+pub use redact::REDACTED;
+pub use schema::{
+    CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PrmBackend,
+    PrmSettings, ProviderSettings, ServerSettings, Settings, SglangSettings, StoreKind,
+    StoreSettings, TeacherBackend, TeacherSettings,
+};
+pub use secret::{
+    EnvLookup, LEGACY_CLIENT_KEY_ENV, Secret, process_env, resolve_optional_secret, resolve_secret,
+};

@@ -1,0 +1,79 @@
+//! The built-in defaults: the lowest configuration layer. Every key has one named constant here, so
+//! the README, the example files and the code agree.
+
+/// `server.host`: loopback only, so a fresh install is not reachable from the network.
+pub const SERVER_HOST: &str = "127.0.0.1";
+/// `server.port`: the port the reference proxy listens on.
+pub const SERVER_PORT: u16 = 30000;
+/// `server.submission_enabled`.
+pub const SERVER_SUBMISSION_ENABLED: bool = true;
+/// `server.session_timeout_sec`.
+pub const SERVER_SESSION_TIMEOUT_SEC: u64 = 600;
+/// `server.max_sessions`.
+pub const SERVER_MAX_SESSIONS: usize = 10_000;
+/// `server.served_model_name`.
+pub const SERVER_SERVED_MODEL_NAME: &str = "default";
+/// `server.max_body_bytes`: 16 MiB.
+pub const SERVER_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
+/// `server.shutdown_grace_sec`.
+pub const SERVER_SHUTDOWN_GRACE_SEC: u64 = 30;
+
+/// `sglang.chat_url`.
+pub const SGLANG_CHAT_URL: &str = "http://127.0.0.1:30001/v1/chat/completions";
+/// `sglang.timeout_sec`.
+pub const SGLANG_TIMEOUT_SEC: u64 = 120;
+/// `sglang.connect_timeout_sec`.
+pub const SGLANG_CONNECT_TIMEOUT_SEC: u64 = 5;
+/// `sglang.stream`.
+pub const SGLANG_STREAM: bool = true;
+/// `sglang.return_token_ids`.
+pub const SGLANG_RETURN_TOKEN_IDS: bool = false;
+/// `sglang.max_concurrency`.
+pub const SGLANG_MAX_CONCURRENCY: usize = 256;
+
+/// `prm.enabled`.
+pub const PRM_ENABLED: bool = true;
+/// `prm.router_url`.
+pub const PRM_ROUTER_URL: &str = "http://127.0.0.1:30002/generate";
+/// `prm.num_votes`.
+pub const PRM_NUM_VOTES: u32 = 3;
+/// `prm.timeout_sec`.
+pub const PRM_TIMEOUT_SEC: u64 = 60;
+/// `prm.temperature`.
+pub const PRM_TEMPERATURE: f64 = 0.6;
+/// `prm.max_new_tokens`.
+pub const PRM_MAX_NEW_TOKENS: u32 = 4096;
+
+/// `provider.max_concurrency`.
+pub const PROVIDER_MAX_CONCURRENCY: usize = 4;
+/// `provider.timeout_sec`.
+pub const PROVIDER_TIMEOUT_SEC: u64 = 90;
+/// `provider.max_retries`.
+pub const PROVIDER_MAX_RETRIES: u32 = 3;
+
+/// `teacher.max_concurrency`.
+pub const TEACHER_MAX_CONCURRENCY: usize = 3;
+/// `teacher.timeout_sec`.
+pub const TEACHER_TIMEOUT_SEC: u64 = 120;
+
+/// `opd.eval_mode`: no PRM evaluation votes beside OPD.
+pub const OPD_EVAL_MODE: bool = false;
+/// `opd.top_k`: 0 turns top-K distillation off.
+pub const OPD_TOP_K: usize = 0;
+/// `opd.select_best_hint`.
+pub const OPD_SELECT_BEST_HINT: bool = true;
+/// `opd.drop_without_next_state`.
+pub const OPD_DROP_WITHOUT_NEXT_STATE: bool = true;
+/// `opd.min_hint_chars`.
+pub const OPD_MIN_HINT_CHARS: usize = 10;
+
+/// `logging.level`.
+pub const LOGGING_LEVEL: &str = "INFO";
+
+/// `capture.train_eos_without_logprob`.
+pub const CAPTURE_TRAIN_EOS_WITHOUT_LOGPROB: bool = true;
+/// `capture.train_unsampled`.
+pub const CAPTURE_TRAIN_UNSAMPLED: bool = false;
+
+/// `store.path`.
+pub const STORE_PATH: &str = "./data/samples";

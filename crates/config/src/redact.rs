@@ -1,0 +1,97 @@
+//! Printing the effective configuration without its secrets.
+
+use serde_json::Value;
+
+use crate::schema::Settings;
+use crate::validate::is_var_name;
+
+/// What a secret is replaced with.
+pub const REDACTED: &str = "<redacted>";
+/// [`REDACTED`] as a JSON string.
+pub(crate) const REDACTED_JSON: &str = "\"<redacted>\"";
+
+/// Keys holding URLs, whose passwords (`http://user:pass@host`) are redacted.
+const URL_KEYS: &[(&str, &str)] = &[
+    ("sglang", "chat_url"),
+    ("prm", "router_url"),
+    ("provider", "base_url"),
+    ("teacher", "url"),
+];
+
+/// Keys naming environment variables: kept, unless the value cannot be a variable name (then it
+/// may be a key pasted by mistake).
+const VAR_NAME_KEYS: &[(&str, &str)] = &[
+    ("server", "api_key_env"),
+    ("sglang", "api_key_env"),
+    ("provider", "api_key_env"),
+    ("teacher", "api_key_env"),
+];
+
+impl Settings {
+    /// The effective configuration as JSON, with literal secrets (`sglang.api_key`, URL passwords)
+    /// replaced by `<redacted>`. Environment variable NAMES (`*.api_key_env`) are kept.
+    pub fn redacted_json(&self) -> Value {
+        let mut json = serde_json::to_value(self).unwrap_or(Value::Null);
+        if let Some(key) = field(&mut json, "sglang", "api_key")
+            && !key.is_null()
+        {
+            *key = Value::String(REDACTED.to_owned());
+        }
+        for (section, name) in URL_KEYS {
+            if let Some(Value::String(url)) = field(&mut json, section, name) {
+                *url = redact_url(url);
+            }
+        }
+        for (section, name) in VAR_NAME_KEYS {
+            if let Some(v) = field(&mut json, section, name)
+                && v.as_str().is_some_and(|s| !is_var_name(s))
+            {
+                *v = Value::String(REDACTED.to_owned());
+            }
+        }
+        json
+    }
+
+    /// [`Settings::redacted_json`], pretty-printed.
+    pub fn redacted_json_pretty(&self) -> String {
+        serde_json::to_string_pretty(&self.redacted_json()).unwrap_or_default()
+    }
+}
+
+fn field<'a>(json: &'a mut Value, section: &str, name: &str) -> Option<&'a mut Value> {
+    json.get_mut(section)?.get_mut(name)
+}
+
+/// The URL with any password replaced by `redacted` (`<` and `>` would be percent-encoded). Text
+/// that is not an http(s) URL is returned unchanged unless it contains `@` (it may then hold
+/// credentials), in which case it is redacted whole.
+pub(crate) fn redact_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut url) if url.password().is_some() => {
+            if url.set_password(Some("redacted")).is_ok() {
+                url.to_string()
+            } else {
+                REDACTED.to_owned()
+            }
+        }
+        Ok(url) if matches!(url.scheme(), "http" | "https") => text.to_owned(),
+        // Not an http(s) URL: it may still hold credentials before an `@`.
+        _ if text.contains('@') => REDACTED.to_owned(),
+        _ => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(redact_url("http://h:1/x"), "http://h:1/x");
+        assert_eq!(redact_url("http://u:p@h/x"), "http://u:redacted@h/x");
+        assert_eq!(redact_url("http://u@h/x"), "http://u@h/x");
+        assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(redact_url("u:p@h"), REDACTED);
+    }
+}

@@ -1,0 +1,804 @@
+//! The configuration schema: one struct per section of `settings.json` / `settings.toml`.
+//!
+//! Every section rejects unknown keys and every key has a default (see [`crate::defaults`]), so a
+//! file only needs the keys it changes. The doc comment on each field is the README's reference.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ps_core::{AlignPolicy, TurnType};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::defaults as d;
+
+/// The whole configuration, after layering (see [`crate::load`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// The proxy's own HTTP server.
+    pub server: ServerSettings,
+    /// The SGLang policy server the proxy forwards chat requests to.
+    pub sglang: SglangSettings,
+    /// The process reward model (PRM) judge that scores main turns.
+    pub prm: PrmSettings,
+    /// The external OpenAI-compatible provider (hint judge, provider-backed PRM). Operators' files
+    /// call this section `taotoken`; both names are accepted, but not both at once.
+    pub provider: ProviderSettings,
+    /// The teacher that returns log-probs of the policy's response tokens (OPD).
+    pub teacher: TeacherSettings,
+    /// On-policy distillation (OPD) with hints.
+    pub opd: OpdSettings,
+    /// Logs and JSONL records.
+    pub logging: LoggingSettings,
+    /// How captured response tokens enter the loss mask.
+    pub capture: CaptureSettings,
+    /// Where finished samples are persisted until the trainer takes them.
+    pub store: StoreSettings,
+}
+
+/// What the proxy produces from conversations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// RL samples rewarded by the PRM.
+    #[default]
+    Rl,
+    /// On-policy distillation samples carrying teacher log-probs.
+    Opd,
+    /// Both.
+    Combine,
+}
+
+impl Mode {
+    /// The name used in configuration files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rl => "rl",
+            Self::Opd => "opd",
+            Self::Combine => "combine",
+        }
+    }
+
+    /// Whether this mode produces OPD samples.
+    pub fn includes_opd(self) -> bool {
+        matches!(self, Self::Opd | Self::Combine)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `[server]`: the proxy's own HTTP server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on. Default `127.0.0.1`; use `0.0.0.0` to accept remote clients.
+    pub host: String,
+    /// Port to listen on (0 picks a free port). Default 30000.
+    pub port: u16,
+    /// Whether finished samples are submitted to the trainer (`GET /health` reports it). Default true.
+    pub submission_enabled: bool,
+    /// A session with no request for this many seconds is closed and its pending turns are
+    /// finished without a next state. Default 600.
+    pub session_timeout_sec: u64,
+    /// Cap on sessions held at once; beyond it new sessions are refused. Default 10000.
+    pub max_sessions: usize,
+    /// `rl`, `opd` or `combine`. Default `rl`.
+    pub mode: Mode,
+    /// Turn type assumed when a request names none (`X-Turn-Type` header or body key): `main` trains,
+    /// `side` is only forwarded. Default `side`, as in the reference; the server warns once per session.
+    pub default_turn_type: TurnType,
+    /// Model name filled into `model` when a request lacks it. Default `default`.
+    pub served_model_name: String,
+    /// The policy's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`). When absent the
+    /// server uses the embedded mini model and warns.
+    pub model_dir: Option<PathBuf>,
+    /// NAME of the environment variable holding the Bearer key clients must send. When unset, the
+    /// legacy variable `SGLANG_API_KEY` plays that role if it is set; otherwise no key is required.
+    pub api_key_env: Option<String>,
+    /// Largest accepted request body, in bytes. Default 16 MiB.
+    pub max_body_bytes: u64,
+    /// On shutdown, how long in-flight requests and background scoring may run before they are cut.
+    /// Default 30.
+    pub shutdown_grace_sec: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            host: d::SERVER_HOST.to_owned(),
+            port: d::SERVER_PORT,
+            submission_enabled: d::SERVER_SUBMISSION_ENABLED,
+            session_timeout_sec: d::SERVER_SESSION_TIMEOUT_SEC,
+            max_sessions: d::SERVER_MAX_SESSIONS,
+            mode: Mode::default(),
+            default_turn_type: TurnType::Side,
+            served_model_name: d::SERVER_SERVED_MODEL_NAME.to_owned(),
+            model_dir: None,
+            api_key_env: None,
+            max_body_bytes: d::SERVER_MAX_BODY_BYTES,
+            shutdown_grace_sec: d::SERVER_SHUTDOWN_GRACE_SEC,
+        }
+    }
+}
+
+impl ServerSettings {
+    /// `session_timeout_sec` as a duration.
+    pub fn session_timeout(&self) -> Duration {
+        Duration::from_secs(self.session_timeout_sec)
+    }
+
+    /// `shutdown_grace_sec` as a duration.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_sec)
+    }
+}
+
+/// `[sglang]`: the SGLang policy server. `Debug` redacts `api_key`.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SglangSettings {
+    /// OpenAI-compatible chat endpoint chat requests are forwarded to.
+    /// Default `http://127.0.0.1:30001/v1/chat/completions`.
+    pub chat_url: String,
+    /// Literal key sent upstream as Bearer token. Only for keyless local servers (`"EMPTY"`);
+    /// real keys belong in the environment (`api_key_env`). Redacted when the configuration is printed.
+    pub api_key: Option<String>,
+    /// NAME of the environment variable holding the upstream key; wins over `api_key`.
+    pub api_key_env: Option<String>,
+    /// Whole-request timeout for upstream calls, in seconds. Default 120.
+    pub timeout_sec: u64,
+    /// Connect timeout for upstream calls, in seconds. Default 5.
+    pub connect_timeout_sec: u64,
+    /// true: stream upstream when the client asks for a stream. false: always call upstream without
+    /// streaming and synthesise the answer as chunks for streaming clients. Default true.
+    pub stream: bool,
+    /// Ask SGLang for the sampled token ids on non-streamed calls (newer SGLang builds only).
+    /// Default false.
+    pub return_token_ids: bool,
+    /// Cap on concurrent upstream requests; a permit is held until a streamed body ends. Default 256.
+    pub max_concurrency: usize,
+}
+
+impl Default for SglangSettings {
+    fn default() -> Self {
+        Self {
+            chat_url: d::SGLANG_CHAT_URL.to_owned(),
+            api_key: None,
+            api_key_env: None,
+            timeout_sec: d::SGLANG_TIMEOUT_SEC,
+            connect_timeout_sec: d::SGLANG_CONNECT_TIMEOUT_SEC,
+            stream: d::SGLANG_STREAM,
+            return_token_ids: d::SGLANG_RETURN_TOKEN_IDS,
+            max_concurrency: d::SGLANG_MAX_CONCURRENCY,
+        }
+    }
+}
+
+impl fmt::Debug for SglangSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Redacted;
+        impl fmt::Debug for Redacted {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(crate::redact::REDACTED)
+            }
+        }
+        f.debug_struct("SglangSettings")
+            .field("chat_url", &self.chat_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| Redacted))
+            .field("api_key_env", &self.api_key_env)
+            .field("timeout_sec", &self.timeout_sec)
+            .field("connect_timeout_sec", &self.connect_timeout_sec)
+            .field("stream", &self.stream)
+            .field("return_token_ids", &self.return_token_ids)
+            .field("max_concurrency", &self.max_concurrency)
+            .finish()
+    }
+}
+
+impl SglangSettings {
+    /// `timeout_sec` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_sec)
+    }
+
+    /// `connect_timeout_sec` as a duration.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_sec)
+    }
+}
+
+/// Where PRM scoring runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrmBackend {
+    /// An SGLang `/generate` endpoint (`prm.router_url`), prompts rendered with the judge's template.
+    #[default]
+    Sglang,
+    /// The external provider's chat endpoint with `prm.model` (or `provider.prm_model`).
+    Provider,
+}
+
+impl PrmBackend {
+    /// The name used in configuration files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sglang => "sglang",
+            Self::Provider => "provider",
+        }
+    }
+}
+
+/// `[prm]`: the process reward model judge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrmSettings {
+    /// Whether main turns are scored. Default true.
+    pub enabled: bool,
+    /// The judge's SGLang `/generate` URL. Default `http://127.0.0.1:30002/generate`.
+    pub router_url: String,
+    /// Votes per turn (m); the reward is their majority. At least 1. Default 3.
+    pub num_votes: u32,
+    /// Timeout of one judge call, in seconds. Default 60.
+    pub timeout_sec: u64,
+    /// Sampling temperature of the judge. Default 0.6.
+    pub temperature: f64,
+    /// Generation budget of one judge call, in tokens. Default 4096.
+    pub max_new_tokens: u32,
+    /// The judge's tokenizer directory; defaults to `server.model_dir`.
+    pub model_dir: Option<PathBuf>,
+    /// `sglang` (default) or `provider`.
+    pub backend: PrmBackend,
+    /// Model name for the `provider` backend; defaults to `provider.prm_model`.
+    pub model: Option<String>,
+}
+
+impl Default for PrmSettings {
+    fn default() -> Self {
+        Self {
+            enabled: d::PRM_ENABLED,
+            router_url: d::PRM_ROUTER_URL.to_owned(),
+            num_votes: d::PRM_NUM_VOTES,
+            timeout_sec: d::PRM_TIMEOUT_SEC,
+            temperature: d::PRM_TEMPERATURE,
+            max_new_tokens: d::PRM_MAX_NEW_TOKENS,
+            model_dir: None,
+            backend: PrmBackend::default(),
+            model: None,
+        }
+    }
+}
+
+impl PrmSettings {
+    /// `timeout_sec` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_sec)
+    }
+}
+
+/// `[provider]` (alias `[taotoken]`): the external OpenAI-compatible provider.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderSettings {
+    /// Provider root; the chat path `/v1/chat/completions` is appended to it (so do not end it with
+    /// `/v1`). Example `https://taotoken.net/api`.
+    pub base_url: Option<String>,
+    /// NAME of the environment variable holding the provider key (one key for every provider call).
+    pub api_key_env: Option<String>,
+    /// Model of the OPD hint judge.
+    pub hint_model: Option<String>,
+    /// Teacher model name as the operators' file records it (teacher log-probs come from
+    /// `[teacher]`, since a chat endpoint cannot return them).
+    pub teacher_model: Option<String>,
+    /// Model of the provider-backed PRM (`prm.backend = "provider"`).
+    pub prm_model: Option<String>,
+    /// Cap on simultaneous provider calls, across all sessions. Default 4.
+    pub max_concurrency: usize,
+    /// Timeout of one provider call, in seconds. Default 90.
+    pub timeout_sec: u64,
+    /// Retries of a failed call (429, 5xx, time-out), with back-off honouring `Retry-After`. Default 3.
+    pub max_retries: u32,
+}
+
+impl Default for ProviderSettings {
+    fn default() -> Self {
+        Self {
+            base_url: None,
+            api_key_env: None,
+            hint_model: None,
+            teacher_model: None,
+            prm_model: None,
+            max_concurrency: d::PROVIDER_MAX_CONCURRENCY,
+            timeout_sec: d::PROVIDER_TIMEOUT_SEC,
+            max_retries: d::PROVIDER_MAX_RETRIES,
+        }
+    }
+}
+
+impl ProviderSettings {
+    /// The OpenAI-compatible chat endpoint: `<base_url>/v1/chat/completions`.
+    pub fn chat_completions_url(&self) -> Option<String> {
+        self.base_url
+            .as_deref()
+            .map(|base| format!("{}/v1/chat/completions", base.trim_end_matches('/')))
+    }
+
+    /// `timeout_sec` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_sec)
+    }
+}
+
+/// Where teacher log-probs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TeacherBackend {
+    /// An SGLang `/generate` endpoint scoring the given tokens (`return_logprob`, `logprob_start_len`).
+    #[default]
+    Sglang,
+    /// A vLLM-style `/v1/completions` endpoint with `echo` and `logprobs`.
+    OpenaiCompletions,
+    /// A chat endpoint. Parsed so the error can explain itself, but always rejected by validation:
+    /// chat endpoints cannot return log-probs of given tokens.
+    ProviderChat,
+}
+
+impl TeacherBackend {
+    /// The name used in configuration files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sglang => "sglang",
+            Self::OpenaiCompletions => "openai_completions",
+            Self::ProviderChat => "provider_chat",
+        }
+    }
+}
+
+/// `[teacher]`: the OPD teacher.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TeacherSettings {
+    /// `sglang` (default: an SGLang `/generate` URL) or `openai_completions` (a vLLM-style
+    /// `/v1/completions` URL). `provider_chat` is rejected.
+    pub backend: TeacherBackend,
+    /// The teacher endpoint; required when OPD is active.
+    pub url: Option<String>,
+    /// Model name sent to the teacher (needed by `openai_completions`).
+    pub model: Option<String>,
+    /// Cap on simultaneous teacher calls. Default 3.
+    pub max_concurrency: usize,
+    /// Timeout of one teacher call, in seconds. Default 120.
+    pub timeout_sec: u64,
+    /// NAME of the environment variable holding the teacher key, if it needs one.
+    pub api_key_env: Option<String>,
+}
+
+impl Default for TeacherSettings {
+    fn default() -> Self {
+        Self {
+            backend: TeacherBackend::default(),
+            url: None,
+            model: None,
+            max_concurrency: d::TEACHER_MAX_CONCURRENCY,
+            timeout_sec: d::TEACHER_TIMEOUT_SEC,
+            api_key_env: None,
+        }
+    }
+}
+
+impl TeacherSettings {
+    /// `timeout_sec` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_sec)
+    }
+}
+
+/// `opd.eval_mode` as written (a string such as `"opd_prm"` / `"none"` / `""`, or a boolean),
+/// normalised to whether PRM evaluation votes run beside OPD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvalMode {
+    original: EvalModeValue,
+    votes: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum EvalModeValue {
+    Bool(bool),
+    Text(String),
+}
+
+impl EvalMode {
+    /// Strings meaning "PRM evaluation votes on" (case-insensitive).
+    pub const TRUE_WORDS: &'static [&'static str] = &["opd_prm", "prm", "true", "yes", "on", "1"];
+    /// Strings meaning "off" (case-insensitive; the empty string too).
+    pub const FALSE_WORDS: &'static [&'static str] =
+        &["", "none", "opd", "off", "false", "no", "0"];
+
+    /// From a boolean.
+    pub fn from_bool(votes: bool) -> Self {
+        Self {
+            original: EvalModeValue::Bool(votes),
+            votes,
+        }
+    }
+
+    /// From a string; `None` when the string is not one of [`Self::TRUE_WORDS`] /
+    /// [`Self::FALSE_WORDS`].
+    pub fn parse(text: &str) -> Option<Self> {
+        let norm = text.trim().to_ascii_lowercase();
+        let votes = if Self::TRUE_WORDS.contains(&norm.as_str()) {
+            true
+        } else if Self::FALSE_WORDS.contains(&norm.as_str()) {
+            false
+        } else {
+            return None;
+        };
+        Some(Self {
+            original: EvalModeValue::Text(text.to_owned()),
+            votes,
+        })
+    }
+
+    /// Whether PRM evaluation votes run beside OPD.
+    pub fn eval_votes_enabled(&self) -> bool {
+        self.votes
+    }
+
+    /// The value as written, for printing: a JSON string or boolean.
+    pub fn original(&self) -> serde_json::Value {
+        match &self.original {
+            EvalModeValue::Bool(b) => serde_json::Value::Bool(*b),
+            EvalModeValue::Text(s) => serde_json::Value::String(s.clone()),
+        }
+    }
+}
+
+impl Default for EvalMode {
+    fn default() -> Self {
+        Self::from_bool(d::OPD_EVAL_MODE)
+    }
+}
+
+impl Serialize for EvalMode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.original {
+            EvalModeValue::Bool(b) => s.serialize_bool(*b),
+            EvalModeValue::Text(t) => s.serialize_str(t),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EvalMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str = "a boolean or one of \"opd_prm\", \"prm\", \"none\", \"opd\", \"\"";
+        impl serde::de::Visitor<'_> for V {
+            type Value = EvalMode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<EvalMode, E> {
+                Ok(EvalMode::from_bool(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<EvalMode, E> {
+                match v {
+                    0 | 1 => Ok(EvalMode {
+                        original: EvalModeValue::Text(v.to_string()),
+                        votes: v == 1,
+                    }),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Unsigned(v), &self)),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<EvalMode, E> {
+                match u64::try_from(v) {
+                    Ok(u) => self.visit_u64(u),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(v), &self)),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<EvalMode, E> {
+                EvalMode::parse(v)
+                    .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Str(v), &self))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `[opd]`: on-policy distillation with hints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OpdSettings {
+    /// Force OPD on or off. When unset, OPD is on exactly when `server.mode` is `opd` or `combine`;
+    /// when set, it must agree with `server.mode`.
+    pub enabled: Option<bool>,
+    /// PRM evaluation votes beside OPD: a string (`"opd_prm"` on; `"none"`, `"opd"` or `""` off) or a
+    /// boolean. Default false.
+    pub eval_mode: EvalMode,
+    /// K for top-K teacher distillation; 0 turns it off. Default 0.
+    pub top_k: usize,
+    /// Ask the hint judge for several hints and keep the best one. Default true.
+    pub select_best_hint: bool,
+    /// A turn that never gets a next state yields no OPD sample. Default true.
+    pub drop_without_next_state: bool,
+    /// Hints shorter than this many characters are rejected. Default 10.
+    pub min_hint_chars: usize,
+}
+
+impl Default for OpdSettings {
+    fn default() -> Self {
+        Self {
+            enabled: None,
+            eval_mode: EvalMode::default(),
+            top_k: d::OPD_TOP_K,
+            select_best_hint: d::OPD_SELECT_BEST_HINT,
+            drop_without_next_state: d::OPD_DROP_WITHOUT_NEXT_STATE,
+            min_hint_chars: d::OPD_MIN_HINT_CHARS,
+        }
+    }
+}
+
+impl OpdSettings {
+    /// Whether PRM evaluation votes run beside OPD (the normalised `eval_mode`).
+    pub fn eval_votes_enabled(&self) -> bool {
+        self.eval_mode.eval_votes_enabled()
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[logging]`: logs and JSONL records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingSettings {
+    /// `trace`, `debug`, `info`, `warn` (or `warning`) or `error`, in any case. Default `INFO`.
+    pub level: String,
+    /// `text` (default) or `json`.
+    pub format: LogFormat,
+    /// Parent directory for records; PRM and OPD records go to its `prm/` and `opd/` unless set
+    /// below. Unset: no records unless a directory below is set.
+    pub record_dir: Option<PathBuf>,
+    /// Directory of PRM JSONL records.
+    pub prm_record_dir: Option<PathBuf>,
+    /// Directory of OPD JSONL records (`opd_YYYYMMDD_HHMMSS.jsonl`).
+    pub opd_record_dir: Option<PathBuf>,
+}
+
+impl Default for LoggingSettings {
+    fn default() -> Self {
+        Self {
+            level: d::LOGGING_LEVEL.to_owned(),
+            format: LogFormat::default(),
+            record_dir: None,
+            prm_record_dir: None,
+            opd_record_dir: None,
+        }
+    }
+}
+
+impl LoggingSettings {
+    /// The level as a lower-case filter directive (`warning` becomes `warn`); `None` when the
+    /// level is not one of the accepted names.
+    pub fn level_filter(&self) -> Option<&'static str> {
+        match self.level.trim().to_ascii_lowercase().as_str() {
+            "trace" => Some("trace"),
+            "debug" => Some("debug"),
+            "info" => Some("info"),
+            "warn" | "warning" => Some("warn"),
+            "error" => Some("error"),
+            _ => None,
+        }
+    }
+
+    /// Where PRM records go: `prm_record_dir`, else `record_dir/prm`, else nowhere.
+    pub fn prm_records(&self) -> Option<PathBuf> {
+        self.prm_record_dir
+            .clone()
+            .or_else(|| self.record_dir.as_ref().map(|d| d.join("prm")))
+    }
+
+    /// Where OPD records go: `opd_record_dir`, else `record_dir/opd`, else nowhere.
+    pub fn opd_records(&self) -> Option<PathBuf> {
+        self.opd_record_dir
+            .clone()
+            .or_else(|| self.record_dir.as_ref().map(|d| d.join("opd")))
+    }
+}
+
+/// `[capture]`: how response positions without a log-prob enter the loss mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CaptureSettings {
+    /// Train the end-of-turn token the model sampled even when upstream reported no log-prob for
+    /// it (streams drop the empty final delta). Default true.
+    pub train_eos_without_logprob: bool,
+    /// Train tokens the model never sampled (template scaffolding). Default false.
+    pub train_unsampled: bool,
+}
+
+impl Default for CaptureSettings {
+    fn default() -> Self {
+        Self {
+            train_eos_without_logprob: d::CAPTURE_TRAIN_EOS_WITHOUT_LOGPROB,
+            train_unsampled: d::CAPTURE_TRAIN_UNSAMPLED,
+        }
+    }
+}
+
+impl CaptureSettings {
+    /// The alignment policy of `ps-core` these settings select.
+    pub fn align_policy(&self) -> AlignPolicy {
+        AlignPolicy {
+            train_eos_without_logprob: self.train_eos_without_logprob,
+            train_unsampled: self.train_unsampled,
+        }
+    }
+}
+
+impl From<CaptureSettings> for AlignPolicy {
+    fn from(c: CaptureSettings) -> Self {
+        c.align_policy()
+    }
+}
+
+/// Kind of sample store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// An embedded on-disk store in `store.path`.
+    #[default]
+    Embedded,
+}
+
+/// `[store]`: where finished samples are persisted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    /// Directory of the store. Default `./data/samples`.
+    pub path: PathBuf,
+    /// `embedded` (the only kind so far).
+    pub kind: StoreKind,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from(d::STORE_PATH),
+            kind: StoreKind::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Whether OPD samples are produced: `opd.enabled` when set, else `server.mode` is `opd` or
+    /// `combine`. (Validation rejects an `opd.enabled` that contradicts `server.mode`.)
+    pub fn opd_active(&self) -> bool {
+        self.opd.enabled.unwrap_or(self.server.mode.includes_opd())
+    }
+
+    /// The PRM judge's tokenizer directory: `prm.model_dir`, else `server.model_dir`.
+    pub fn prm_model_dir(&self) -> Option<&Path> {
+        self.prm
+            .model_dir
+            .as_deref()
+            .or(self.server.model_dir.as_deref())
+    }
+
+    /// The model the provider-backed PRM uses: `prm.model`, else `provider.prm_model`.
+    pub fn prm_provider_model(&self) -> Option<&str> {
+        self.prm
+            .model
+            .as_deref()
+            .or(self.provider.prm_model.as_deref())
+    }
+
+    /// Whether anything active calls the external provider (the OPD hint judge, or the PRM with
+    /// `backend = "provider"`).
+    pub fn provider_in_use(&self) -> bool {
+        self.opd_active() || (self.prm.enabled && self.prm.backend == PrmBackend::Provider)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eval_mode_words() {
+        for w in EvalMode::TRUE_WORDS {
+            assert_eq!(
+                EvalMode::parse(w).map(|m| m.eval_votes_enabled()),
+                Some(true),
+                "{w}"
+            );
+        }
+        for w in EvalMode::FALSE_WORDS {
+            assert_eq!(
+                EvalMode::parse(w).map(|m| m.eval_votes_enabled()),
+                Some(false),
+                "{w}"
+            );
+        }
+        assert_eq!(
+            EvalMode::parse(" OPD_PRM ").map(|m| m.original()),
+            Some(" OPD_PRM ".into())
+        );
+        assert!(EvalMode::parse("maybe").is_none());
+        assert_eq!(
+            EvalMode::default().original(),
+            serde_json::Value::Bool(false)
+        );
+    }
+
+    #[test]
+    fn eval_mode_round_trips_through_json() {
+        for text in [r#""opd_prm""#, "true", r#""""#] {
+            let m: EvalMode = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&m).unwrap(), text);
+        }
+        assert!(serde_json::from_str::<EvalMode>("2").is_err());
+        assert!(
+            serde_json::from_str::<EvalMode>("1")
+                .unwrap()
+                .eval_votes_enabled()
+        );
+    }
+
+    #[test]
+    fn settings_round_trip_through_json() {
+        let s = Settings::default();
+        let back: Settings = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn record_dirs_fall_back_to_record_dir() {
+        let mut l = LoggingSettings::default();
+        assert_eq!(l.prm_records(), None);
+        l.record_dir = Some(PathBuf::from("/r"));
+        assert_eq!(l.prm_records(), Some(PathBuf::from("/r/prm")));
+        assert_eq!(l.opd_records(), Some(PathBuf::from("/r/opd")));
+        l.opd_record_dir = Some(PathBuf::from("/o"));
+        assert_eq!(l.opd_records(), Some(PathBuf::from("/o")));
+    }
+
+    #[test]
+    fn derived_values() {
+        let mut s = Settings::default();
+        assert!(!s.opd_active());
+        assert!(!s.provider_in_use());
+        s.server.model_dir = Some(PathBuf::from("/m"));
+        assert_eq!(s.prm_model_dir(), Some(Path::new("/m")));
+        s.prm.model_dir = Some(PathBuf::from("/j"));
+        assert_eq!(s.prm_model_dir(), Some(Path::new("/j")));
+        s.prm.backend = PrmBackend::Provider;
+        assert!(s.provider_in_use());
+        s.provider.prm_model = Some("p".into());
+        assert_eq!(s.prm_provider_model(), Some("p"));
+        s.server.mode = Mode::Combine;
+        assert!(s.opd_active());
+        assert_eq!(s.capture.align_policy(), AlignPolicy::default());
+        let p = ProviderSettings {
+            base_url: Some("https://x/api/".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            p.chat_completions_url().as_deref(),
+            Some("https://x/api/v1/chat/completions")
+        );
+        assert_eq!(s.sglang.timeout(), Duration::from_secs(120));
+    }
+}

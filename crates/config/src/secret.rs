@@ -1,0 +1,160 @@
+//! Secrets: read from the environment (never from files, except the literal `sglang.api_key`),
+//! through a lookup closure so callers and tests choose the environment.
+
+use std::fmt;
+
+use crate::error::ConfigError;
+use crate::schema::Settings;
+
+/// An environment lookup: the value of a variable, or `None` when it is not set.
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Looks a variable up in the real process environment (non-UTF-8 values count as unset).
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// The legacy variable whose value, in the reference server, is the Bearer key clients of the
+/// proxy must send. Honoured only when `server.api_key_env` is unset.
+pub const LEGACY_CLIENT_KEY_ENV: &str = "SGLANG_API_KEY";
+
+/// A resolved secret. `Debug` and `Display` print `<redacted>`; [`Secret::expose`] gives the value.
+#[derive(Clone)]
+pub struct Secret {
+    value: String,
+    source: String,
+}
+
+impl Secret {
+    /// Wraps a value; `source` says where it came from (e.g. `environment variable TAOTOKEN_API_KEY`)
+    /// and may be printed.
+    pub fn new(value: impl Into<String>, source: impl Into<String>) -> Self {
+        Self {
+            value: value.into(),
+            source: source.into(),
+        }
+    }
+
+    /// The secret value. Do not log it.
+    pub fn expose(&self) -> &str {
+        &self.value
+    }
+
+    /// Where the value came from (safe to print), e.g. `environment variable TAOTOKEN_API_KEY`.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Reads the secret held by the variable `var`, which the key `named_by` (e.g.
+/// `provider.api_key_env`) names. Unset or empty variables are errors naming both.
+pub fn resolve_secret(
+    named_by: &str,
+    var: &str,
+    env: EnvLookup<'_>,
+) -> Result<Secret, ConfigError> {
+    match env(var) {
+        None => Err(ConfigError::MissingSecret {
+            key: named_by.to_owned(),
+            var: var.to_owned(),
+        }),
+        Some(v) if v.trim().is_empty() => Err(ConfigError::EmptySecret {
+            key: named_by.to_owned(),
+            var: var.to_owned(),
+        }),
+        Some(v) => Ok(Secret::new(v, format!("environment variable {var}"))),
+    }
+}
+
+/// As [`resolve_secret`] for an optional variable name: `Ok(None)` when `var` is `None`.
+pub fn resolve_optional_secret(
+    named_by: &str,
+    var: Option<&str>,
+    env: EnvLookup<'_>,
+) -> Result<Option<Secret>, ConfigError> {
+    var.map(|v| resolve_secret(named_by, v, env)).transpose()
+}
+
+impl Settings {
+    /// The Bearer key clients of the proxy must send: the variable named by `server.api_key_env`
+    /// (an error if it is unset), else the legacy `SGLANG_API_KEY` when set and non-empty, else none.
+    pub fn client_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
+        if let Some(var) = &self.server.api_key_env {
+            return resolve_secret("server.api_key_env", var, env).map(Some);
+        }
+        Ok(env(LEGACY_CLIENT_KEY_ENV)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| {
+                Secret::new(
+                    v,
+                    format!("environment variable {LEGACY_CLIENT_KEY_ENV} (legacy)"),
+                )
+            }))
+    }
+
+    /// The key sent to the SGLang policy server: the variable named by `sglang.api_key_env` (an
+    /// error if it is unset), else the literal `sglang.api_key` unless empty, else none.
+    pub fn sglang_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
+        if let Some(var) = &self.sglang.api_key_env {
+            return resolve_secret("sglang.api_key_env", var, env).map(Some);
+        }
+        Ok(self
+            .sglang
+            .api_key
+            .as_deref()
+            .filter(|k| !k.is_empty())
+            .map(|k| Secret::new(k, "sglang.api_key")))
+    }
+
+    /// The provider key: the variable named by `provider.api_key_env` (an error if it is unset),
+    /// or none when no variable is named.
+    pub fn provider_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
+        resolve_optional_secret(
+            "provider.api_key_env",
+            self.provider.api_key_env.as_deref(),
+            env,
+        )
+    }
+
+    /// The teacher key: the variable named by `teacher.api_key_env` (an error if it is unset), or
+    /// none when no variable is named.
+    pub fn teacher_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
+        resolve_optional_secret(
+            "teacher.api_key_env",
+            self.teacher.api_key_env.as_deref(),
+            env,
+        )
+    }
+
+    /// Resolves every secret the active features need, reporting all missing variables at once.
+    /// Call it at start-up so a missing key is named before the first 401.
+    pub fn check_secrets(&self, env: EnvLookup<'_>) -> Result<(), ConfigError> {
+        let mut errors = Vec::new();
+        let mut keep = |r: Result<Option<Secret>, ConfigError>| {
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        };
+        keep(self.client_api_key(env));
+        keep(self.sglang_api_key(env));
+        if self.provider_in_use() {
+            keep(self.provider_api_key(env));
+        }
+        if self.opd_active() {
+            keep(self.teacher_api_key(env));
+        }
+        ConfigError::from_list(errors)
+    }
+}

@@ -1,0 +1,293 @@
+//! Every error names what the operator must fix: file, key path, value, expectation, variable.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
+
+use std::path::{Path, PathBuf};
+
+use figment::Jail;
+use ps_config::{ConfigError, Overrides, load, load_with_env};
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Loads `contents` written to `name` in a jail; returns the error text.
+fn load_error(name: &str, contents: &str) -> (ConfigError, String, PathBuf) {
+    let mut out = None;
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        jail.create_file(name, contents)?;
+        let path = jail.directory().join(name);
+        match load(Some(&path), &Overrides::default()) {
+            Ok(s) => Err(format!("expected an error, loaded {s:?}").into()),
+            Err(e) => {
+                out = Some((e, path));
+                Ok(())
+            }
+        }
+    });
+    let (e, path) = out.expect("jail ran");
+    let text = e.to_string();
+    (e, text, path)
+}
+
+#[test]
+fn unknown_key_names_key_path_and_file() {
+    let (e, text, path) = load_error(
+        "settings.json",
+        r#"{ "sglang": { "chat_ur": "http://x/v1/chat/completions" } }"#,
+    );
+    assert!(matches!(e, ConfigError::UnknownKey { .. }), "{e:?}");
+    assert!(text.contains("`sglang.chat_ur`"), "{text}");
+    assert!(text.contains(&path.display().to_string()), "{text}");
+    assert!(
+        text.contains("`chat_url`"),
+        "lists the accepted keys: {text}"
+    );
+}
+
+#[test]
+fn unknown_section_lists_sections_and_the_alias() {
+    let (_, text, path) = load_error("settings.toml", "[sglangg]\nchat_url = \"x\"\n");
+    assert!(text.contains("unknown key `sglangg`"), "{text}");
+    assert!(text.contains(&path.display().to_string()), "{text}");
+    assert!(text.contains("`taotoken`"), "{text}");
+}
+
+#[test]
+fn unknown_key_under_taotoken_is_named_as_written() {
+    let (_, text, _) = load_error("settings.json", r#"{ "taotoken": { "base_ur": "x" } }"#);
+    assert!(text.contains("`taotoken.base_ur`"), "{text}");
+}
+
+#[test]
+fn unknown_key_in_env_names_the_variable() {
+    let e = load_with_env(
+        None,
+        &Overrides::default(),
+        &env(&[("POLICY_SERVING_SGLANG__CHAT_UR", "http://x")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("`sglang.chat_ur`"), "{e}");
+    assert!(e.contains("POLICY_SERVING_SGLANG__CHAT_UR"), "{e}");
+}
+
+#[test]
+fn bad_value_names_key_value_and_expectation() {
+    let (e, text, path) = load_error("settings.json", r#"{ "server": { "port": "abc" } }"#);
+    assert!(matches!(e, ConfigError::BadValue { .. }), "{e:?}");
+    assert!(
+        text.starts_with(&format!(
+            "server.port = \"abc\" in {}: expected an integer 0..=65535",
+            path.display()
+        )),
+        "{text}"
+    );
+
+    let (_, text, _) = load_error("settings.toml", "[server]\nport = 70000\n");
+    assert!(text.contains("server.port = 70000"), "{text}");
+    assert!(text.contains("0..=65535"), "{text}");
+
+    let (_, text, _) = load_error("settings.toml", "[sglang]\nstream = \"sometimes\"\n");
+    assert!(text.contains("sglang.stream = \"sometimes\""), "{text}");
+    assert!(text.contains("true or false"), "{text}");
+
+    let (_, text, _) = load_error("settings.toml", "[server]\nmode = \"distill\"\n");
+    assert!(text.contains("server.mode = \"distill\""), "{text}");
+    assert!(text.contains("`rl`, `opd`, `combine`"), "{text}");
+
+    let (_, text, _) = load_error(
+        "settings.json",
+        r#"{ "opd": { "eval_mode": "sometimes" } }"#,
+    );
+    assert!(text.contains("opd.eval_mode = \"sometimes\""), "{text}");
+    assert!(text.contains("opd_prm"), "{text}");
+
+    let (_, text, _) = load_error("settings.json", r#"{ "server": 5 }"#);
+    assert!(text.contains("server = 5"), "{text}");
+}
+
+#[test]
+fn bad_value_from_env_names_the_variable() {
+    let e = load_with_env(
+        None,
+        &Overrides::default(),
+        &env(&[("OPENCLAW_PORT", "abc")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("server.port = \"abc\""), "{e}");
+    assert!(e.contains("OPENCLAW_PORT"), "{e}");
+
+    let e = load_with_env(None, &Overrides::default(), &env(&[("PRM_M", "many")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("prm.num_votes = \"many\""), "{e}");
+    assert!(e.contains("PRM_M"), "{e}");
+}
+
+#[test]
+fn both_provider_and_taotoken_is_an_error() {
+    let (e, text, path) = load_error(
+        "settings.json",
+        r#"{ "provider": { "hint_model": "a" }, "taotoken": { "hint_model": "b" } }"#,
+    );
+    assert!(
+        matches!(e, ConfigError::DuplicateProviderSection { .. }),
+        "{e:?}"
+    );
+    assert!(
+        text.contains("`provider`") && text.contains("`taotoken`"),
+        "{text}"
+    );
+    assert!(text.contains(&path.display().to_string()), "{text}");
+
+    let e = load_with_env(
+        None,
+        &Overrides::default(),
+        &env(&[
+            ("POLICY_SERVING_PROVIDER__HINT_MODEL", "a"),
+            ("POLICY_SERVING_TAOTOKEN__HINT_MODEL", "b"),
+        ]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, ConfigError::DuplicateProviderSection { .. }),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn unsupported_extension_is_an_error() {
+    for name in ["settings.yaml", "settings"] {
+        let e = load_with_env(Some(Path::new(name)), &Overrides::default(), &[]).unwrap_err();
+        assert!(
+            matches!(e, ConfigError::UnsupportedExtension { .. }),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(text.contains(name), "{text}");
+        assert!(text.contains(".json or .toml"), "{text}");
+    }
+}
+
+#[test]
+fn missing_file_names_the_path() {
+    let path = Path::new("/nonexistent/dir/settings.json");
+    let e = load_with_env(Some(path), &Overrides::default(), &[]).unwrap_err();
+    assert!(matches!(e, ConfigError::FileNotFound { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "configuration file /nonexistent/dir/settings.json does not exist"
+    );
+}
+
+#[test]
+fn syntax_error_names_the_file() {
+    let (e, text, path) = load_error("settings.json", r#"{ "server": { "port": 1, } "#);
+    assert!(matches!(e, ConfigError::Parse { .. }), "{e:?}");
+    assert!(text.contains(&path.display().to_string()), "{text}");
+}
+
+#[test]
+fn teacher_provider_chat_is_explained() {
+    let (e, text, path) = load_error("settings.toml", "[teacher]\nbackend = \"provider_chat\"\n");
+    assert!(matches!(e, ConfigError::Invalid { .. }), "{e:?}");
+    assert!(
+        text.contains("teacher.backend = \"provider_chat\""),
+        "{text}"
+    );
+    assert!(text.contains("cannot return the log-probs"), "{text}");
+    assert!(text.contains("/generate"), "{text}");
+    assert!(text.contains("/v1/completions"), "{text}");
+    assert!(
+        text.contains(&path.display().to_string()),
+        "names the file: {text}"
+    );
+}
+
+#[test]
+fn validation_errors_name_key_value_expectation_and_origin() {
+    let (e, text, path) = load_error(
+        "settings.toml",
+        "[prm]\nnum_votes = 0\n[sglang]\nchat_url = \"localhost:30001\"\ntimeout_sec = 0\n",
+    );
+    assert_eq!(e.errors().len(), 3, "all problems at once: {text}");
+    let file = path.display().to_string();
+    assert!(
+        text.contains(&format!("prm.num_votes = 0 (set in {file}): at least 1")),
+        "{text}"
+    );
+    assert!(
+        text.contains("sglang.chat_url = \"localhost:30001\""),
+        "{text}"
+    );
+    assert!(text.contains("http:// or https://"), "{text}");
+    assert!(text.contains("sglang.timeout_sec = 0"), "{text}");
+
+    let e = load_with_env(None, &Overrides::default(), &env(&[("PRM_M", "0")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("prm.num_votes = 0 (set in legacy environment variable PRM_M)"),
+        "{e}"
+    );
+
+    let e = load_with_env(None, &Overrides::default(), &env(&[("LOG_LEVEL", "loud")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("logging.level = \"loud\""), "{e}");
+    assert!(e.contains("warn"), "{e}");
+}
+
+#[test]
+fn provider_base_url_with_v1_is_rejected() {
+    let (_, text, _) = load_error(
+        "settings.json",
+        r#"{ "taotoken": { "base_url": "https://taotoken.net/api/v1" } }"#,
+    );
+    assert!(
+        text.contains("taotoken.base_url = \"https://taotoken.net/api/v1\""),
+        "{text}"
+    );
+    assert!(text.contains("/v1/v1/chat/completions"), "{text}");
+}
+
+#[test]
+fn opd_mode_requires_teacher_and_hint_judge() {
+    let (e, text, _) = load_error("settings.toml", "[server]\nmode = \"opd\"\n");
+    let keys: Vec<String> = e
+        .errors()
+        .iter()
+        .filter_map(|e| match e {
+            ConfigError::Invalid { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        ["provider.base_url", "provider.hint_model", "teacher.url"],
+        "{text}"
+    );
+
+    let (_, text, _) = load_error("settings.toml", "[opd]\nenabled = true\n");
+    assert!(text.contains("opd.enabled = true"), "{text}");
+    assert!(text.contains("server.mode"), "{text}");
+}
+
+#[test]
+fn api_key_env_holding_a_key_is_rejected_without_echoing_it() {
+    let (_, text, _) = load_error(
+        "settings.json",
+        r#"{ "provider": { "api_key_env": "sk-live-1234567890abcdef" } }"#,
+    );
+    assert!(
+        text.contains("provider.api_key_env = \"<redacted>\""),
+        "{text}"
+    );
+    assert!(!text.contains("sk-live"), "{text}");
+}
