@@ -1,1 +1,378 @@
-//! (being written)
+//! Chat templates and tokenization for one model: this crate owns loading a tokenizer directory
+//! (`tokenizer.json` + `tokenizer_config.json`) and turning a chat turn into exactly the text and
+//! token ids that HuggingFace `transformers.apply_chat_template` followed by
+//! `tokenizer(text, add_special_tokens=False)` would produce, including the split of one turn into
+//! prompt and response tokens used for RL samples ([`ChatTokenizer::split_turn`]) and the
+//! `policy-serving tokenize` JSONL tool ([`tokenize_jsonl`]).
+//!
+//! It is synchronous and CPU-bound; it must not depend on web frameworks, HTTP clients or async
+//! runtimes (callers run it on blocking threads). Its only project dependency is `ps-core`, for
+//! message normalisation.
+
+mod error;
+mod jsonl;
+mod pyjson;
+mod strftime;
+mod template;
+
+use std::fmt;
+use std::path::Path;
+
+use minijinja::Value as MjValue;
+use ps_core::message::{normalize_messages, normalize_response_message};
+use serde_json::{Map, Value};
+
+pub use error::ChatTemplateError;
+pub use jsonl::{TokenizeStats, tokenize_jsonl};
+
+use template::{Templates, TokenizerConfig};
+
+/// Name of the optional template file that, when present in a tokenizer directory, replaces the
+/// config's `chat_template` (as transformers does).
+const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+const MINI_TOKENIZER_JSON: &str = include_str!("../../../config/mini-model/tokenizer.json");
+const MINI_TOKENIZER_CONFIG_JSON: &str =
+    include_str!("../../../config/mini-model/tokenizer_config.json");
+
+/// A model's tokenizer plus its compiled chat template.
+///
+/// Built once (the template is compiled and the special tokens are resolved in the constructor),
+/// then shared: it is `Send + Sync` and every method takes `&self`.
+pub struct ChatTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    templates: Templates,
+    special_tokens: Vec<(&'static str, MjValue)>,
+    eos_token: Option<String>,
+    eos_token_id: Option<u32>,
+    clean_up_tokenization_spaces: bool,
+}
+
+impl fmt::Debug for ChatTokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTokenizer")
+            .field("vocab_size", &self.tokenizer.get_vocab_size(true))
+            .field("eos_token", &self.eos_token)
+            .field("eos_token_id", &self.eos_token_id)
+            .field("templates", &self.templates)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One chat turn as the proxy sees it: the request and the upstream's answer, both raw.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnInput<'a> {
+    /// Request messages exactly as the client sent them (normalised by [`ChatTokenizer::split_turn`]).
+    pub messages: &'a [Value],
+    /// The request's `tools`, when it has the key (it may be `[]`).
+    pub tools: Option<&'a Value>,
+    /// The assistant message as the policy server returned it.
+    pub response_message: &'a Value,
+    /// Extra template variables (`chat_template_kwargs`, e.g. `enable_thinking`).
+    pub template_kwargs: Option<&'a Map<String, Value>>,
+}
+
+/// A turn rendered and tokenized: what one RL training sample is made of.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TurnTokens {
+    /// The conversation rendered with the generation prompt.
+    pub prompt_text: String,
+    /// The conversation plus the response, rendered without the generation prompt.
+    pub full_text: String,
+    /// `full_text` minus the `prompt_text` prefix, or all of `full_text` when it is not a prefix.
+    pub response_text: String,
+    /// Whether `full_text` starts with `prompt_text`.
+    pub prompt_is_prefix: bool,
+    /// Token ids of `prompt_text`.
+    pub prompt_ids: Vec<u32>,
+    /// Token ids of `response_text`, tokenized on its own.
+    pub response_ids: Vec<u32>,
+}
+
+fn read_file(path: &Path) -> Result<String, ChatTemplateError> {
+    std::fs::read_to_string(path).map_err(|source| ChatTemplateError::ReadFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl ChatTokenizer {
+    /// Loads `tokenizer.json` and `tokenizer_config.json` from a model directory. A
+    /// `chat_template.jinja` file next to them, if present, replaces the config's template.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, ChatTemplateError> {
+        let dir = dir.as_ref();
+        let tok_path = dir.join("tokenizer.json");
+        let cfg_path = dir.join("tokenizer_config.json");
+        let template_path = dir.join(CHAT_TEMPLATE_FILE);
+        let template_override = if template_path.is_file() {
+            Some(read_file(&template_path)?)
+        } else {
+            None
+        };
+        Self::build(
+            &read_file(&tok_path)?,
+            &tok_path.display().to_string(),
+            &read_file(&cfg_path)?,
+            &cfg_path.display().to_string(),
+            template_override,
+        )
+    }
+
+    /// Loads a tokenizer and its config from explicit paths.
+    pub fn from_files(
+        tokenizer_json: &Path,
+        tokenizer_config_json: &Path,
+    ) -> Result<Self, ChatTemplateError> {
+        Self::build(
+            &read_file(tokenizer_json)?,
+            &tokenizer_json.display().to_string(),
+            &read_file(tokenizer_config_json)?,
+            &tokenizer_config_json.display().to_string(),
+            None,
+        )
+    }
+
+    /// Builds from the contents of `tokenizer.json` and `tokenizer_config.json`.
+    pub fn from_json_strs(
+        tokenizer_json: &str,
+        tokenizer_config_json: &str,
+    ) -> Result<Self, ChatTemplateError> {
+        Self::build(
+            tokenizer_json,
+            "<tokenizer.json string>",
+            tokenizer_config_json,
+            "<tokenizer_config.json string>",
+            None,
+        )
+    }
+
+    /// The small self-made model of `config/mini-model` (a byte-level BPE of about a thousand tokens
+    /// with a Qwen3-like ChatML template), embedded in the binary for demos and tests.
+    ///
+    /// # Panics
+    /// Never in practice: the embedded files are checked by this crate's tests.
+    #[allow(clippy::panic)]
+    pub fn mini() -> Self {
+        match Self::from_json_strs(MINI_TOKENIZER_JSON, MINI_TOKENIZER_CONFIG_JSON) {
+            Ok(tok) => tok,
+            Err(e) => panic!("the embedded mini model (config/mini-model) is invalid: {e}"),
+        }
+    }
+
+    fn build(
+        tokenizer_json: &str,
+        tokenizer_origin: &str,
+        config_json: &str,
+        config_origin: &str,
+        template_override: Option<String>,
+    ) -> Result<Self, ChatTemplateError> {
+        let mut tokenizer: tokenizers::Tokenizer =
+            tokenizer_json
+                .parse()
+                .map_err(|source| ChatTemplateError::TokenizerJson {
+                    origin: tokenizer_origin.to_owned(),
+                    source,
+                })?;
+        // transformers disables truncation and padding for a plain `tokenizer(text)` call.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|source| ChatTemplateError::TokenizerJson {
+                origin: tokenizer_origin.to_owned(),
+                source,
+            })?;
+        tokenizer.with_padding(None);
+
+        let cfg = TokenizerConfig::parse(config_origin, config_json, template_override)?;
+        let templates = Templates::compile(&cfg)?;
+        let eos_token_id = cfg
+            .eos_token
+            .as_deref()
+            .and_then(|t| tokenizer.token_to_id(t));
+        Ok(Self {
+            tokenizer,
+            templates,
+            special_tokens: cfg.special_tokens,
+            eos_token: cfg.eos_token,
+            eos_token_id,
+            clean_up_tokenization_spaces: cfg.clean_up_tokenization_spaces,
+        })
+    }
+
+    /// Renders already-normalised `messages` with the chat template, as
+    /// `apply_chat_template(messages, tools=tools, add_generation_prompt=.., tokenize=False, **template_kwargs)`.
+    pub fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+        template_kwargs: Option<&Map<String, Value>>,
+    ) -> Result<String, ChatTemplateError> {
+        let messages: Vec<MjValue> = messages.iter().map(json_to_value).collect();
+        let prepared = Prepared::new(tools, template_kwargs);
+        self.render_prepared(messages, &prepared, add_generation_prompt)
+    }
+
+    fn render_prepared(
+        &self,
+        messages: Vec<MjValue>,
+        prepared: &Prepared,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let name = self.templates.select(prepared.has_tools)?;
+        // Same precedence as transformers: special tokens, then kwargs, then the named arguments.
+        let ctx = MjValue::from_pairs(
+            self.special_tokens
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .chain(prepared.kwargs.iter().map(|(k, v)| (k.as_str(), v.clone())))
+                .chain([
+                    ("messages", MjValue::from(messages)),
+                    ("tools", prepared.tools.clone()),
+                    ("documents", MjValue::from(())),
+                    (
+                        "add_generation_prompt",
+                        MjValue::from(add_generation_prompt),
+                    ),
+                ]),
+        );
+        self.templates.render(name, ctx)
+    }
+
+    /// Token ids of `text`, as `tokenizer(text, add_special_tokens=False)["input_ids"]`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ChatTemplateError> {
+        self.tokenizer
+            .encode_fast(text, false)
+            .map(|enc| enc.get_ids().to_vec())
+            .map_err(|source| ChatTemplateError::Encode {
+                len: text.len(),
+                source,
+            })
+    }
+
+    /// The text of one token decoded on its own with special tokens kept (what SGLang reports as
+    /// the `token` of a log-prob entry). Unknown ids give an empty string; a token that is only part
+    /// of a UTF-8 character gives U+FFFD, as in Python.
+    pub fn token_text(&self, id: u32) -> String {
+        let text = self.tokenizer.decode(&[id], false).unwrap_or_default();
+        if self.clean_up_tokenization_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        }
+    }
+
+    /// The end-of-sequence token of the config (`eos_token`), if any.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The id of [`Self::eos_token`] in the vocabulary.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_id
+    }
+
+    /// Splits one turn into prompt and response text and tokens, exactly as the reference server:
+    /// the prompt is the normalised conversation rendered with the generation prompt, the full text
+    /// adds the normalised response and no generation prompt, the response text is what follows the
+    /// prompt (all of the full text when the prompt is not a prefix of it), and prompt and response
+    /// are tokenized separately.
+    pub fn split_turn(&self, input: &TurnInput<'_>) -> Result<TurnTokens, ChatTemplateError> {
+        let prepared = Prepared::new(input.tools, input.template_kwargs);
+        let mut messages: Vec<MjValue> = normalize_messages(input.messages)
+            .iter()
+            .map(json_to_value)
+            .collect();
+        let prompt_text = self.render_prepared(messages.clone(), &prepared, true)?;
+        messages.push(json_to_value(&normalize_response_message(
+            input.response_message,
+        )));
+        let full_text = self.render_prepared(messages, &prepared, false)?;
+
+        let (prompt_is_prefix, response_text) = match full_text.strip_prefix(prompt_text.as_str()) {
+            Some(rest) => (true, rest.to_owned()),
+            None => (false, full_text.clone()),
+        };
+        let prompt_ids = self.encode(&prompt_text)?;
+        let response_ids = self.encode(&response_text)?;
+        Ok(TurnTokens {
+            prompt_text,
+            full_text,
+            response_text,
+            prompt_is_prefix,
+            prompt_ids,
+            response_ids,
+        })
+    }
+}
+
+/// The per-request part of the template context, converted once for both renders of a turn.
+struct Prepared {
+    has_tools: bool,
+    tools: MjValue,
+    kwargs: Vec<(String, MjValue)>,
+}
+
+impl Prepared {
+    fn new(tools: Option<&Value>, template_kwargs: Option<&Map<String, Value>>) -> Self {
+        let tools = tools.filter(|t| !t.is_null());
+        Self {
+            has_tools: tools.is_some(),
+            // transformers passes `tools=None` when the request has none: defined, and none.
+            tools: tools.map_or_else(|| MjValue::from(()), json_to_value),
+            kwargs: template_kwargs
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }
+    }
+}
+
+/// Converts JSON to a template value directly (no serde round trip), keeping key order and the
+/// integer/float distinction.
+fn json_to_value(v: &Value) -> MjValue {
+    match v {
+        Value::Null => MjValue::from(()),
+        Value::Bool(b) => MjValue::from(*b),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                MjValue::from(i)
+            } else if let Some(u) = n.as_u64() {
+                MjValue::from(u)
+            } else {
+                MjValue::from(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        Value::String(s) => MjValue::from(s.as_str()),
+        Value::Array(items) => MjValue::from(items.iter().map(json_to_value).collect::<Vec<_>>()),
+        Value::Object(map) => {
+            MjValue::from_pairs(map.iter().map(|(k, v)| (k.as_str(), json_to_value(v))))
+        }
+    }
+}
+
+/// transformers' `clean_up_tokenization` (only applied when the config asks for it).
+fn clean_up_tokenization(s: &str) -> String {
+    s.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn chat_tokenizer_is_send_and_sync() {
+        assert_send_sync::<ChatTokenizer>();
+    }
+}

@@ -1,0 +1,25 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use ps_chat_template::{ChatTemplateError, ChatTokenizer};
+use serde_json::{Value, json};
+
+/// The mini model's tokenizer.json, for building tokenizers with test templates.
+pub const MINI_TOKENIZER_JSON: &str = include_str!("../../../../config/mini-model/tokenizer.json");
+
+/// A config JSON with the given `chat_template` value and the mini model's special tokens.
+pub fn config_with(chat_template: Value) -> String {
+    json!({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": null, "chat_template": chat_template})
+        .to_string()
+}
+
+/// The mini tokenizer with a custom chat template.
+pub fn with_template(template: &str) -> Result<ChatTokenizer, ChatTemplateError> {
+    ChatTokenizer::from_json_strs(MINI_TOKENIZER_JSON, &config_with(json!(template)))
+}
+
+/// Renders `template` with no messages and `kwargs` as template variables.
+pub fn render_kwargs(template: &str, kwargs: Value) -> Result<String, ChatTemplateError> {
+    let tok = with_template(template).unwrap();
+    tok.render(&[], None, false, kwargs.as_object())
+}

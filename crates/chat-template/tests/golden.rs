@@ -1,0 +1,114 @@
+//! Golden cases: every line of the Qwen3 fixtures must match transformers exactly.
+//!
+//! The fixtures live outside the repository (`$POLICY_SERVING_SHARED/fixtures/qwen3`, default
+//! `<crate>/../../../shared`). Without them the tests print `SKIPPED` and pass, unless
+//! `POLICY_SERVING_REQUIRE_FIXTURES=1` (CI), in which case they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use ps_chat_template::{ChatTokenizer, TurnInput, TurnTokens};
+use serde_json::Value;
+
+fn qwen3_dir() -> Option<PathBuf> {
+    let shared = std::env::var_os("POLICY_SERVING_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let dir = shared.join("fixtures/qwen3");
+    if dir.join("tokenizer.json").is_file() {
+        return Some(dir);
+    }
+    let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "POLICY_SERVING_REQUIRE_FIXTURES=1 but the Qwen3 fixtures are missing at {}",
+        dir.display()
+    );
+    eprintln!(
+        "SKIPPED: Qwen3 fixtures not found at {}; set POLICY_SERVING_SHARED to the shared directory",
+        dir.display()
+    );
+    None
+}
+
+/// Runs every golden line of `golden` with `config` and panics with a list of the mismatching
+/// fields of every case that differs.
+fn run_golden(config: &str, golden: &str) {
+    let Some(dir) = qwen3_dir() else { return };
+    let tok = ChatTokenizer::from_files(&dir.join("tokenizer.json"), &dir.join(config)).unwrap();
+    let text = std::fs::read_to_string(dir.join(golden)).unwrap();
+    let mut total = 0;
+    let mut failures = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        total += 1;
+        let case: Value = serde_json::from_str(line).unwrap();
+        let id = case["id"].as_str().unwrap_or("?").to_owned();
+        let messages = case["messages"].as_array().unwrap();
+        let input = TurnInput {
+            messages,
+            tools: case.get("tools"),
+            response_message: &case["response_message"],
+            template_kwargs: case.get("chat_template_kwargs").and_then(Value::as_object),
+        };
+        let got = match tok.split_turn(&input) {
+            Ok(t) => t,
+            Err(e) => {
+                failures.push(format!("{id}: error {e}"));
+                continue;
+            }
+        };
+        let want: TurnTokens = serde_json::from_value(case.clone()).unwrap();
+        let mut bad = Vec::new();
+        if got.prompt_text != want.prompt_text {
+            bad.push(format!(
+                "prompt_text\n  got  {:?}\n  want {:?}",
+                got.prompt_text, want.prompt_text
+            ));
+        }
+        if got.full_text != want.full_text {
+            bad.push(format!(
+                "full_text\n  got  {:?}\n  want {:?}",
+                got.full_text, want.full_text
+            ));
+        }
+        if got.response_text != want.response_text {
+            bad.push("response_text".to_owned());
+        }
+        if got.prompt_is_prefix != want.prompt_is_prefix {
+            bad.push("prompt_is_prefix".to_owned());
+        }
+        if got.prompt_ids != want.prompt_ids {
+            bad.push("prompt_ids".to_owned());
+        }
+        if got.response_ids != want.response_ids {
+            bad.push("response_ids".to_owned());
+        }
+        if !bad.is_empty() {
+            failures.push(format!("{id}: {}", bad.join("; ")));
+        }
+    }
+    eprintln!(
+        "{golden} with {config}: {}/{total} cases match",
+        total - failures.len()
+    );
+    assert!(total > 0, "{golden} has no cases");
+    assert!(
+        failures.is_empty(),
+        "{} of {total} golden cases differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn golden_public_main_config() {
+    run_golden("tokenizer_config.json", "golden_public.jsonl");
+}
+
+#[test]
+fn golden_public_thinking_2507_config() {
+    run_golden(
+        "tokenizer_config.qwen3-4b-thinking-2507.json",
+        "golden_public_thinking2507.jsonl",
+    );
+}

@@ -1,0 +1,124 @@
+//! `tojson` must be Python's `json.dumps` as transformers calls it; expected strings come from
+//! CPython 3.11's `json.dumps`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::render_kwargs;
+use serde_json::{Value, json};
+
+const INPUT: &str = r#"{"b": 1, "a": [1.0, 1e-05, 1e+16, 1000000000.0, 5.0, 0.1, -0.0, 12345678901234567890, -3], "z": {"html": "<b>&'\"</b>", "uni": "é中文😀", "ctl": "a\nb\t\u0001\\"}, "t": true, "f": false, "n": null, "e": [], "o": {}}"#;
+
+fn input() -> Value {
+    json!({ "x": serde_json::from_str::<Value>(INPUT).unwrap() })
+}
+
+#[test]
+fn default_is_python_json_dumps() {
+    // Floats in Python repr, unicode kept, no HTML escaping, insertion order, ", " and ": ".
+    assert_eq!(render_kwargs("{{ x | tojson }}", input()).unwrap(), INPUT);
+}
+
+#[test]
+fn indent_matches_python() {
+    let want = r#"{
+  "b": 1,
+  "a": [
+    1.0,
+    1e-05,
+    1e+16,
+    1000000000.0,
+    5.0,
+    0.1,
+    -0.0,
+    12345678901234567890,
+    -3
+  ],
+  "z": {
+    "html": "<b>&'\"</b>",
+    "uni": "é中文😀",
+    "ctl": "a\nb\t\u0001\\"
+  },
+  "t": true,
+  "f": false,
+  "n": null,
+  "e": [],
+  "o": {}
+}"#;
+    assert_eq!(
+        render_kwargs("{{ x | tojson(indent=2) }}", input()).unwrap(),
+        want
+    );
+    let tab = "{\n\t\"a\": [\n\t\t1,\n\t\t{\n\t\t\t\"b\": []\n\t\t}\n\t]\n}";
+    assert_eq!(
+        render_kwargs(
+            "{{ {'a': [1, {'b': []}]} | tojson(indent='\t') }}",
+            json!({})
+        )
+        .unwrap(),
+        tab
+    );
+}
+
+#[test]
+fn ensure_ascii_sort_keys_and_separators() {
+    let want = r#"{"a":[1.0,1e-05,1e+16,1000000000.0,5.0,0.1,-0.0,12345678901234567890,-3],"b":1,"e":[],"f":false,"n":null,"o":{},"t":true,"z":{"ctl":"a\nb\t\u0001\\","html":"<b>&'\"</b>","uni":"\u00e9\u4e2d\u6587\ud83d\ude00"}}"#;
+    let got = render_kwargs(
+        "{{ x | tojson(ensure_ascii=true, sort_keys=true, separators=(',', ':')) }}",
+        input(),
+    )
+    .unwrap();
+    assert_eq!(got, want);
+    // Positional arguments follow transformers' signature: ensure_ascii, indent, separators, sort_keys.
+    let got = render_kwargs("{{ x | tojson(true, none, (',', ':'), true) }}", input()).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn html_characters_are_not_escaped() {
+    let got = render_kwargs(
+        "{{ s | tojson }}",
+        json!({"s": "<tool_call> & 'x' </tool_call>"}),
+    )
+    .unwrap();
+    assert_eq!(got, r#""<tool_call> & 'x' </tool_call>""#);
+}
+
+#[test]
+fn nested_key_order_is_insertion_order() {
+    let got = render_kwargs(
+        "{{ x | tojson }}",
+        json!({"x": {"zeta": {"y": 1, "b": [{"k2": 2, "k1": 1}]}, "alpha": "a", "mid": 2.5}}),
+    )
+    .unwrap();
+    assert_eq!(
+        got,
+        r#"{"zeta": {"y": 1, "b": [{"k2": 2, "k1": 1}]}, "alpha": "a", "mid": 2.5}"#
+    );
+}
+
+#[test]
+fn template_literals_and_loop_values_serialise() {
+    let got = render_kwargs(
+        "{{ {'a': 1.5, 'b': none, 'c': true, 'd': [1, 'x']} | tojson }}",
+        json!({}),
+    )
+    .unwrap();
+    assert_eq!(got, r#"{"a": 1.5, "b": null, "c": true, "d": [1, "x"]}"#);
+}
+
+#[test]
+fn undefined_is_not_serialisable() {
+    let err = render_kwargs("{{ missing | tojson }}", json!({})).unwrap_err();
+    assert!(err.to_string().contains("not JSON serializable"), "{err}");
+}
+
+#[test]
+fn printed_floats_use_python_str() {
+    let got = render_kwargs(
+        "{{ a }} {{ b }} {{ c }} {{ d }} {{ 0.00001 }} {{ 3 }}",
+        json!({"a": 5.0, "b": 1e16, "c": 1e-5, "d": 0.25}),
+    )
+    .unwrap();
+    assert_eq!(got, "5.0 1e+16 1e-05 0.25 1e-05 3");
+}
