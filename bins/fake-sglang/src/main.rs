@@ -1,1 +1,82 @@
-fn main() {}
+//! `fake-sglang`: serves the SGLang simulator of `ps-fake-sglang` on a TCP port, for demos, manual
+//! testing and benchmarks. Never a production component.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use clap::Parser;
+use ps_chat_template::ChatTokenizer;
+use ps_fake_sglang::{FakeSglang, Fault};
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "A fake SGLang server (chat completions, /generate) for tests and demos"
+)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 30001)]
+    port: u16,
+    /// HuggingFace model directory (tokenizer.json + tokenizer_config.json); default: the embedded mini model.
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// Model name listed by /v1/models.
+    #[arg(long, default_value = "default")]
+    model_name: String,
+    /// Delay before the first byte of each answer, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Delay between streamed chunks, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    token_delay_ms: u64,
+    /// Require `Authorization: Bearer <KEY>` (except on /health*).
+    #[arg(long, env = "FAKE_SGLANG_API_KEY")]
+    api_key: Option<String>,
+    /// Answer without reasoning_content (no <think> block).
+    #[arg(long)]
+    no_reasoning: bool,
+    /// Fault applied to every request: refuse, delay:MS, status:CODE[:BODY], garbage, cut:N, error:N.
+    #[arg(long)]
+    fault: Option<Fault>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let tokenizer = match &args.model_dir {
+        Some(dir) => ChatTokenizer::from_dir(dir)
+            .with_context(|| format!("cannot load the model directory {}", dir.display()))?,
+        None => ChatTokenizer::mini(),
+    };
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let handle = FakeSglang::builder()
+        .tokenizer(Arc::new(tokenizer))
+        .model_name(&args.model_name)
+        .latency(Duration::from_millis(args.latency_ms))
+        .token_delay(Duration::from_millis(args.token_delay_ms))
+        .api_key(args.api_key)
+        .reasoning(!args.no_reasoning)
+        .serve(listener)
+        .await
+        .context("cannot start the server")?;
+    handle.set_fault(args.fault);
+    println!("fake-sglang listening on {}", handle.base_url());
+    tracing::info!(addr = %handle.addr(), "fake-sglang ready");
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot wait for ctrl-c")?;
+    tracing::info!("shutting down");
+    handle.shutdown().await;
+    Ok(())
+}

@@ -1,1 +1,382 @@
-//! (being written)
+//! An in-process simulator of SGLang's HTTP protocol, for tests, demos and benchmarks. It is never used
+//! in production paths.
+//!
+//! It owns one idea: speak SGLang's wire protocol faithfully (see `docs/upstream-protocols.md`, sections
+//! 1, 2 and 6 and the Gotchas) from a deterministic fake model, on a real HTTP server bound to
+//! `127.0.0.1:0`, with a request recorder, injectable [`Fault`]s and a hold/release gate so tests observe
+//! in-flight state without sleeping. It depends on the chat-template crate only (for real token ids);
+//! nothing in the serving path may depend on it.
+//!
+//! # The fake model
+//! - **Chat** (`POST /v1/chat/completions`): the answer is a function of the request. With reasoning on
+//!   (the default, unless `chat_template_kwargs.enable_thinking` is `false`) the model samples
+//!   `<think>\n{reasoning}\n</think>\n\n{content}{eos}`, otherwise `{content}{eos}`, where the reasoning is
+//!   `The user said: "<first words>". …` and the content `<Opener> You said "<first words>" (turn N).`
+//!   (N = 1 + the number of assistant messages; "The tool returned" after a tool message). Non-ASCII
+//!   characters of the echoed text are dropped so the text tokenizes cleanly. The sampled ids are the
+//!   tokenizer's encoding of each part in turn (markers, whitespace, reasoning, content, eos).
+//! - **Tool calls** when `tools` is non-empty and `tool_choice` is `"required"` or names a function, or
+//!   (with `tool_choice` auto/absent) the *last message* is a user message containing `[call_tool]`.
+//!   The sampled text then holds `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` instead of
+//!   content; arguments are derived from the tool's JSON schema.
+//! - **`/generate`** with a text prompt (or `input_ids`, decoded) answers like a judge: a hint judge (the
+//!   prompt mentions `[HINT_START]`) gives `[HINT_START]…[HINT_END]` and `\boxed{1}`, or `\boxed{-1}`;
+//!   otherwise a PRM-like `\boxed{1|-1|0}`. A `FAKE_VOTES=1,-1,x` directive in the prompt scripts the
+//!   votes: successive calls with that same text cycle through the list (`x` = no boxed value).
+//!   With `return_logprob`, prompt logprobs follow SGLang's layout (entry 0 always null) with values
+//!   [`teacher_logprob`] and [`teacher_top_logprobs`].
+//! - Sampled-token logprobs are [`policy_logprob`]`(id, position)`.
+//!
+//! # Streaming
+//! One chunk per sampled token whose text delta is non-empty. The `<think>`/`</think>` markers and the
+//! whitespace around them, the tool-call markup and the eos send no chunk, so their logprobs are lost, as
+//! in SGLang (Gotcha 3). Concatenated `reasoning_content`/`content` deltas equal the non-streamed fields.
+
+mod chat;
+mod det;
+mod fault;
+mod generate;
+mod http;
+mod model;
+mod net;
+mod state;
+
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{
+    Router,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use ps_chat_template::ChatTokenizer;
+use serde_json::json;
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+
+pub use det::{policy_logprob, teacher_logprob};
+pub use fault::{Fault, FaultParseError};
+pub use generate::teacher_top_logprobs;
+pub use state::{FakeState, RecordedRequest};
+
+use crate::{
+    http::json_response,
+    net::{ConnKill, FakeListener},
+    state::Config,
+};
+
+/// Entry point: `FakeSglang::builder()…spawn().await`.
+#[derive(Debug, Clone, Copy)]
+pub struct FakeSglang;
+
+impl FakeSglang {
+    pub fn builder() -> FakeBuilder {
+        FakeBuilder::default()
+    }
+}
+
+/// Configures a fake server.
+pub struct FakeBuilder {
+    tokenizer: Option<Arc<ChatTokenizer>>,
+    model_name: String,
+    latency: Duration,
+    token_delay: Duration,
+    api_key: Option<String>,
+    reasoning: bool,
+}
+
+impl Default for FakeBuilder {
+    fn default() -> Self {
+        Self {
+            tokenizer: None,
+            model_name: "default".into(),
+            latency: Duration::ZERO,
+            token_delay: Duration::ZERO,
+            api_key: None,
+            reasoning: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for FakeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeBuilder")
+            .field("model_name", &self.model_name)
+            .field("latency", &self.latency)
+            .field("token_delay", &self.token_delay)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .field("reasoning", &self.reasoning)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FakeBuilder {
+    /// The tokenizer the fake samples with (default: [`ChatTokenizer::mini`]).
+    pub fn tokenizer(mut self, tokenizer: Arc<ChatTokenizer>) -> Self {
+        self.tokenizer = Some(tokenizer);
+        self
+    }
+
+    /// The name `/v1/models` lists (default `"default"`). Responses echo the request's `model`.
+    pub fn model_name(mut self, name: &str) -> Self {
+        self.model_name = name.to_owned();
+        self
+    }
+
+    /// Wait before the first byte of every chat / generate answer.
+    pub fn latency(mut self, latency: Duration) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    /// Wait between streamed chunks.
+    pub fn token_delay(mut self, delay: Duration) -> Self {
+        self.token_delay = delay;
+        self
+    }
+
+    /// Require `Authorization: Bearer <key>` (except on `/health*`), as SGLang's `--api-key`.
+    pub fn api_key(mut self, key: Option<String>) -> Self {
+        self.api_key = key;
+        self
+    }
+
+    /// Whether answers carry reasoning (default true, like a server with `--reasoning-parser`).
+    pub fn reasoning(mut self, on: bool) -> Self {
+        self.reasoning = on;
+        self
+    }
+
+    /// The state to serve with [`router`].
+    pub fn build(self) -> FakeState {
+        FakeState::new(Config {
+            tokenizer: self
+                .tokenizer
+                .unwrap_or_else(|| Arc::new(ChatTokenizer::mini())),
+            model_name: self.model_name,
+            latency: self.latency,
+            token_delay: self.token_delay,
+            api_key: self.api_key,
+            reasoning: self.reasoning,
+        })
+    }
+
+    /// Binds `127.0.0.1:0` and serves in the background.
+    pub async fn spawn(self) -> std::io::Result<FakeHandle> {
+        let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+        self.serve(listener).await
+    }
+
+    /// Serves on `listener` in the background (used by the binary). [`Fault::Refuse`] kills the
+    /// connection at socket level here.
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<FakeHandle> {
+        let addr = listener.local_addr()?;
+        let state = self.build();
+        let app = router(state.clone()).into_make_service_with_connect_info::<ConnKill>();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            axum::serve(FakeListener(listener), app)
+                .with_graceful_shutdown(async move {
+                    // A dropped sender also means stop.
+                    let _ = stop_rx.await;
+                })
+                .await
+        });
+        tracing::debug!(%addr, "fake-sglang listening");
+        Ok(FakeHandle {
+            state,
+            addr,
+            stop: Some(stop_tx),
+            task: Some(task),
+        })
+    }
+}
+
+/// A running fake server. Dropping it stops the server (and releases the gate).
+pub struct FakeHandle {
+    state: FakeState,
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl std::fmt::Debug for FakeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeHandle")
+            .field("addr", &self.addr)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FakeHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT/v1/chat/completions`
+    pub fn chat_url(&self) -> String {
+        format!("{}/v1/chat/completions", self.base_url())
+    }
+
+    /// `http://127.0.0.1:PORT/generate`
+    pub fn generate_url(&self) -> String {
+        format!("{}/generate", self.base_url())
+    }
+
+    /// The shared state (same controls as the methods below, plus the tokenizer).
+    pub fn state(&self) -> &FakeState {
+        &self.state
+    }
+
+    /// See [`FakeState::requests`].
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.state.requests()
+    }
+
+    /// See [`FakeState::clear_requests`].
+    pub fn clear_requests(&self) {
+        self.state.clear_requests();
+    }
+
+    /// See [`FakeState::wait_for_requests`].
+    pub async fn wait_for_requests(&self, n: usize) {
+        self.state.wait_for_requests(n).await;
+    }
+
+    /// See [`FakeState::set_fault`].
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        self.state.set_fault(fault);
+    }
+
+    /// See [`FakeState::push_fault`].
+    pub fn push_fault(&self, fault: Fault) {
+        self.state.push_fault(fault);
+    }
+
+    /// See [`FakeState::hold`].
+    pub fn hold(&self) {
+        self.state.hold();
+    }
+
+    /// See [`FakeState::release`].
+    pub fn release(&self) {
+        self.state.release();
+    }
+
+    /// See [`FakeState::in_flight`].
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight()
+    }
+
+    /// See [`FakeState::wait_for_in_flight`].
+    pub async fn wait_for_in_flight(&self, n: usize) {
+        self.state.wait_for_in_flight(n).await;
+    }
+
+    /// Stops accepting, releases the gate and waits for in-flight requests to finish.
+    pub async fn shutdown(mut self) {
+        self.state.release();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "fake-sglang server failed"),
+                Err(e) => tracing::warn!(error = %e, "fake-sglang server task failed"),
+            }
+        }
+    }
+}
+
+impl Drop for FakeHandle {
+    fn drop(&mut self) {
+        self.state.release();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The fake's routes. Served with plain `axum::serve`, [`Fault::Refuse`] degrades to a response whose
+/// body fails at once (the client still sees an error); [`FakeBuilder::serve`] kills the socket instead.
+pub fn router(state: FakeState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/health_generate", get(health))
+        .route("/v1/models", get(models))
+        .route("/get_model_info", get(model_info))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route(
+            "/generate",
+            post(generate::generate).put(generate::generate),
+        )
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn health(State(state): State<FakeState>) -> StatusCode {
+    if state.unhealthy() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+async fn models(State(state): State<FakeState>, headers: axum::http::HeaderMap) -> Response {
+    if !state.authorized(&headers) {
+        return json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}));
+    }
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "object": "list",
+            "data": [{
+                "id": state.model_name(),
+                "object": "model",
+                "created": created,
+                "owned_by": "sglang",
+                "root": state.model_name(),
+                "max_model_len": 32768,
+            }],
+        }),
+    )
+}
+
+async fn model_info(State(state): State<FakeState>, headers: axum::http::HeaderMap) -> Response {
+    if !state.authorized(&headers) {
+        return json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}));
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "model_path": state.model_name(),
+            "tokenizer_path": state.model_name(),
+            "is_generation": true,
+        }),
+    )
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({"detail": "Not Found"})),
+    )
+        .into_response()
+}

@@ -1,0 +1,666 @@
+//! The fake "model": what it samples for a chat request or a `/generate` prompt, as text and as tokens of
+//! the configured tokenizer. Pure functions of the request (plus the per-text vote counter of
+//! `/generate`), and blocking (tokenization), so callers run them off the async executor.
+
+use ps_chat_template::{ChatTemplateError, ChatTokenizer};
+use serde_json::{Map, Value, json};
+
+use crate::det::{alternatives, hash_str, hex_id, mix, policy_logprob};
+
+/// What a sampled token belongs to, as the simulated reasoning and tool-call parsers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// `<think>` / `</think>`: swallowed by the reasoning parser.
+    ThinkMarker,
+    /// Whitespace around the think block: stripped by the parsers.
+    Pad,
+    Reasoning,
+    Content,
+    /// `<tool_call>`, newlines, the closing `}` and `</tool_call>`: swallowed by the tool parser.
+    ToolMarkup,
+    /// `{"name": "NAME", "arguments": ` — its last token releases the first tool-call fragment.
+    ToolHead,
+    ToolArgs,
+    Eos,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SampledToken {
+    pub id: u32,
+    pub part: Part,
+    /// `token_text(id)`: the token decoded on its own.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// JSON-encoded arguments (Python `json.dumps` spacing, as SGLang's parser re-serialises them).
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    Stop,
+    ToolCalls,
+    Length,
+}
+
+impl Finish {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::ToolCalls => "tool_calls",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// The parsed fields of a chat request that the fake uses.
+#[derive(Debug, Clone)]
+pub(crate) struct ChatParams {
+    pub model: String,
+    pub messages: Vec<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Value,
+    pub logprobs: bool,
+    pub top_logprobs: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub max_tokens: Option<usize>,
+    pub template_kwargs: Option<Map<String, Value>>,
+    pub return_token_ids: bool,
+    pub return_prompt_token_ids: bool,
+    pub return_meta_info: bool,
+}
+
+/// Validates a chat request the way SGLang does (the message becomes a flat 400 error body).
+pub(crate) fn parse_chat(body: &Value) -> Result<ChatParams, String> {
+    let obj = body
+        .as_object()
+        .ok_or_else(|| "request body must be a JSON object".to_owned())?;
+    let messages = match obj.get("messages") {
+        None | Some(Value::Null) => return Err("messages: Field required".into()),
+        Some(Value::Array(m)) => m.clone(),
+        Some(_) => return Err("messages: Input should be a valid list".into()),
+    };
+    if messages.is_empty() {
+        return Err("Messages cannot be empty. Please provide at least one message.".into());
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if m.get("role").and_then(Value::as_str).is_none() {
+            return Err(format!("messages.{i}.role: Field required"));
+        }
+    }
+    let flag = |k: &str| obj.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let uint = |k: &str| -> Result<Option<usize>, String> {
+        match obj.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| format!("{k}: Input should be a non-negative integer")),
+        }
+    };
+    let stream = flag("stream");
+    if stream {
+        for k in [
+            "return_token_ids",
+            "return_prompt_token_ids",
+            "return_meta_info",
+        ] {
+            if flag(k) {
+                return Err(format!("{k} is not supported with streaming"));
+            }
+        }
+    }
+    let tools = obj
+        .get("tools")
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+        .cloned();
+    let tool_choice = obj.get("tool_choice").cloned().unwrap_or(Value::Null);
+    if tools.is_none() && tool_choice.as_str() == Some("required") {
+        return Err("Tool usage has been required but no tools are provided.".into());
+    }
+    let max_tokens = match uint("max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => uint("max_tokens")?,
+    };
+    Ok(ChatParams {
+        model: obj
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_owned(),
+        messages,
+        tools,
+        tool_choice,
+        logprobs: flag("logprobs"),
+        top_logprobs: uint("top_logprobs")?.unwrap_or(0),
+        stream,
+        include_usage: obj
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        max_tokens,
+        template_kwargs: obj
+            .get("chat_template_kwargs")
+            .and_then(Value::as_object)
+            .cloned(),
+        return_token_ids: flag("return_token_ids"),
+        return_prompt_token_ids: flag("return_prompt_token_ids"),
+        return_meta_info: flag("return_meta_info"),
+    })
+}
+
+/// Why a chat request could not be answered after validation.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SampleError {
+    /// The chat template rejected the conversation (SGLang answers 400).
+    #[error("chat template error: {0}")]
+    Template(#[source] ChatTemplateError),
+    /// Tokenization failed (500).
+    #[error("tokenization failed: {0}")]
+    Tokenize(#[source] ChatTemplateError),
+}
+
+/// One sampled chat answer, already cut to `max_tokens`.
+#[derive(Debug, Clone)]
+pub(crate) struct ChatSample {
+    pub prompt_ids: Vec<u32>,
+    pub tokens: Vec<SampledToken>,
+    pub finish: Finish,
+    pub matched_stop: Option<u32>,
+    /// `message.reasoning_content` (None when reasoning is off or empty).
+    pub reasoning: Option<String>,
+    /// `message.content` (`""` when empty, as SGLang).
+    pub content: String,
+    /// The parsed tool call (None when the markup was cut by `max_tokens`).
+    pub tool_call: Option<ToolCall>,
+    /// The tool call the model started, even if cut (what a streaming parser announces).
+    pub planned_tool: Option<ToolCall>,
+}
+
+/// The text of a message's `content`: a string, or the `text` parts of a list joined with one space.
+pub(crate) fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+/// Printable-ASCII words of `text` (other characters dropped), so the echoed text tokenizes cleanly.
+fn ascii_words(text: &str) -> Vec<String> {
+    text.split_whitespace()
+        .map(|w| {
+            w.chars()
+                .filter(|c| c.is_ascii_graphic())
+                .map(|c| if c == '"' || c == '\\' { '\'' } else { c })
+                .collect::<String>()
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+fn snippet(words: &[String], n: usize) -> String {
+    if words.is_empty() {
+        return "(nothing)".into();
+    }
+    let mut s = words.iter().take(n).cloned().collect::<Vec<_>>().join(" ");
+    if words.len() > n {
+        s.push_str("...");
+    }
+    s
+}
+
+/// JSON with Python `json.dumps` spacing (`{"a": 1, "b": [1, 2]}`).
+pub(crate) fn py_json(v: &Value) -> String {
+    match v {
+        Value::Array(a) => format!("[{}]", a.iter().map(py_json).collect::<Vec<_>>().join(", ")),
+        Value::Object(o) => format!(
+            "{{{}}}",
+            o.iter()
+                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), py_json(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        other => other.to_string(),
+    }
+}
+
+fn tool_name(tool: &Value) -> Option<&str> {
+    tool.get("function")
+        .and_then(|f| f.get("name"))
+        .and_then(Value::as_str)
+}
+
+/// The tool the fake calls, if the request asks for one (see the crate docs).
+fn chosen_tool(p: &ChatParams) -> Option<(String, Option<&Value>)> {
+    let tools = p.tools.as_ref()?.as_array()?;
+    let first = tools.first()?;
+    match &p.tool_choice {
+        Value::String(s) if s == "none" => None,
+        Value::String(s) if s == "required" => {
+            Some((tool_name(first).unwrap_or("tool").to_owned(), Some(first)))
+        }
+        Value::Object(o) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)?;
+            let tool = tools.iter().find(|t| tool_name(t) == Some(name));
+            Some((name.to_owned(), tool))
+        }
+        _ => {
+            let last = p.messages.last()?;
+            let is_user = last.get("role").and_then(Value::as_str) == Some("user");
+            (is_user && content_text(last.get("content")).contains("[call_tool]"))
+                .then(|| (tool_name(first).unwrap_or("tool").to_owned(), Some(first)))
+        }
+    }
+}
+
+/// Deterministic arguments for a tool from its JSON schema.
+fn tool_arguments(tool: Option<&Value>, words: &[String], seed: u64) -> Value {
+    let params = tool
+        .and_then(|t| t.get("function"))
+        .and_then(|f| f.get("parameters"));
+    let props = params
+        .and_then(|p| p.get("properties"))
+        .and_then(Value::as_object);
+    let required: Vec<&str> = params
+        .and_then(|p| p.get("required"))
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut args = Map::new();
+    let Some(props) = props else {
+        return Value::Object(args);
+    };
+    for (i, (name, schema)) in props.iter().enumerate() {
+        if !required.is_empty() && !required.contains(&name.as_str()) {
+            continue;
+        }
+        let value = if let Some(first) = schema
+            .get("enum")
+            .and_then(Value::as_array)
+            .and_then(|e| e.first())
+        {
+            first.clone()
+        } else {
+            match schema.get("type").and_then(Value::as_str) {
+                Some("integer") => json!(mix(seed, i as u64) % 10 + 1),
+                Some("number") => json!(1.5),
+                Some("boolean") => json!(true),
+                Some("array") => json!([]),
+                Some("object") => json!({}),
+                _ => {
+                    let w = words
+                        .iter()
+                        .filter(|w| !w.starts_with('['))
+                        .take(3)
+                        .cloned()
+                        .collect::<Vec<_>>();
+                    if w.is_empty() {
+                        json!("example")
+                    } else {
+                        json!(w.join(" "))
+                    }
+                }
+            }
+        };
+        args.insert(name.clone(), value);
+    }
+    Value::Object(args)
+}
+
+/// Is thinking on for this request?
+pub(crate) fn thinking_enabled(default_on: bool, kwargs: Option<&Map<String, Value>>) -> bool {
+    default_on
+        && kwargs
+            .and_then(|k| k.get("enable_thinking"))
+            .and_then(Value::as_bool)
+            != Some(false)
+}
+
+/// Flattens list contents to text (what SGLang does for text-only templates).
+fn template_messages(messages: &[Value]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(obj) = m.as_object_mut()
+                && obj.get("content").is_some_and(Value::is_array)
+            {
+                let text = content_text(obj.get("content"));
+                obj.insert("content".into(), Value::String(text));
+            }
+            m
+        })
+        .collect()
+}
+
+fn push_segment(
+    tok: &ChatTokenizer,
+    out: &mut Vec<SampledToken>,
+    part: Part,
+    text: &str,
+) -> Result<(), SampleError> {
+    if text.is_empty() {
+        return Ok(());
+    }
+    for id in tok.encode(text).map_err(SampleError::Tokenize)? {
+        out.push(SampledToken {
+            id,
+            part,
+            text: tok.token_text(id),
+        });
+    }
+    Ok(())
+}
+
+fn push_eos(tok: &ChatTokenizer, out: &mut Vec<SampledToken>) {
+    if let Some(id) = tok.eos_token_id() {
+        out.push(SampledToken {
+            id,
+            part: Part::Eos,
+            text: tok.token_text(id),
+        });
+    }
+}
+
+/// Samples the fake answer to a chat request.
+pub(crate) fn sample_chat(
+    tok: &ChatTokenizer,
+    p: &ChatParams,
+    reasoning_default: bool,
+) -> Result<ChatSample, SampleError> {
+    let kwargs = p.template_kwargs.as_ref();
+    let prompt_text = tok
+        .render(
+            &template_messages(&p.messages),
+            p.tools.as_ref(),
+            true,
+            kwargs,
+        )
+        .map_err(SampleError::Template)?;
+    let prompt_ids = tok.encode(&prompt_text).map_err(SampleError::Tokenize)?;
+
+    let last = p.messages.last();
+    let last_role = last
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str)
+        .unwrap_or("user");
+    let last_text = content_text(last.and_then(|m| m.get("content")));
+    let words = ascii_words(&last_text);
+    let turn = 1 + p
+        .messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .count();
+    let seed = mix(hash_str(&last_text), turn as u64);
+    let (who, verb) = if last_role == "tool" {
+        ("The tool", "returned")
+    } else {
+        ("The user", "said")
+    };
+    let reasoning_on = thinking_enabled(reasoning_default, kwargs);
+    let tool = chosen_tool(p);
+    let reasoning = match &tool {
+        Some((name, _)) => format!(
+            "{who} {verb}: \"{}\". I should call the {name} tool.",
+            snippet(&words, 8)
+        ),
+        None => format!(
+            "{who} {verb}: \"{}\". This is turn {turn}, so I will answer briefly.",
+            snippet(&words, 8)
+        ),
+    };
+    const OPENERS: [&str; 4] = ["Noted.", "Understood.", "Got it.", "Okay."];
+    let opener = OPENERS[(seed % OPENERS.len() as u64) as usize];
+    let content = format!(
+        "{opener} {} {verb} \"{}\" (turn {turn}).",
+        if last_role == "tool" {
+            "The tool"
+        } else {
+            "You"
+        },
+        snippet(&words, 12)
+    );
+
+    let mut tokens = Vec::new();
+    if reasoning_on {
+        push_segment(tok, &mut tokens, Part::ThinkMarker, "<think>")?;
+        push_segment(tok, &mut tokens, Part::Pad, "\n")?;
+        push_segment(tok, &mut tokens, Part::Reasoning, &reasoning)?;
+        push_segment(tok, &mut tokens, Part::Pad, "\n")?;
+        push_segment(tok, &mut tokens, Part::ThinkMarker, "</think>")?;
+        push_segment(tok, &mut tokens, Part::Pad, "\n\n")?;
+    }
+    let tool_call = match &tool {
+        Some((name, schema)) => {
+            let args = py_json(&tool_arguments(*schema, &words, seed));
+            let head = format!(
+                "{{\"name\": {}, \"arguments\": ",
+                Value::String(name.clone())
+            );
+            push_segment(tok, &mut tokens, Part::ToolMarkup, "<tool_call>")?;
+            push_segment(tok, &mut tokens, Part::ToolMarkup, "\n")?;
+            push_segment(tok, &mut tokens, Part::ToolHead, &head)?;
+            push_segment(tok, &mut tokens, Part::ToolArgs, &args)?;
+            push_segment(tok, &mut tokens, Part::ToolMarkup, "}")?;
+            push_segment(tok, &mut tokens, Part::ToolMarkup, "\n")?;
+            push_segment(tok, &mut tokens, Part::ToolMarkup, "</tool_call>")?;
+            Some(ToolCall {
+                id: format!("call_{}", hex_id(mix(seed, hash_str(name)), 24)),
+                name: name.clone(),
+                arguments: args,
+            })
+        }
+        None => {
+            push_segment(tok, &mut tokens, Part::Content, &content)?;
+            None
+        }
+    };
+    push_eos(tok, &mut tokens);
+
+    let full_len = tokens.len();
+    // Tokens up to the end of the tool-call markup (everything but the eos).
+    let body_len = tokens
+        .iter()
+        .rposition(|t| t.part != Part::Eos)
+        .map_or(0, |i| i + 1);
+    let cut = p.max_tokens.is_some_and(|m| m < full_len);
+    if let Some(m) = p.max_tokens {
+        tokens.truncate(m);
+    }
+    let text_of = |part: Part, toks: &[SampledToken]| -> String {
+        toks.iter()
+            .filter(|t| t.part == part)
+            .map(|t| t.text.as_str())
+            .collect()
+    };
+    let sample = if cut {
+        let tool_done = tool_call.is_some() && tokens.len() >= body_len;
+        let r = text_of(Part::Reasoning, &tokens);
+        ChatSample {
+            prompt_ids,
+            finish: Finish::Length,
+            matched_stop: None,
+            reasoning: (reasoning_on && !r.is_empty()).then_some(r),
+            content: text_of(Part::Content, &tokens),
+            planned_tool: tool_call.clone(),
+            tool_call: if tool_done { tool_call } else { None },
+            tokens,
+        }
+    } else {
+        let matched_stop = tokens.last().filter(|t| t.part == Part::Eos).map(|t| t.id);
+        ChatSample {
+            prompt_ids,
+            finish: if tool_call.is_some() {
+                Finish::ToolCalls
+            } else {
+                Finish::Stop
+            },
+            matched_stop,
+            reasoning: reasoning_on.then_some(reasoning),
+            content: if tool_call.is_some() {
+                String::new()
+            } else {
+                content
+            },
+            planned_tool: tool_call.clone(),
+            tool_call,
+            tokens,
+        }
+    };
+    Ok(sample)
+}
+
+/// One `logprobs.content` item of the chat API.
+pub(crate) fn chat_logprob_entry(
+    tok: &ChatTokenizer,
+    t: &SampledToken,
+    position: usize,
+    top_k: usize,
+) -> Value {
+    let lp = policy_logprob(t.id, position);
+    let item =
+        |text: &str, lp: f64| json!({"token": text, "bytes": text.as_bytes(), "logprob": lp});
+    let mut top = Vec::with_capacity(top_k);
+    if top_k > 0 {
+        top.push(item(&t.text, lp));
+        for (j, alt) in alternatives(t.id, top_k - 1).into_iter().enumerate() {
+            top.push(item(&tok.token_text(alt), lp - 1.0 - 0.5 * j as f64));
+        }
+    }
+    let mut entry = item(&t.text, lp);
+    if let Some(o) = entry.as_object_mut() {
+        o.insert("top_logprobs".into(), Value::Array(top));
+    }
+    entry
+}
+
+/// A `/generate` logprob triple `[logprob, id, text|null]`.
+pub(crate) fn triple(tok: &ChatTokenizer, lp: Option<f64>, id: u32, with_text: bool) -> Value {
+    json!([lp, id, with_text.then(|| tok.token_text(id))])
+}
+
+/// A parsed `FAKE_VOTES=…` list: `Some(v)` answers `\boxed{v}`, `None` answers without a boxed value.
+pub(crate) fn scripted_votes(text: &str) -> Option<Vec<Option<i64>>> {
+    let start = text.find("FAKE_VOTES=")? + "FAKE_VOTES=".len();
+    let list: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || matches!(c, ',' | '-' | '+' | 'x' | 'X'))
+        .collect();
+    let votes: Vec<Option<i64>> = list
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<i64>().ok())
+        .collect();
+    (!votes.is_empty()).then_some(votes)
+}
+
+const HINTS: [&str; 4] = [
+    "Check the user's latest correction before answering again.",
+    "Ask which file the user means before editing anything.",
+    "Use the tool output instead of guessing the value, and say where it came from.",
+    "Keep the answer short.",
+];
+
+/// The judge's answer to a `/generate` prompt (`vote` is the scripted or hashed vote).
+pub(crate) fn judge_text(prompt: &str, vote: Option<i64>, call: usize, thinking: bool) -> String {
+    let hint_judge = prompt.contains("[HINT_START]");
+    let mut out = String::new();
+    if thinking {
+        out.push_str("<think>\nLet me compare the response with the next state.\n</think>\n\n");
+    }
+    match (hint_judge, vote) {
+        (true, Some(1)) => {
+            let hint = HINTS[(mix(hash_str(prompt), call as u64) % HINTS.len() as u64) as usize];
+            out.push_str(&format!(
+                "The next state contains a correction the assistant could have used.\n\
+                 [HINT_START]{hint}[HINT_END]\n\\boxed{{1}}"
+            ));
+        }
+        (true, Some(v)) => out.push_str(&format!(
+            "The next state gives no useful hint for this response.\n\\boxed{{{v}}}"
+        )),
+        (false, Some(v)) => out.push_str(&format!(
+            "Judging the response by the next state, my score is:\n\\boxed{{{v}}}"
+        )),
+        (_, None) => out.push_str("I cannot decide on a score for this response."),
+    }
+    out
+}
+
+/// The default (unscripted) vote for a judge prompt: a function of the text only.
+pub(crate) fn default_vote(prompt: &str) -> i64 {
+    let h = mix(hash_str(prompt), 0x766f_7465);
+    if prompt.contains("[HINT_START]") {
+        [1, 1, 1, -1][(h % 4) as usize]
+    } else {
+        [1, 1, -1, 0][(h % 4) as usize]
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn py_json_matches_python_spacing() {
+        let v = json!({"city": "Paris", "days": [1, 2], "x": {"a": null}});
+        assert_eq!(
+            py_json(&v),
+            r#"{"city": "Paris", "days": [1, 2], "x": {"a": null}}"#
+        );
+    }
+
+    #[test]
+    fn scripted_votes_parse() {
+        assert_eq!(
+            scripted_votes("blah FAKE_VOTES=1,-1,x,0 more"),
+            Some(vec![Some(1), Some(-1), None, Some(0)])
+        );
+        assert_eq!(scripted_votes("no directive"), None);
+    }
+
+    #[test]
+    fn judge_text_has_boxed_and_hint() {
+        let t = judge_text("use [HINT_START]", Some(1), 0, true);
+        assert!(t.contains("[HINT_START]") && t.ends_with("\\boxed{1}"));
+        let t = judge_text("prm", Some(-1), 0, false);
+        assert!(t.ends_with("\\boxed{-1}"));
+        assert!(!judge_text("prm", None, 0, false).contains("boxed"));
+    }
+
+    #[test]
+    fn parse_chat_rejects_what_sglang_rejects() {
+        assert!(parse_chat(&json!({})).is_err());
+        assert!(parse_chat(&json!({"messages": []})).is_err());
+        assert!(
+            parse_chat(&json!({"messages": [{"role":"user","content":"hi"}], "stream": true, "return_token_ids": true}))
+                .is_err()
+        );
+        assert!(
+            parse_chat(
+                &json!({"messages": [{"role":"user","content":"hi"}], "tool_choice": "required"})
+            )
+            .is_err()
+        );
+        let p = parse_chat(&json!({"messages": [{"role":"user","content":"hi"}], "max_tokens": 5, "max_completion_tokens": 7}))
+            .expect("valid");
+        assert_eq!(p.max_tokens, Some(7));
+        assert_eq!(p.model, "default");
+    }
+}
