@@ -1,1 +1,165 @@
-fn main() {}
+//! `policy-serving`: parses the command line and wires the library crates. No logic lives here.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use ps_chat_template::ChatTokenizer;
+use ps_config::{LogFormat, Overrides, Settings};
+
+#[derive(Parser)]
+#[command(
+    name = "policy-serving",
+    version,
+    about = "Proxy between agent clients and an SGLang policy that turns live conversations into training samples"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible proxy.
+    Serve(ServeArgs),
+    /// Run the self-contained demo: fake SGLang, proxy and a scripted conversation on loopback.
+    Demo,
+    /// Render and tokenize turns read as JSON lines on stdin (see the README).
+    Tokenize {
+        /// The model's tokenizer directory (tokenizer.json, tokenizer_config.json); default: the embedded mini model.
+        #[arg(long)]
+        model_dir: Option<PathBuf>,
+    },
+    /// Print the effective configuration with secrets redacted.
+    Config {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Settings file (JSON or TOML, by extension).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The policy's tokenizer directory (overrides `server.model_dir`).
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long)]
+    port: Option<u16>,
+}
+
+fn init_tracing(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.to_ascii_lowercase()));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+fn load(config: Option<&std::path::Path>, overrides: &Overrides) -> Result<Settings, ExitCode> {
+    ps_config::load(config, overrides).map_err(|e| {
+        eprintln!("policy-serving: configuration error: {e}");
+        ExitCode::from(2)
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("policy-serving: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+fn run(cli: Cli) -> Result<(), ExitCode> {
+    match cli.command {
+        Command::Serve(args) => {
+            let overrides = Overrides {
+                host: args.host,
+                port: args.port,
+                model_dir: args.model_dir,
+            };
+            let settings = load(args.config.as_deref(), &overrides)?;
+            init_tracing(&settings.logging.level, settings.logging.format);
+            for (var, instead) in ps_config::ignored_legacy_env(&ps_config::process_env) {
+                tracing::warn!("{var} is set but not honoured: {instead}");
+            }
+            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .map_err(|e| tracing::warn!("metrics disabled: {e}"))
+                .ok();
+            let sink = Arc::new(ps_server::LoggingSink);
+            runtime()?
+                .block_on(ps_server::wiring::run(
+                    &settings,
+                    sink,
+                    metrics,
+                    ps_server::wiring::shutdown_signal(),
+                ))
+                .map_err(|e| {
+                    tracing::error!("{e}");
+                    eprintln!("policy-serving: {e}");
+                    ExitCode::FAILURE
+                })
+        }
+        Command::Demo => {
+            init_tracing("warn", LogFormat::Text);
+            let mut out = std::io::stdout();
+            runtime()?
+                .block_on(ps_demo::run(&mut out))
+                .map(|_| ())
+                .map_err(|e| {
+                    eprintln!("policy-serving demo: {e}");
+                    ExitCode::FAILURE
+                })
+        }
+        Command::Tokenize { model_dir } => {
+            let tok = match model_dir {
+                Some(dir) => ChatTokenizer::from_dir(&dir).map_err(|e| {
+                    eprintln!("policy-serving tokenize: {e}");
+                    ExitCode::from(2)
+                })?,
+                None => {
+                    eprintln!(
+                        "policy-serving tokenize: no --model-dir, using the embedded mini model"
+                    );
+                    ChatTokenizer::mini()
+                }
+            };
+            let stats = ps_chat_template::tokenize_jsonl(
+                &tok,
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+            )
+            .map_err(|e| {
+                eprintln!("policy-serving tokenize: {e}");
+                ExitCode::FAILURE
+            })?;
+            eprintln!("policy-serving tokenize: {stats:?}");
+            Ok(())
+        }
+        Command::Config { config } => {
+            let settings = load(config.as_deref(), &Overrides::default())?;
+            println!("{}", settings.redacted_json_pretty());
+            Ok(())
+        }
+    }
+}

@@ -440,8 +440,9 @@ pub(crate) fn sample_chat(
     if reasoning_on {
         push_segment(tok, &mut tokens, Part::ThinkMarker, "<think>")?;
         push_segment(tok, &mut tokens, Part::Pad, "\n")?;
-        push_segment(tok, &mut tokens, Part::Reasoning, &reasoning)?;
-        push_segment(tok, &mut tokens, Part::Pad, "\n")?;
+        // The reasoning and the newline that closes it are one run of text, as a model samples it:
+        // BPE merges across that boundary (".\n" is one Qwen token), so they are encoded together.
+        push_segment(tok, &mut tokens, Part::Reasoning, &format!("{reasoning}\n"))?;
         push_segment(tok, &mut tokens, Part::ThinkMarker, "</think>")?;
         push_segment(tok, &mut tokens, Part::Pad, "\n\n")?;
     }

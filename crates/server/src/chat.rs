@@ -173,7 +173,8 @@ async fn handle(
         sse_response(Body::from_stream(stream))
     } else {
         let mut answer = app.0.policy.chat(&forwarded).await?;
-        metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
+        let upstream = started.elapsed();
+        metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());
         if !answer.is_object() {
             return Err(ps_sglang_client::SglangError::InvalidBody {
                 url: app.0.policy.chat_url().to_owned(),
@@ -197,7 +198,13 @@ async fn handle(
             if let Some(obj) = answer.as_object_mut() {
                 obj.insert("session_id".into(), json!(session_id));
             }
-            axum::Json(answer).into_response()
+            let mut resp = axum::Json(answer).into_response();
+            // Standard `Server-Timing` (ms): lets a client subtract the upstream wait from its latency.
+            let timing = format!("upstream;dur={:.3}", upstream.as_secs_f64() * 1e3);
+            if let Ok(v) = HeaderValue::from_str(&timing) {
+                resp.headers_mut().insert("server-timing", v);
+            }
+            resp
         }
     };
     if let Some(v) = session_header {

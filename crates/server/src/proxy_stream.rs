@@ -144,10 +144,10 @@ impl ProxyStream {
                 return sse_bytes(&data);
             }
         };
-        if let Some(a) = self.assembler.as_mut() {
-            if let Err(message) = a.feed_checked(&chunk) {
-                self.unusable.get_or_insert(message);
-            }
+        if let Some(a) = self.assembler.as_mut()
+            && let Err(message) = a.feed_checked(&chunk)
+        {
+            self.unusable.get_or_insert(message);
         }
         if self.shape.needs_reshape() && chunk.get("error").is_none() {
             self.shape.reshape(&mut chunk);

@@ -56,10 +56,10 @@ pub fn parse(bytes: &[u8], headers: &HeaderMap) -> Result<ChatRequest, ApiError>
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(wrong_type("stream", "a boolean", other)),
     };
-    if let Some(tools) = body.get("tools") {
-        if !matches!(tools, Value::Array(_) | Value::Null) {
-            return Err(wrong_type("tools", "an array", tools));
-        }
+    if let Some(tools) = body.get("tools")
+        && !matches!(tools, Value::Array(_) | Value::Null)
+    {
+        return Err(wrong_type("tools", "an array", tools));
     }
     let session = session_keys(&mut body, headers)?;
     Ok(ChatRequest {
@@ -106,14 +106,14 @@ fn validate_messages(messages: Option<&Value>) -> Result<(), ApiError> {
                 ));
             }
         }
-        if let Some(c) = obj.get("content") {
-            if !matches!(c, Value::String(_) | Value::Array(_) | Value::Null) {
-                return Err(wrong_type(
-                    &format!("messages[{i}].content"),
-                    "a string, an array of parts or null",
-                    c,
-                ));
-            }
+        if let Some(c) = obj.get("content")
+            && !matches!(c, Value::String(_) | Value::Array(_) | Value::Null)
+        {
+            return Err(wrong_type(
+                &format!("messages[{i}].content"),
+                "a string, an array of parts or null",
+                c,
+            ));
         }
     }
     Ok(())

@@ -130,3 +130,52 @@ pub async fn bind(settings: &Settings) -> Result<tokio::net::TcpListener, Startu
 pub fn local_addr(listener: &tokio::net::TcpListener) -> Option<SocketAddr> {
     listener.local_addr().ok()
 }
+
+/// Runs the server from settings until `shutdown` resolves: checks secrets, loads the tokenizer,
+/// binds, serves and drains. Captured turns go to `sink`.
+pub async fn run(
+    settings: &Settings,
+    sink: Arc<dyn TurnSink>,
+    metrics: Option<PrometheusHandle>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), StartupError> {
+    let env = ps_config::process_env;
+    let app = build_app(settings, &env, sink, metrics)?;
+    let listener = bind(settings).await?;
+    tracing::info!(
+        addr = ?local_addr(&listener),
+        upstream = %settings.sglang.chat_url,
+        mode = %settings.server.mode,
+        default_turn_type = settings.server.default_turn_type.as_str(),
+        "policy-serving listening"
+    );
+    crate::serve(listener, app, shutdown)
+        .await
+        .map_err(|source| StartupError::Bind {
+            addr: format!("{}:{}", settings.server.host, settings.server.port),
+            source,
+        })
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown requested: finishing in-flight requests and queued captures");
+}
