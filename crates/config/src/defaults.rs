@@ -17,6 +17,8 @@ pub const SERVER_SERVED_MODEL_NAME: &str = "default";
 pub const SERVER_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
 /// `server.shutdown_grace_sec`.
 pub const SERVER_SHUTDOWN_GRACE_SEC: u64 = 30;
+/// `server.pause_hold_max_sec`.
+pub const SERVER_PAUSE_HOLD_MAX_SEC: u64 = 30;
 
 /// `sglang.chat_url`.
 pub const SGLANG_CHAT_URL: &str = "http://127.0.0.1:30001/v1/chat/completions";
@@ -77,3 +79,5 @@ pub const CAPTURE_TRAIN_UNSAMPLED: bool = false;
 
 /// `store.path`.
 pub const STORE_PATH: &str = "./data/samples";
+/// `store.retain_committed`.
+pub const STORE_RETAIN_COMMITTED: u64 = 10_000;

@@ -32,8 +32,8 @@ pub use load::{
 pub use ps_core::TurnType;
 pub use redact::REDACTED;
 pub use schema::{
-    CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PrmBackend,
-    PrmSettings, ProviderSettings, ServerSettings, Settings, SglangSettings, StoreKind,
+    CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PauseMode,
+    PrmBackend, PrmSettings, ProviderSettings, ServerSettings, Settings, SglangSettings, StoreKind,
     StoreSettings, TeacherBackend, TeacherSettings,
 };
 pub use secret::{

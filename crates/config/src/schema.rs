@@ -105,6 +105,36 @@ pub struct ServerSettings {
     /// On shutdown, how long in-flight requests and background scoring may run before they are cut.
     /// Default 30.
     pub shutdown_grace_sec: u64,
+    /// What chat requests get while the trainer has paused submission: `reject` (503 with
+    /// Retry-After, the reference behaviour; default), `hold` (wait for resume up to
+    /// `pause_hold_max_sec`, then 503) or `serve` (answer, but collect nothing).
+    pub pause_mode: PauseMode,
+    /// Longest wait of a held request in `hold` mode, seconds. Default 30.
+    pub pause_hold_max_sec: u64,
+    /// NAME of the variable holding the key of the trainer-facing `/v1/rollout/*` endpoints. When
+    /// set, they need `Authorization: Bearer <that key>` (a chat client's key cannot pause training).
+    /// Unset: they are open (bind to loopback, or set it).
+    pub admin_key_env: Option<String>,
+}
+
+/// What chat requests get while submission is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    #[default]
+    Reject,
+    Hold,
+    Serve,
+}
+
+impl PauseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Hold => "hold",
+            Self::Serve => "serve",
+        }
+    }
 }
 
 impl Default for ServerSettings {
@@ -122,6 +152,9 @@ impl Default for ServerSettings {
             api_key_env: None,
             max_body_bytes: d::SERVER_MAX_BODY_BYTES,
             shutdown_grace_sec: d::SERVER_SHUTDOWN_GRACE_SEC,
+            pause_mode: PauseMode::default(),
+            pause_hold_max_sec: d::SERVER_PAUSE_HOLD_MAX_SEC,
+            admin_key_env: None,
         }
     }
 }
@@ -609,6 +642,11 @@ impl LoggingSettings {
             .or_else(|| self.record_dir.as_ref().map(|d| d.join("prm")))
     }
 
+    /// Where conversation records go: `record_dir/conversations`, else nowhere.
+    pub fn conversation_records(&self) -> Option<PathBuf> {
+        self.record_dir.as_ref().map(|d| d.join("conversations"))
+    }
+
     /// Where OPD records go: `opd_record_dir`, else `record_dir/opd`, else nowhere.
     pub fn opd_records(&self) -> Option<PathBuf> {
         self.opd_record_dir
@@ -670,6 +708,9 @@ pub struct StoreSettings {
     pub path: PathBuf,
     /// `embedded` (the only kind so far).
     pub kind: StoreKind,
+    /// Committed samples kept before compaction deletes the oldest of them (0: delete as soon as the
+    /// trainer commits them). Uncommitted samples are never deleted. Default 10000.
+    pub retain_committed: u64,
 }
 
 impl Default for StoreSettings {
@@ -677,6 +718,7 @@ impl Default for StoreSettings {
         Self {
             path: PathBuf::from(d::STORE_PATH),
             kind: StoreKind::default(),
+            retain_committed: d::STORE_RETAIN_COMMITTED,
         }
     }
 }

@@ -104,6 +104,16 @@ impl Settings {
             }))
     }
 
+    /// The key of the `/v1/rollout/*` endpoints: the variable named by `server.admin_key_env` (an
+    /// error if it is unset), else none.
+    pub fn admin_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
+        resolve_optional_secret(
+            "server.admin_key_env",
+            self.server.admin_key_env.as_deref(),
+            env,
+        )
+    }
+
     /// The key sent to the SGLang policy server: the variable named by `sglang.api_key_env` (an
     /// error if it is unset), else the literal `sglang.api_key` unless empty, else none.
     pub fn sglang_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
@@ -148,6 +158,7 @@ impl Settings {
             }
         };
         keep(self.client_api_key(env));
+        keep(self.admin_api_key(env));
         keep(self.sglang_api_key(env));
         if self.provider_in_use() {
             keep(self.provider_api_key(env));

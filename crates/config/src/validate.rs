@@ -49,6 +49,7 @@ impl Settings {
             );
         }
         v.var_name("server.api_key_env", s.api_key_env.as_deref());
+        v.var_name("server.admin_key_env", s.admin_key_env.as_deref());
     }
 
     fn check_sglang(&self, v: &mut Checks) {

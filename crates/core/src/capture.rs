@@ -11,6 +11,10 @@ use crate::align::Alignment;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapturedTurn {
     pub session_id: String,
+    /// The turn's number in its session (1-based), as [`TurnSink::begin`] gave it; 0 when the sink
+    /// does not number turns.
+    #[serde(default)]
+    pub turn: u64,
     /// Strictly increasing over the process, taken when the request arrived: orders the turns of a
     /// session even when their captures finish out of order.
     pub arrival_seq: u64,
@@ -30,9 +34,84 @@ pub struct CapturedTurn {
     pub streamed: bool,
 }
 
-/// Receives captured main turns. Implementations must not block: the session buffer queues the turn
-/// and returns.
+/// Follows the main turns of every session. The server calls [`TurnSink::begin`] when a main request
+/// arrives (synchronously, before forwarding it), then exactly one of [`TurnSink::accept`] (the turn
+/// was captured) or [`TurnSink::abandon`] (the request failed, the client went away, or capture
+/// failed) for that turn. Implementations must not block: they queue and return.
 #[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
 pub trait TurnSink: Send + Sync {
+    /// A main request of `session_id` arrived; its last message is the next state of the session's
+    /// previous main turn. `done` says the client ends the session with this turn. Returns the
+    /// number of this turn in its session (the default numbers nothing and returns 0).
+    fn begin(&self, _session_id: &str, _last_message: &Value, _done: bool) -> u64 {
+        0
+    }
+
+    /// A request that is not a main turn said the session is done.
+    fn end_session(&self, _session_id: &str) {}
+
+    /// The turn was captured.
     fn accept(&self, turn: CapturedTurn);
+
+    /// The turn begun with `begin` will never be captured; `reason` is a short snake_case word.
+    fn abandon(&self, _session_id: &str, _turn: u64, _reason: &str) {}
+}
+
+/// Guarantees that a begun turn ends in [`TurnSink::accept`] or [`TurnSink::abandon`]: dropping an
+/// armed guard abandons the turn with the reason last set.
+pub struct TurnGuard {
+    sink: std::sync::Arc<dyn TurnSink>,
+    session_id: String,
+    turn: u64,
+    reason: &'static str,
+    armed: bool,
+}
+
+impl std::fmt::Debug for TurnGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TurnGuard")
+            .field("session_id", &self.session_id)
+            .field("turn", &self.turn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TurnGuard {
+    pub fn new(sink: std::sync::Arc<dyn TurnSink>, session_id: String, turn: u64) -> Self {
+        Self {
+            sink,
+            session_id,
+            turn,
+            reason: "not_completed",
+            armed: true,
+        }
+    }
+
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    pub fn turn(&self) -> u64 {
+        self.turn
+    }
+
+    /// The reason given if the guard is dropped while armed.
+    pub fn set_reason(&mut self, reason: &'static str) {
+        self.reason = reason;
+    }
+
+    /// Hands the captured turn to the sink (numbered) and disarms the guard.
+    pub fn accept(mut self, mut turn: CapturedTurn) {
+        self.armed = false;
+        turn.turn = self.turn;
+        self.sink.accept(turn);
+    }
+}
+
+impl Drop for TurnGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.sink.abandon(&self.session_id, self.turn, self.reason);
+        }
+    }
 }

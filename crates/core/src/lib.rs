@@ -11,11 +11,14 @@
 pub mod align;
 pub mod capture;
 pub mod message;
+pub mod metric_names;
 pub mod rollout;
 pub mod sample;
 pub mod session;
+pub mod sink;
 
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
-pub use capture::{CapturedTurn, TurnSink};
+pub use capture::{CapturedTurn, TurnGuard, TurnSink};
 pub use rollout::{FinishReason, RolloutResponse, SampledToken};
 pub use session::{SessionHeaders, TurnType};
+pub use sink::{SampleSink, SinkError};

@@ -9,16 +9,17 @@ use std::time::Instant;
 
 use ps_chat_template::{ChatTemplateError, ChatTokenizer, TurnInput};
 use ps_core::{
-    AlignPolicy, CapturedTurn, PositionSource, RolloutResponse, TurnSink, align_logprobs,
+    AlignPolicy, CapturedTurn, PositionSource, RolloutResponse, TurnGuard, TurnSink, align_logprobs,
 };
 use serde_json::{Map, Value};
 
 use crate::metrics as m;
 
 /// Everything needed to capture one main turn, taken from the request and the upstream's answer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CaptureJob {
-    pub session_id: String,
+    /// Ends the turn in the sink: accepted when captured, abandoned otherwise (also when dropped).
+    pub guard: TurnGuard,
     pub arrival_seq: u64,
     pub messages: Vec<Value>,
     pub tools: Option<Value>,
@@ -29,7 +30,7 @@ pub struct CaptureJob {
 /// Renders, tokenizes and aligns one turn.
 pub fn capture_turn(
     tok: &ChatTokenizer,
-    job: CaptureJob,
+    job: &CaptureJob,
     policy: AlignPolicy,
 ) -> Result<CapturedTurn, ChatTemplateError> {
     let tokens = tok.split_turn(&TurnInput {
@@ -47,18 +48,19 @@ pub fn capture_turn(
         policy,
     );
     Ok(CapturedTurn {
-        session_id: job.session_id,
+        session_id: job.guard.session_id().to_owned(),
+        turn: job.guard.turn(),
         arrival_seq: job.arrival_seq,
-        messages: job.messages,
-        tools: job.tools,
-        response_message: job.rollout.message,
+        messages: job.messages.clone(),
+        tools: job.tools.clone(),
+        response_message: job.rollout.message.clone(),
         prompt_text: tokens.prompt_text,
         response_text: tokens.response_text,
         prompt_is_prefix: tokens.prompt_is_prefix,
         prompt_ids: tokens.prompt_ids,
         response_ids: tokens.response_ids,
         alignment,
-        finish_reason: job.rollout.finish.reason,
+        finish_reason: job.rollout.finish.reason.clone(),
         streamed: job.rollout.streamed,
     })
 }
@@ -69,14 +71,14 @@ fn report(turn: &CapturedTurn) {
     if !turn.prompt_is_prefix {
         metrics::counter!(m::PROMPT_NOT_PREFIX_TOTAL).increment(1);
         tracing::warn!(
-            session_id = %turn.session_id, turn = turn.arrival_seq,
+            session_id = %turn.session_id, turn = turn.turn,
             "the rendered conversation does not start with the rendered prompt; the whole text is taken as the response"
         );
     }
     if a.unmatched_upstream > 0 {
         metrics::counter!(m::TOKEN_MISMATCH_TOTAL).increment(1);
         tracing::warn!(
-            session_id = %turn.session_id, turn = turn.arrival_seq,
+            session_id = %turn.session_id, turn = turn.turn,
             unmatched = a.unmatched_upstream,
             first_unmatched = a.first_unmatched_upstream,
             by_ids = a.matched_by_ids,
@@ -101,6 +103,7 @@ fn report(turn: &CapturedTurn) {
 
 /// The bounded queue in front of the capture workers.
 pub struct CaptureQueue {
+    sink: Arc<dyn TurnSink>,
     tx: std::sync::Mutex<Option<SyncSender<CaptureJob>>>,
     workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
@@ -124,35 +127,43 @@ impl CaptureQueue {
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
-            let (rx, tok, sink) = (rx.clone(), tokenizer.clone(), sink.clone());
+            let (rx, tok) = (rx.clone(), tokenizer.clone());
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("capture-{i}"))
-                    .spawn(move || worker(&rx, &tok, sink.as_ref(), policy))?,
+                    .spawn(move || worker(&rx, &tok, policy))?,
             );
         }
         Ok(Self {
+            sink,
             tx: std::sync::Mutex::new(Some(tx)),
             workers: std::sync::Mutex::new(handles),
         })
     }
 
+    /// The sink captured turns go to.
+    pub fn sink(&self) -> &Arc<dyn TurnSink> {
+        &self.sink
+    }
+
     /// Queues a job without waiting. Returns `false` (counted, logged) when the queue is full or closed.
-    pub fn submit(&self, job: CaptureJob) -> bool {
-        let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(tx) = guard.as_ref() else {
+    pub fn submit(&self, mut job: CaptureJob) -> bool {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(tx) = tx.as_ref() else {
             metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "closed").increment(1);
-            tracing::warn!(session_id = %job.session_id, "capture is shut down; turn not captured");
+            tracing::warn!(session_id = %job.guard.session_id(), "capture is shut down; turn not captured");
+            job.guard.set_reason("capture_closed");
             return false;
         };
         match tx.try_send(job) {
             Ok(()) => true,
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
+            Err(TrySendError::Full(mut job) | TrySendError::Disconnected(mut job)) => {
                 metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "queue_full").increment(1);
                 tracing::warn!(
-                    session_id = %job.session_id, turn = job.arrival_seq,
+                    session_id = %job.guard.session_id(), turn = job.guard.turn(),
                     "capture queue full; turn not captured (more capture workers or a larger queue help)"
                 );
+                job.guard.set_reason("capture_queue_full");
                 false
             }
         }
@@ -176,7 +187,6 @@ impl Drop for CaptureQueue {
 fn worker(
     rx: &std::sync::Mutex<Receiver<CaptureJob>>,
     tok: &ChatTokenizer,
-    sink: &dyn TurnSink,
     policy: AlignPolicy,
 ) -> usize {
     let mut captured = 0;
@@ -189,18 +199,22 @@ fn worker(
             }
         };
         let started = Instant::now();
-        let (session_id, seq) = (job.session_id.clone(), job.arrival_seq);
-        match capture_turn(tok, job, policy) {
+        match capture_turn(tok, &job, policy) {
             Ok(turn) => {
                 metrics::histogram!(m::CAPTURE_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "captured").increment(1);
                 report(&turn);
-                sink.accept(turn);
+                job.guard.accept(turn);
                 captured += 1;
             }
             Err(e) => {
                 metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "render_failed").increment(1);
-                tracing::error!(session_id = %session_id, turn = seq, error = %e, "capture failed: the turn could not be rendered or tokenized");
+                tracing::error!(
+                    session_id = %job.guard.session_id(), turn = job.guard.turn(), error = %e,
+                    "capture failed: the turn could not be rendered or tokenized"
+                );
+                let mut job = job;
+                job.guard.set_reason("render_failed");
             }
         }
     }
@@ -215,7 +229,7 @@ impl TurnSink for LoggingSink {
     fn accept(&self, turn: CapturedTurn) {
         tracing::info!(
             session_id = %turn.session_id,
-            turn = turn.arrival_seq,
+            turn = turn.turn,
             prompt_tokens = turn.prompt_ids.len(),
             response_tokens = turn.response_ids.len(),
             marked = turn.alignment.marked(),

@@ -24,7 +24,7 @@ pub const UNKNOWN_SESSION: &str = "unknown";
 
 /// What a main turn needs captured, taken from the request before it is forwarded.
 pub(crate) struct TurnContext {
-    pub session_id: String,
+    pub guard: ps_core::TurnGuard,
     pub arrival_seq: u64,
     pub messages: Vec<Value>,
     pub tools: Option<Value>,
@@ -34,7 +34,7 @@ pub(crate) struct TurnContext {
 impl TurnContext {
     pub fn job(self, rollout: ps_core::RolloutResponse) -> CaptureJob {
         CaptureJob {
-            session_id: self.session_id,
+            guard: self.guard,
             arrival_seq: self.arrival_seq,
             messages: self.messages,
             tools: self.tools,
@@ -53,7 +53,8 @@ pub async fn chat_completions(
         "chat",
         session_id = tracing::field::Empty,
         turn_type = tracing::field::Empty,
-        turn = tracing::field::Empty
+        turn = tracing::field::Empty,
+        seq = tracing::field::Empty
     );
     async move {
         match handle(&app, &headers, body).await {
@@ -134,13 +135,33 @@ async fn handle(
     let span = tracing::Span::current();
     span.record("session_id", session_id.as_str());
     span.record("turn_type", turn_type.as_str());
-    span.record("turn", arrival_seq);
+    span.record("seq", arrival_seq);
     if req.session.done {
         tracing::debug!("session marked done by the client");
     }
 
-    let turn = (turn_type == TurnType::Main).then(|| TurnContext {
-        session_id: session_id.clone(),
+    let sink = app.capture().sink().clone();
+    let turn = if turn_type == TurnType::Main {
+        let last = req
+            .body
+            .get("messages")
+            .and_then(Value::as_array)
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or(Value::Null);
+        let turn_no = sink.begin(&session_id, &last, req.session.done);
+        span.record("turn", turn_no);
+        let mut guard = ps_core::TurnGuard::new(sink, session_id.clone(), turn_no);
+        guard.set_reason("upstream_failed");
+        Some(guard)
+    } else {
+        if req.session.done {
+            sink.end_session(&session_id);
+        }
+        None
+    };
+    let turn = turn.map(|guard| TurnContext {
+        guard,
         arrival_seq,
         messages: req
             .body

@@ -1,22 +1,4 @@
-//! The catalogue of metrics: every name the server records, in one place. Names carry the product
-//! prefix, counters end in `_total` and durations in `_seconds`; labels are low-cardinality (never a
-//! session id).
+//! The metric names the server records: the product's one catalogue lives in
+//! [`ps_core::metric_names`].
 
-/// Chat requests, labelled `turn_type` (`main`|`side`) and `outcome` (`ok`|`client_error`|`upstream_error`).
-pub const REQUESTS_TOTAL: &str = "policy_serving_requests_total";
-/// Streams whose client went away before the end; the upstream request is cancelled.
-pub const STREAM_CANCELLED_TOTAL: &str = "policy_serving_stream_cancelled_total";
-/// Streams that broke upstream after the answer started.
-pub const STREAM_BROKEN_TOTAL: &str = "policy_serving_stream_broken_total";
-/// Main turns handed to capture, labelled `outcome` (`captured`|`queue_full`|`render_failed`|`not_usable`).
-pub const CAPTURE_TOTAL: &str = "policy_serving_capture_total";
-/// Turns whose full text did not start with the prompt text (response = full text).
-pub const PROMPT_NOT_PREFIX_TOTAL: &str = "policy_serving_capture_prompt_not_prefix_total";
-/// Turns where some sampled token found no place in the re-rendered response.
-pub const TOKEN_MISMATCH_TOTAL: &str = "policy_serving_capture_token_mismatch_total";
-/// Response positions marked as having no log-prob, labelled `source` (`eos_unreported`|`unsampled`).
-pub const MARKED_POSITIONS_TOTAL: &str = "policy_serving_capture_marked_positions_total";
-/// Time from request to upstream answer headers (non-stream: whole answer).
-pub const UPSTREAM_SECONDS: &str = "policy_serving_upstream_seconds";
-/// Time a capture worker spent rendering, tokenizing and aligning one turn.
-pub const CAPTURE_SECONDS: &str = "policy_serving_capture_seconds";
+pub use ps_core::metric_names::*;

@@ -159,15 +159,17 @@ impl ProxyStream {
 
     fn on_done(&mut self) {
         let _g = self.span.enter();
-        let (Some(turn), Some(assembler)) = (self.turn.take(), self.assembler.take()) else {
+        let (Some(mut turn), Some(assembler)) = (self.turn.take(), self.assembler.take()) else {
             return;
         };
         if let Some(reason) = self.unusable.take() {
             metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "not_usable").increment(1);
             tracing::warn!(%reason, "streamed answer not used for training");
+            turn.guard.set_reason("stream_error");
         } else if !assembler.finished() {
             metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "not_usable").increment(1);
             tracing::warn!("the stream ended without a finish reason; turn not used for training");
+            turn.guard.set_reason("stream_unfinished");
         } else {
             self.app.capture().submit(turn.job(assembler.finish()));
         }
@@ -177,6 +179,9 @@ impl ProxyStream {
         let _g = self.span.enter();
         metrics::counter!(m::STREAM_BROKEN_TOTAL).increment(1);
         tracing::warn!(error = %e, "upstream stream broke after the answer started; turn not used for training");
+        if let Some(turn) = self.turn.as_mut() {
+            turn.guard.set_reason("stream_broken");
+        }
         self.turn = None;
         let code = ApiError::from(e);
         let body = error_body(&code.to_string(), "upstream_error", code.code());
@@ -225,6 +230,9 @@ impl Stream for ProxyStream {
 impl Drop for ProxyStream {
     fn drop(&mut self) {
         if !self.finished {
+            if let Some(turn) = self.turn.as_mut() {
+                turn.guard.set_reason("client_cancelled");
+            }
             let _g = self.span.enter();
             metrics::counter!(m::STREAM_CANCELLED_TOTAL).increment(1);
             tracing::info!(
