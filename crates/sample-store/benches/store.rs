@@ -1,0 +1,373 @@
+//! Throughput of the sample store: group-committed appends from many concurrent appenders, reads,
+//! and, in the same run, the naive baseline of one sample per durable transaction.
+//!
+//! `cargo bench -p ps-sample-store --bench store` (release profile). Options, after `--`:
+//! `--samples N` (group-commit run, default 10000), `--baseline-samples N` (default 500),
+//! `--appenders N` (default 64), `--max-batch N` (default the store's default), `--rounds N`
+//! (default 3; the disk of a shared machine varies from second to second, so each round runs both
+//! modes and the summary gives medians),
+//! `--dir PATH` (where the stores are created, default a temporary directory).
+//! A filter argument or `--bench`, as cargo passes them, is ignored.
+
+// A benchmark that cannot set itself up should stop with a message.
+#![allow(clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ps_core::sample::{Reward, Sample, SampleStatus};
+use ps_sample_store::{DEFAULT_MAX_BATCH, SampleStore, StoreConfig};
+use serde_json::json;
+
+const PROMPT_TOKENS: usize = 1_000;
+const RESPONSE_TOKENS: usize = 4_096;
+const VOCAB: u64 = 151_936;
+const READ_PAGE: usize = 256;
+
+struct Options {
+    samples: u64,
+    baseline_samples: u64,
+    appenders: u64,
+    max_batch: usize,
+    rounds: usize,
+    dir: Option<std::path::PathBuf>,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        samples: 10_000,
+        baseline_samples: 500,
+        appenders: 64,
+        max_batch: DEFAULT_MAX_BATCH,
+        rounds: 3,
+        dir: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| -> String {
+            args.next()
+                .unwrap_or_else(|| panic!("{name} needs a value"))
+        };
+        match arg.as_str() {
+            "--samples" => options.samples = value("--samples").parse().expect("--samples N"),
+            "--baseline-samples" => {
+                options.baseline_samples = value("--baseline-samples")
+                    .parse()
+                    .expect("--baseline-samples N")
+            }
+            "--appenders" => {
+                options.appenders = value("--appenders").parse().expect("--appenders N")
+            }
+            "--max-batch" => {
+                options.max_batch = value("--max-batch").parse().expect("--max-batch N")
+            }
+            "--rounds" => options.rounds = value("--rounds").parse().expect("--rounds N"),
+            "--dir" => options.dir = Some(value("--dir").into()),
+            _ => {}
+        }
+    }
+    options
+}
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the", "function", "returns", "a", "value", "of", "type", "which", "is", "then", "passed",
+    "to", "caller", "error", "handling", "in", "Rust", "uses", "Result", "and", "match",
+];
+
+fn text(rng: &mut Rng, tokens: usize) -> String {
+    (0..tokens)
+        .map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A realistic sample: ~1,000 prompt tokens, 4,096 response tokens with log-probs, metadata as
+/// the proxy writes it.
+fn sample(n: u64) -> Sample {
+    let mut rng = Rng(n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let tokens = (0..PROMPT_TOKENS + RESPONSE_TOKENS)
+        .map(|_| (rng.next() % VOCAB) as u32)
+        .collect();
+    let loss_mask = (0..RESPONSE_TOKENS)
+        .map(|i| u8::from(!(100..140).contains(&(i % 1000))))
+        .collect();
+    let rollout_log_probs = (0..RESPONSE_TOKENS).map(|_| -(rng.unit() * 8.0)).collect();
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("model".into(), json!("qwen3-8b-policy"));
+    metadata.insert("finish_reason".into(), json!("stop"));
+    metadata.insert("prompt_tokens".into(), json!(PROMPT_TOKENS));
+    metadata.insert("completion_tokens".into(), json!(RESPONSE_TOKENS));
+    metadata.insert("latency_s".into(), json!(rng.unit() * 30.0));
+    metadata.insert("turn_type".into(), json!("main"));
+    metadata.insert(
+        "judge".into(),
+        json!({"model": "prm-7b", "votes": [1, 1, -1, 1], "score": rng.unit()}),
+    );
+    metadata.insert(
+        "alignment".into(),
+        json!({"matched": RESPONSE_TOKENS - 3, "missing_logprobs": 3, "policy": "zero"}),
+    );
+    Sample {
+        index: 0,
+        group_index: 0,
+        prompt: text(&mut rng, PROMPT_TOKENS),
+        response: text(&mut rng, RESPONSE_TOKENS),
+        tokens,
+        response_length: RESPONSE_TOKENS,
+        loss_mask,
+        rollout_log_probs,
+        reward: Reward { score: rng.unit() },
+        status: SampleStatus::Completed,
+        session_id: format!("session-{}", n % 97),
+        turn: n / 97,
+        teacher_log_probs: None,
+        teacher_topk_log_probs: None,
+        teacher_topk_indices: None,
+        metadata,
+    }
+}
+
+struct WriteRun {
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+/// `appenders` tasks append `total` samples (clones of a few prebuilt ones, so that building
+/// samples is not measured).
+async fn write(
+    store: &SampleStore,
+    templates: &Arc<Vec<Sample>>,
+    total: u64,
+    appenders: u64,
+) -> WriteRun {
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..appenders {
+        let store = store.clone();
+        let next = Arc::clone(&next);
+        let templates = Arc::clone(templates);
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    break latencies;
+                }
+                let sample = templates[(n % templates.len() as u64) as usize].clone();
+                let begin = Instant::now();
+                store.append(sample).await.expect("append");
+                latencies.push(begin.elapsed());
+            }
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("appender task"));
+    }
+    let elapsed = start.elapsed();
+    latencies.sort();
+    WriteRun { elapsed, latencies }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn report_write(label: &str, run: &WriteRun, total: u64, bytes_per_sample: usize) {
+    let secs = run.elapsed.as_secs_f64();
+    let rate = total as f64 / secs;
+    println!(
+        "{label}: {total} samples in {secs:.2} s = {rate:.0} samples/s, {:.1} MB/s; append latency p50 {:.1} ms, p99 {:.1} ms",
+        rate * bytes_per_sample as f64 / 1e6,
+        percentile(&run.latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&run.latencies, 0.99).as_secs_f64() * 1e3,
+    );
+}
+
+fn open(dir: &std::path::Path, max_batch: usize) -> SampleStore {
+    let mut config = StoreConfig::new(dir);
+    config.max_batch = max_batch;
+    SampleStore::open(config).expect("open store")
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Single-threaded encode and decode time of `sample`, MessagePack (what the store uses) against
+/// JSON, in microseconds.
+fn codec_times(sample: &Sample) -> [f64; 4] {
+    const ROUNDS: u32 = 200;
+    let time = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        for _ in 0..ROUNDS {
+            f();
+        }
+        start.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS)
+    };
+    let msgpack = rmp_serde::to_vec_named(sample).expect("encode");
+    let json = serde_json::to_vec(sample).expect("json");
+    [
+        time(&mut || drop(std::hint::black_box(rmp_serde::to_vec_named(sample)))),
+        time(&mut || {
+            drop(std::hint::black_box(rmp_serde::from_slice::<Sample>(
+                &msgpack,
+            )))
+        }),
+        time(&mut || drop(std::hint::black_box(serde_json::to_vec(sample)))),
+        time(&mut || {
+            drop(std::hint::black_box(serde_json::from_slice::<Sample>(
+                &json,
+            )))
+        }),
+    ]
+}
+
+struct Round {
+    group: f64,
+    read: f64,
+    baseline: f64,
+}
+
+async fn round(
+    options: &Options,
+    root: &std::path::Path,
+    templates: &Arc<Vec<Sample>>,
+    bytes_per_sample: usize,
+) -> Round {
+    // Group commit.
+    let dir = root.join("group");
+    let store = open(&dir, options.max_batch);
+    let run = write(&store, templates, options.samples, options.appenders).await;
+    report_write(
+        &format!("  group commit (max_batch {})", options.max_batch),
+        &run,
+        options.samples,
+        bytes_per_sample,
+    );
+    let group = options.samples as f64 / run.elapsed.as_secs_f64();
+
+    // Reads, in pages as the trainer route pulls them.
+    let start = Instant::now();
+    let mut after = 0;
+    let mut read = 0u64;
+    loop {
+        let page = store.read(after, READ_PAGE).await.expect("read");
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        read += page.len() as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(read, options.samples, "every sample read back");
+    println!(
+        "  read (pages of {READ_PAGE}): {read} samples in {secs:.2} s = {:.0} samples/s, {:.1} MB/s",
+        read as f64 / secs,
+        read as f64 * bytes_per_sample as f64 / secs / 1e6,
+    );
+    let read_rate = read as f64 / secs;
+
+    // Commit everything: compaction deletes it all (retain_committed 0).
+    let start = Instant::now();
+    store.commit(options.samples).await.expect("commit");
+    println!(
+        "  commit + compaction of {} samples: {:.1} ms",
+        options.samples,
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    store.close().await.expect("close");
+    std::fs::remove_dir_all(&dir).expect("remove store");
+
+    // Baseline: one sample per durable transaction, same appenders.
+    let dir = root.join("baseline");
+    let store = open(&dir, 1);
+    let run = write(
+        &store,
+        templates,
+        options.baseline_samples,
+        options.appenders,
+    )
+    .await;
+    report_write(
+        "  baseline (one sample per transaction)",
+        &run,
+        options.baseline_samples,
+        bytes_per_sample,
+    );
+    let baseline = options.baseline_samples as f64 / run.elapsed.as_secs_f64();
+    store.close().await.expect("close");
+    std::fs::remove_dir_all(&dir).expect("remove store");
+
+    Round {
+        group,
+        read: read_rate,
+        baseline,
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let options = options();
+    let root = match &options.dir {
+        Some(dir) => tempfile::tempdir_in(dir),
+        None => tempfile::tempdir(),
+    }
+    .expect("temporary directory");
+
+    let templates: Arc<Vec<Sample>> = Arc::new((0..16).map(sample).collect());
+    let bytes_per_sample = rmp_serde::to_vec_named(&templates[0])
+        .expect("encode")
+        .len();
+    let json_bytes = serde_json::to_vec(&templates[0]).expect("json").len();
+    println!(
+        "sample: {PROMPT_TOKENS} prompt + {RESPONSE_TOKENS} response tokens; {} appenders, {} cores",
+        options.appenders,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    let [mp_enc, mp_dec, json_enc, json_dec] = codec_times(&templates[0]);
+    println!(
+        "codec: MessagePack {bytes_per_sample} bytes, encode {mp_enc:.0} us, decode {mp_dec:.0} us; JSON {json_bytes} bytes, encode {json_enc:.0} us, decode {json_dec:.0} us"
+    );
+
+    let mut rounds = Vec::new();
+    for i in 1..=options.rounds {
+        println!("round {i}:");
+        rounds.push(round(&options, root.path(), &templates, bytes_per_sample).await);
+    }
+    let mut group: Vec<f64> = rounds.iter().map(|r| r.group).collect();
+    let mut read: Vec<f64> = rounds.iter().map(|r| r.read).collect();
+    let mut baseline: Vec<f64> = rounds.iter().map(|r| r.baseline).collect();
+    let mut ratio: Vec<f64> = rounds.iter().map(|r| r.group / r.baseline).collect();
+    let (group, read, baseline, ratio) = (
+        median(&mut group),
+        median(&mut read),
+        median(&mut baseline),
+        median(&mut ratio),
+    );
+    println!(
+        "median of {} rounds: write {group:.0} samples/s ({:.1} MB/s), read {read:.0} samples/s, baseline {baseline:.0} samples/s, group-commit speed-up {ratio:.1}x",
+        options.rounds,
+        group * bytes_per_sample as f64 / 1e6,
+    );
+}

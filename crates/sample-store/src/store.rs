@@ -1,0 +1,792 @@
+//! The durable store: one redb file, one writer thread doing group commits, reads on read
+//! transactions (which never wait for the writer).
+//!
+//! Layout of the database file (`<dir>/samples.redb`):
+//! - table `samples`: (seq, chunk) → piece `chunk` of the sample in MessagePack
+//!   ([`crate::codec`]), cut into [`CHUNK_BYTES`] pieces numbered from 0. The seqs are a
+//!   contiguous range `first_kept..=last_seq`: appends add at the top, compaction removes from the
+//!   bottom.
+//! - table `meta`: `last_seq` (the highest seq ever handed out, so seqs are never reused, even when
+//!   compaction emptied `samples`) and `committed` (the trainer's commit point).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ps_core::sample::Sample;
+use ps_core::sink::{SampleSink, SinkError};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::{StoreError, codec};
+
+/// The database file inside [`StoreConfig::path`].
+pub const DB_FILE_NAME: &str = "samples.redb";
+/// Default for [`StoreConfig::max_batch`].
+pub const DEFAULT_MAX_BATCH: usize = 256;
+/// Default for [`StoreConfig::retain_committed`]: committed samples are deleted at once.
+pub const DEFAULT_RETAIN_COMMITTED: u64 = 0;
+/// The request queue holds this many batches: appenders wait for room beyond it.
+const QUEUE_BATCHES: usize = 2;
+/// Every commit also saves the allocator state (and commits in two phases), so that reopening
+/// after a crash is immediate instead of a walk over the whole file. The cost is per commit, and
+/// group commit spreads it over a batch.
+const QUICK_REPAIR: bool = true;
+
+/// The largest piece of an encoded sample stored under one key. redb gives a value larger than a
+/// page a leaf of its own, rounded up to a power of two: a 90 KB sample stored whole costs 128 KB
+/// of writes, cut into 16 KB pieces about 98 KB, and the disk is what limits the append rate.
+const CHUNK_BYTES: usize = 16_000;
+
+const SAMPLES: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("samples");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const META_LAST_SEQ: &str = "last_seq";
+const META_COMMITTED: &str = "committed";
+
+/// Where and how to keep samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// The store directory; created if missing. The database is `<path>/samples.redb`.
+    pub path: PathBuf,
+    /// Keep this many committed samples before compaction deletes them; 0 = delete as soon as
+    /// committed.
+    pub retain_committed: u64,
+    /// Maximum number of requests (appends and commits) written in one group commit. The request
+    /// queue holds twice this many; appenders beyond that wait (backpressure). At least 1.
+    pub max_batch: usize,
+}
+
+impl StoreConfig {
+    /// A config for `path` with the default retention and batch size.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            retain_committed: DEFAULT_RETAIN_COMMITTED,
+            max_batch: DEFAULT_MAX_BATCH,
+        }
+    }
+}
+
+/// A sample as the trainer receives it, with the sequence number it was stored under
+/// (`sample.index == sample.group_index == seq`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredSample {
+    pub seq: u64,
+    pub sample: Sample,
+}
+
+/// A snapshot of the store's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStats {
+    /// The highest seq handed out; 0 = none yet.
+    pub last_seq: u64,
+    /// The trainer's commit point: every seq up to it has been consumed.
+    pub committed: u64,
+    /// Samples currently kept (uncommitted ones plus the retained committed ones).
+    pub stored: u64,
+    /// `last_seq - committed`: samples the trainer has not committed yet.
+    pub lag: u64,
+}
+
+/// The durable sample store. Cheap to clone (all clones share one database and one writer);
+/// `Send + Sync`.
+///
+/// Every method that touches the disk runs off the async executor: appends and commits on the
+/// store's writer thread, reads on tokio's blocking pool. [`SampleStore::export_jsonl`] is the
+/// exception: it is blocking, for command-line tools.
+#[derive(Clone)]
+pub struct SampleStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Arc<Database>,
+    file: PathBuf,
+    requests: mpsc::Sender<Request>,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the writer thread publishes after each durable commit.
+struct Shared {
+    last_seq: watch::Sender<u64>,
+    counters: Mutex<Counters>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counters {
+    last_seq: u64,
+    committed: u64,
+    /// The lowest seq still stored (`last_seq + 1` when none is).
+    first_kept: u64,
+}
+
+impl Counters {
+    fn stats(self) -> StoreStats {
+        StoreStats {
+            last_seq: self.last_seq,
+            committed: self.committed,
+            stored: (self.last_seq + 1).saturating_sub(self.first_kept),
+            lag: self.last_seq.saturating_sub(self.committed),
+        }
+    }
+}
+
+enum Request {
+    Append {
+        bytes: Vec<u8>,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
+    Commit {
+        through: u64,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Close {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+impl Request {
+    /// Answers a request that arrived after the store was closed.
+    fn refuse(self, file: &Path) {
+        let closed = || StoreError::Closed {
+            path: file.to_path_buf(),
+        };
+        // A dropped receiver means the caller gave up waiting: nothing to tell it.
+        match self {
+            Request::Append { reply, .. } => {
+                let _ = reply.send(Err(closed()));
+            }
+            Request::Commit { reply, .. } => {
+                let _ = reply.send(Err(closed()));
+            }
+            Request::Close { reply } => {
+                let _ = reply.send(());
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for SampleStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SampleStore")
+            .field("file", &self.inner.file)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SampleStore {
+    /// Opens the store at `config.path`, creating the directory and the database if missing.
+    /// Reopening resumes `last_seq` and the commit point, and applies the retention of `config`
+    /// to what is already committed. Blocking (file I/O); call it before serving or from
+    /// `spawn_blocking`.
+    pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+        if config.max_batch == 0 {
+            return Err(StoreError::Config {
+                field: "max_batch",
+                value: config.max_batch.to_string(),
+                reason: "must be at least 1",
+            });
+        }
+        std::fs::create_dir_all(&config.path).map_err(|source| StoreError::CreateDir {
+            path: config.path.clone(),
+            source,
+        })?;
+        let file = config.path.join(DB_FILE_NAME);
+        let db = Database::create(&file).map_err(|source| StoreError::Open {
+            path: file.clone(),
+            source,
+        })?;
+        let counters = load(&db, config.retain_committed).map_err(|err| match err {
+            LoadError::Storage(source) => StoreError::storage(&file, source),
+            LoadError::Corrupt(reason) => StoreError::Corrupt {
+                path: file.clone(),
+                reason,
+            },
+        })?;
+
+        let db = Arc::new(db);
+        let (last_seq, _) = watch::channel(counters.last_seq);
+        let shared = Arc::new(Shared {
+            last_seq,
+            counters: Mutex::new(counters),
+        });
+        let (requests, queue) = mpsc::channel(config.max_batch.saturating_mul(QUEUE_BATCHES));
+        let writer = Writer {
+            db: Arc::clone(&db),
+            file: file.clone(),
+            queue,
+            shared: Arc::clone(&shared),
+            counters,
+            retain_committed: config.retain_committed,
+            max_batch: config.max_batch,
+        };
+        let handle = std::thread::Builder::new()
+            .name("sample-store-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|source| StoreError::Spawn {
+                path: file.clone(),
+                source,
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                db,
+                file,
+                requests,
+                shared,
+                writer: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.file
+    }
+
+    /// Stores `sample` and returns its seq once the write is durable (synced to disk, together
+    /// with the rest of its group commit). The stored sample has `index == group_index == seq`.
+    ///
+    /// Waits for room when the writer's queue is full. If the future is dropped after the
+    /// sample was queued, the sample is still stored (delivery is at-least-once).
+    pub async fn append(&self, sample: Sample) -> Result<u64, StoreError> {
+        // CPU only (tens of microseconds for a 5k-token sample), like a JSON body in a handler;
+        // done here so appenders encode in parallel and the writer thread only writes.
+        let bytes = codec::encode(&sample)?;
+        drop(sample);
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .requests
+            .send(Request::Append { bytes, reply })
+            .await
+            .map_err(|_| self.closed())?;
+        answer.await.map_err(|_| self.closed())?
+    }
+
+    /// Up to `max` stored samples with `seq > after`, ascending. Samples already deleted by
+    /// compaction are skipped; an empty result means nothing newer is stored yet.
+    pub async fn read(&self, after: u64, max: usize) -> Result<Vec<StoredSample>, StoreError> {
+        if max == 0 || after >= self.stats().last_seq {
+            return Ok(Vec::new());
+        }
+        let db = Arc::clone(&self.inner.db);
+        let file = self.inner.file.clone();
+        let read = tokio::task::spawn_blocking(move || read_range(&db, &file, after, max));
+        match read.await {
+            Ok(result) => result,
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => Err(self.closed()),
+        }
+    }
+
+    /// Waits until `last_seq > after` and returns it, or returns the current `last_seq` once
+    /// `timeout` has passed (long-poll support).
+    pub async fn wait_newer(&self, after: u64, timeout: Duration) -> u64 {
+        let mut last_seq = self.inner.shared.last_seq.subscribe();
+        // Err is either the timeout or a dropped sender, which `self` keeps alive: in both
+        // cases the current value is the answer.
+        let _ = tokio::time::timeout(timeout, last_seq.wait_for(|seq| *seq > after)).await;
+        *last_seq.borrow()
+    }
+
+    /// Records that the trainer has consumed every sample up to `through`, durably. A value
+    /// below the current commit point is a no-op (the point never moves back); a value above
+    /// `last_seq` is [`StoreError::CommitAhead`]. Committing deletes the committed samples beyond
+    /// the `retain_committed` most recent ones, in the same transaction.
+    pub async fn commit(&self, through: u64) -> Result<(), StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .requests
+            .send(Request::Commit { through, reply })
+            .await
+            .map_err(|_| self.closed())?;
+        answer.await.map_err(|_| self.closed())?
+    }
+
+    /// The counters as of the last durable commit.
+    pub fn stats(&self) -> StoreStats {
+        self.inner
+            .shared
+            .counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stats()
+    }
+
+    /// Writes every kept sample to `out` as one JSON line `{"seq":..,"sample":{..}}`, ascending,
+    /// from one consistent snapshot, and returns how many. Blocking: for command-line tools (in
+    /// async code, call it inside `spawn_blocking`). JSON has no NaN or infinity: such `f64`
+    /// values are written as `null`.
+    pub fn export_jsonl(&self, out: impl std::io::Write) -> Result<u64, StoreError> {
+        let file = &self.inner.file;
+        let txn = self
+            .inner
+            .db
+            .begin_read()
+            .map_err(|err| StoreError::storage(file, err))?;
+        let table = txn
+            .open_table(SAMPLES)
+            .map_err(|err| StoreError::storage(file, err))?;
+        let range = table
+            .range::<(u64, u32)>(..)
+            .map_err(|err| StoreError::storage(file, err))?;
+        let mut out = std::io::BufWriter::new(out);
+        let export_err = |source: std::io::Error| StoreError::Export {
+            path: file.clone(),
+            source,
+        };
+        let mut count = 0;
+        for_each_sample(range, file, |stored| {
+            serde_json::to_writer(&mut out, &stored)
+                .map_err(|err| export_err(std::io::Error::from(err)))?;
+            out.write_all(b"\n").map_err(export_err)?;
+            count += 1;
+            Ok(true)
+        })?;
+        out.flush().map_err(export_err)?;
+        Ok(count)
+    }
+
+    /// Stops the writer after everything queued before this call is written, then closes the
+    /// database if this was the last handle. Appends and commits of other clones fail with
+    /// [`StoreError::Closed`] afterwards; reads keep working while a clone is alive.
+    ///
+    /// Nothing is lost without it either (an append returns only once durable), but closing
+    /// marks the file as cleanly shut down and surfaces close errors.
+    pub async fn close(self) -> Result<(), StoreError> {
+        let (reply, answer) = oneshot::channel();
+        if self
+            .inner
+            .requests
+            .send(Request::Close { reply })
+            .await
+            .is_ok()
+        {
+            // Err: the writer already stopped.
+            let _ = answer.await;
+        }
+        let handle = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let file = self.inner.file.clone();
+        let db = Arc::try_unwrap(self.inner)
+            .ok()
+            .and_then(|inner| Arc::try_unwrap(inner.db).ok());
+        let closing = tokio::task::spawn_blocking(move || {
+            if let Some(handle) = handle
+                && let Err(panic) = handle.join()
+            {
+                std::panic::resume_unwind(panic);
+            }
+            match db {
+                Some(db) => db.close(),
+                None => Ok(()),
+            }
+        });
+        match closing.await {
+            Ok(result) => result.map_err(|err| StoreError::storage(&file, err)),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => Err(StoreError::Closed { path: file }),
+        }
+    }
+
+    fn closed(&self) -> StoreError {
+        StoreError::Closed {
+            path: self.inner.file.clone(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SampleSink for SampleStore {
+    async fn submit(&self, sample: Sample) -> Result<u64, SinkError> {
+        self.append(sample)
+            .await
+            .map_err(|err| SinkError::Store(err.chain()))
+    }
+}
+
+enum LoadError {
+    Storage(redb::Error),
+    Corrupt(String),
+}
+
+impl<E: Into<redb::Error>> From<E> for LoadError {
+    fn from(err: E) -> Self {
+        LoadError::Storage(err.into())
+    }
+}
+
+/// Creates the tables if missing, reads the counters and applies retention.
+fn load(db: &Database, retain_committed: u64) -> Result<Counters, LoadError> {
+    let mut txn = db.begin_write()?;
+    txn.set_quick_repair(QUICK_REPAIR);
+    let counters = {
+        let mut samples = txn.open_table(SAMPLES)?;
+        let meta = txn.open_table(META)?;
+        let last_seq = meta.get(META_LAST_SEQ)?.map_or(0, |v| v.value());
+        let committed = meta.get(META_COMMITTED)?.map_or(0, |v| v.value());
+        let highest = samples.last()?.map(|(key, _)| key.value().0);
+        let lowest = samples.first()?.map(|(key, _)| key.value().0);
+        if let Some(highest) = highest
+            && highest > last_seq
+        {
+            return Err(LoadError::Corrupt(format!(
+                "sample {highest} is stored but last_seq is {last_seq}"
+            )));
+        }
+        if committed > last_seq {
+            return Err(LoadError::Corrupt(format!(
+                "committed {committed} is beyond last_seq {last_seq}"
+            )));
+        }
+        let mut counters = Counters {
+            last_seq,
+            committed,
+            first_kept: lowest.unwrap_or(last_seq + 1),
+        };
+        compact(&mut samples, &mut counters, retain_committed)?;
+        counters
+    };
+    txn.commit()?;
+    Ok(counters)
+}
+
+/// Deletes the committed samples beyond the `retain_committed` most recent ones.
+fn compact(
+    samples: &mut redb::Table<'_, (u64, u32), &[u8]>,
+    counters: &mut Counters,
+    retain_committed: u64,
+) -> Result<(), redb::StorageError> {
+    let cut = counters.committed.saturating_sub(retain_committed);
+    if cut >= counters.first_kept {
+        samples.retain_in(..=(cut, u32::MAX), |_, _| false)?;
+        counters.first_kept = cut + 1;
+    }
+    Ok(())
+}
+
+fn read_range(
+    db: &Database,
+    file: &Path,
+    after: u64,
+    max: usize,
+) -> Result<Vec<StoredSample>, StoreError> {
+    let txn = db
+        .begin_read()
+        .map_err(|err| StoreError::storage(file, err))?;
+    let table = txn
+        .open_table(SAMPLES)
+        .map_err(|err| StoreError::storage(file, err))?;
+    let Some(first) = after.checked_add(1) else {
+        return Ok(Vec::new());
+    };
+    let range = table
+        .range::<(u64, u32)>((first, 0)..)
+        .map_err(|err| StoreError::storage(file, err))?;
+    let mut out = Vec::with_capacity(max.min(1024));
+    for_each_sample(range, file, |stored| {
+        out.push(stored);
+        Ok(out.len() < max)
+    })?;
+    Ok(out)
+}
+
+/// Reassembles and decodes the samples whose chunks `range` yields, calling `each` with every
+/// sample in seq order while it returns `Ok(true)`.
+fn for_each_sample(
+    range: redb::Range<'_, (u64, u32), &'static [u8]>,
+    file: &Path,
+    mut each: impl FnMut(StoredSample) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        path: file.to_path_buf(),
+        reason,
+    };
+    // The sample being reassembled: its seq, the next chunk expected and the bytes so far.
+    let mut current: Option<(u64, u32, Vec<u8>)> = None;
+    for entry in range {
+        let (key, value) = entry.map_err(|err| StoreError::storage(file, err))?;
+        let (seq, chunk) = key.value();
+        match &mut current {
+            Some((current_seq, next_chunk, bytes)) if *current_seq == seq => {
+                if chunk != *next_chunk {
+                    return Err(corrupt(format!(
+                        "sample {seq} has chunk {chunk} where chunk {next_chunk} belongs"
+                    )));
+                }
+                *next_chunk += 1;
+                bytes.extend_from_slice(value.value());
+            }
+            _ => {
+                if let Some((done, _, bytes)) = current.take() {
+                    let sample = codec::decode(done, &bytes, file)?;
+                    if !each(StoredSample { seq: done, sample })? {
+                        return Ok(());
+                    }
+                }
+                if chunk != 0 {
+                    return Err(corrupt(format!("sample {seq} starts at chunk {chunk}")));
+                }
+                current = Some((seq, 1, value.value().to_vec()));
+            }
+        }
+    }
+    if let Some((done, _, bytes)) = current {
+        let sample = codec::decode(done, &bytes, file)?;
+        each(StoredSample { seq: done, sample })?;
+    }
+    Ok(())
+}
+
+/// The writer thread: takes whatever is queued (up to `max_batch`), writes it in one durable
+/// transaction, then answers each request.
+struct Writer {
+    db: Arc<Database>,
+    file: PathBuf,
+    queue: mpsc::Receiver<Request>,
+    shared: Arc<Shared>,
+    /// As of the last durable commit.
+    counters: Counters,
+    retain_committed: u64,
+    max_batch: usize,
+}
+
+/// An append of the batch being written, with the seq it gets.
+struct PendingAppend {
+    seq: u64,
+    bytes: Vec<u8>,
+    reply: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// The durable answers of one batch, sent once its transaction committed.
+struct Batch {
+    appends: Vec<PendingAppend>,
+    commits: Vec<oneshot::Sender<Result<(), StoreError>>>,
+    close: Option<oneshot::Sender<()>>,
+}
+
+impl Writer {
+    fn run(mut self) {
+        let mut requests = Vec::with_capacity(self.max_batch);
+        let close = loop {
+            // None: every handle was dropped.
+            let Some(first) = self.queue.blocking_recv() else {
+                break None;
+            };
+            requests.push(first);
+            while requests.len() < self.max_batch {
+                match self.queue.try_recv() {
+                    Ok(request) => requests.push(request),
+                    Err(_) => break,
+                }
+            }
+            if let Some(close) = self.write_batch(&mut requests) {
+                break Some(close);
+            }
+        };
+        self.queue.close();
+        while let Ok(request) = self.queue.try_recv() {
+            request.refuse(&self.file);
+        }
+        // Release the database before answering, so that `close` can close it.
+        let Writer { db, .. } = self;
+        drop(db);
+        if let Some(close) = close {
+            let _ = close.send(());
+        }
+    }
+
+    /// Writes and answers `requests` (drained); returns the reply of a close request, after
+    /// which the writer stops.
+    fn write_batch(&mut self, requests: &mut Vec<Request>) -> Option<oneshot::Sender<()>> {
+        let mut next = self.counters;
+        let mut batch = Batch {
+            appends: Vec::with_capacity(requests.len()),
+            commits: Vec::new(),
+            close: None,
+        };
+        for request in requests.drain(..) {
+            if batch.close.is_some() {
+                request.refuse(&self.file);
+                continue;
+            }
+            match request {
+                Request::Append { bytes, reply } => {
+                    next.last_seq += 1;
+                    batch.appends.push(PendingAppend {
+                        seq: next.last_seq,
+                        bytes,
+                        reply,
+                    });
+                }
+                // Checked against what is durable: a trainer can only have read that.
+                Request::Commit { through, reply } if through > self.counters.last_seq => {
+                    let _ = reply.send(Err(StoreError::CommitAhead {
+                        through,
+                        last_seq: self.counters.last_seq,
+                    }));
+                }
+                Request::Commit { through, reply } => {
+                    next.committed = next.committed.max(through);
+                    batch.commits.push(reply);
+                }
+                Request::Close { reply } => batch.close = Some(reply),
+            }
+        }
+
+        let written = if next == self.counters {
+            Ok(())
+        } else {
+            self.write(&batch.appends, &mut next)
+        };
+        match written {
+            Ok(()) => {
+                self.counters = next;
+                self.publish();
+                for append in batch.appends {
+                    let _ = append.reply.send(Ok(append.seq));
+                }
+                for reply in batch.commits {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            Err(err) => {
+                let err = Arc::new(err);
+                let failed = || StoreError::Storage {
+                    path: self.file.clone(),
+                    source: Arc::clone(&err),
+                };
+                for append in batch.appends {
+                    let _ = append.reply.send(Err(failed()));
+                }
+                for reply in batch.commits {
+                    let _ = reply.send(Err(failed()));
+                }
+            }
+        }
+        batch.close
+    }
+
+    /// One durable transaction: the appends, the new counters and the compaction they allow.
+    /// `next.first_kept` is updated by the compaction.
+    fn write(&self, appends: &[PendingAppend], next: &mut Counters) -> Result<(), redb::Error> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_quick_repair(QUICK_REPAIR);
+        {
+            let mut samples = txn.open_table(SAMPLES)?;
+            for append in appends {
+                if append.bytes.is_empty() {
+                    samples.insert((append.seq, 0), append.bytes.as_slice())?;
+                }
+                for (chunk, piece) in (0u32..).zip(append.bytes.chunks(CHUNK_BYTES)) {
+                    samples.insert((append.seq, chunk), piece)?;
+                }
+            }
+            let mut meta = txn.open_table(META)?;
+            if next.last_seq != self.counters.last_seq {
+                meta.insert(META_LAST_SEQ, next.last_seq)?;
+            }
+            if next.committed != self.counters.committed {
+                meta.insert(META_COMMITTED, next.committed)?;
+                compact(&mut samples, next, self.retain_committed)?;
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    fn publish(&self) {
+        *self
+            .shared
+            .counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = self.counters;
+        let last_seq = self.counters.last_seq;
+        self.shared.last_seq.send_if_modified(|current| {
+            let changed = *current != last_seq;
+            *current = last_seq;
+            changed
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redb::ReadableTableMetadata;
+
+    use super::*;
+
+    fn big_sample() -> Sample {
+        Sample {
+            session_id: "big".into(),
+            rollout_log_probs: (0..5_000).map(|i| -f64::from(i) / 7.0).collect(),
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn handles_are_send_sync_and_clone() {
+        fn check<T: Send + Sync + Clone + 'static>() {}
+        check::<SampleStore>();
+        check::<crate::ChannelSink>();
+    }
+
+    #[tokio::test]
+    async fn a_sample_is_stored_in_chunks_and_a_missing_chunk_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
+        let seq = store.append(big_sample()).await.unwrap();
+        assert_eq!(store.read(0, 1).await.unwrap()[0].sample.session_id, "big");
+        store.close().await.unwrap();
+
+        let file = dir.path().join(DB_FILE_NAME);
+        {
+            let db = Database::create(&file).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut samples = txn.open_table(SAMPLES).unwrap();
+                assert!(samples.len().unwrap() >= 3, "45 KB in 16 KB chunks");
+                samples.remove((seq, 1)).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+
+        let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
+        let err = store.read(0, 1).await.unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("sample 1 has chunk 2"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn queued_requests_are_written_before_close_and_later_ones_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
+        let appends: Vec<_> = (0..20)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { store.append(big_sample()).await })
+            })
+            .collect();
+        // On this single-threaded runtime, yielding runs every append task up to waiting for
+        // its answer, which is after its request was queued: the close is queued behind them.
+        tokio::task::yield_now().await;
+        let other = store.clone();
+        store.close().await.unwrap();
+        for append in appends {
+            append.await.unwrap().unwrap();
+        }
+        assert_eq!(other.stats().last_seq, 20);
+        assert!(matches!(
+            other.append(big_sample()).await,
+            Err(StoreError::Closed { .. })
+        ));
+    }
+}

@@ -1,0 +1,41 @@
+//! The deterministic sample number `n` of the crash test, shared by the test and its child
+//! process (`src/bin/store-crash-writer.rs`).
+
+use ps_core::sample::{Reward, Sample, SampleStatus};
+use serde_json::json;
+
+/// A sample whose every field derives from `n`, with a few hundred tokens.
+pub fn sample(n: u64) -> Sample {
+    let prompt_len = 200 + (n % 50) as usize;
+    let response_len = 100 + (n % 97) as usize;
+    let tokens: Vec<u32> = (0..prompt_len + response_len)
+        .map(|i| ((n as usize).wrapping_mul(7919).wrapping_add(i * 104_729) % 151_000) as u32)
+        .collect();
+    let log_probs: Vec<f64> = (0..response_len)
+        .map(|i| -((n as f64) * 0.001 + (i as f64) * 0.0137).sin().abs() - 1e-9)
+        .collect();
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("n".into(), json!(n));
+    metadata.insert("model".into(), json!("policy-7b"));
+    metadata.insert("ratio".into(), json!(n as f64 / 3.0));
+    Sample {
+        index: 0,
+        group_index: 0,
+        prompt: format!("prompt of sample {n} ").repeat(20),
+        response: format!("response of sample {n} ").repeat(10),
+        tokens,
+        response_length: response_len,
+        loss_mask: (0..response_len).map(|i| u8::from(i % 5 != 0)).collect(),
+        rollout_log_probs: log_probs,
+        reward: Reward {
+            score: (n % 11) as f64 / 10.0,
+        },
+        status: SampleStatus::Completed,
+        session_id: format!("crash-session-{}", n % 13),
+        turn: n,
+        teacher_log_probs: None,
+        teacher_topk_log_probs: None,
+        teacher_topk_indices: None,
+        metadata,
+    }
+}
