@@ -1,9 +1,28 @@
-//! PRM judging of one main turn: given the assistant's rendered response and the next state (the
-//! next main request's last message), `m` judge votes of `\boxed{1}`, `\boxed{-1}` or `\boxed{0}`
-//! and their majority. This crate owns the judge-facing contract only; it must not depend on the
-//! server or the session buffer. The SGLang `/generate` implementation comes with the binary RL mode.
+//! PRM judging of one main turn for binary RL: given the assistant's rendered response and the next
+//! state (the next main request's last message), `m` judge votes of `\boxed{1}`, `\boxed{-1}` or
+//! `\boxed{0}` and their majority, which is the turn's reward.
+//!
+//! This crate owns the judge-facing contract (`docs/upstream-protocols.md` section 6): the judge
+//! prompt ([`judge_messages`]), score extraction ([`parse_boxed_score`]), the vote
+//! ([`majority_vote`], [`PrmScorer`]) and the transport seam ([`JudgeBackend`]) with its SGLang
+//! `/generate` implementation ([`SglangJudge`], section 2.4). It must not depend on the server, the
+//! session buffer or any web framework; template rendering runs on tokio's blocking pool.
+
+mod backend;
+mod error;
+mod parse;
+mod prompt;
+mod scorer;
 
 use serde::{Deserialize, Serialize};
+
+#[cfg(any(test, feature = "test-support"))]
+pub use backend::MockJudgeBackend;
+pub use backend::{JudgeBackend, SglangJudge, SglangJudgeConfig};
+pub use error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY};
+pub use parse::{last_boxed_digit, majority_vote, parse_boxed_score};
+pub use prompt::judge_messages;
+pub use scorer::PrmScorer;
 
 /// What the judge sees of one turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,8 +43,20 @@ pub struct PrmScore {
     pub votes: Vec<Option<i8>>,
     /// Majority over valid votes; a tie or no valid vote gives 0.
     pub score: f64,
-    /// One representative judge text, for records.
+    /// One representative judge text, for records: the first vote agreeing with `score`, else the
+    /// first valid vote, else `None`.
     pub representative: Option<String>,
+    /// Aligned with `votes`: why a vote failed (`None` for a valid vote). The reason names the judge
+    /// URL and, where an operator can fix it, the configuration key.
+    #[serde(default)]
+    pub failures: Vec<Option<String>>,
+}
+
+impl PrmScore {
+    /// How many votes failed.
+    pub fn failed_votes(&self) -> usize {
+        self.votes.iter().filter(|v| v.is_none()).count()
+    }
 }
 
 /// Scores one turn.

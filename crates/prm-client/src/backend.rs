@@ -1,0 +1,324 @@
+//! The transport seam of the judge ([`JudgeBackend`]) and its SGLang `/generate` implementation.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use ps_chat_template::ChatTokenizer;
+use serde_json::{Value, json};
+
+use crate::error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY, error_chain};
+
+/// Longest error-body excerpt kept in [`JudgeError::Status`] and [`JudgeError::InvalidBody`].
+const SNIPPET_CHARS: usize = 200;
+
+/// Sends one judge prompt and returns the judge's answer text.
+#[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
+#[async_trait]
+pub trait JudgeBackend: Send + Sync {
+    /// One completion of `messages` (a `[system, user]` judge prompt).
+    async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError>;
+    /// A short description for logs, such as `sglang /generate at http://…`.
+    fn describe(&self) -> String;
+}
+
+/// Settings of [`SglangJudge`] (from `[prm]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SglangJudgeConfig {
+    /// The judge's `/generate` URL (`prm.router_url`).
+    pub router_url: String,
+    /// Whole-call timeout: connect, answer and body (`prm.timeout_sec`).
+    pub timeout: Duration,
+    /// Sampling temperature (`prm.temperature`).
+    pub temperature: f64,
+    /// Generation budget of one call (`prm.max_new_tokens`).
+    pub max_new_tokens: u32,
+}
+
+/// [`JudgeBackend`] over SGLang's native `POST /generate`: the messages are rendered with the judge
+/// tokenizer's chat template (with the generation prompt), or joined with `"\n"` without a tokenizer,
+/// and sent as one text prompt (`docs/upstream-protocols.md` 2.4). One `reqwest` client is shared by
+/// every call.
+#[derive(Debug, Clone)]
+pub struct SglangJudge {
+    http: reqwest::Client,
+    config: SglangJudgeConfig,
+    tokenizer: Option<Arc<ChatTokenizer>>,
+}
+
+impl SglangJudge {
+    /// A judge with its own connection pool.
+    pub fn new(
+        config: SglangJudgeConfig,
+        tokenizer: Option<Arc<ChatTokenizer>>,
+    ) -> Result<Self, JudgeError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.timeout)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| JudgeError::Connect {
+                url: config.router_url.clone(),
+                config_key: ROUTER_URL_KEY,
+                detail: error_chain(&e),
+                source: Some(e),
+            })?;
+        Self::with_client(http, config, tokenizer)
+    }
+
+    /// A judge sharing `http`'s connection pool.
+    pub fn with_client(
+        http: reqwest::Client,
+        config: SglangJudgeConfig,
+        tokenizer: Option<Arc<ChatTokenizer>>,
+    ) -> Result<Self, JudgeError> {
+        let invalid = |detail: String| JudgeError::InvalidUrl {
+            url: config.router_url.clone(),
+            detail,
+            config_key: ROUTER_URL_KEY,
+        };
+        let url = reqwest::Url::parse(&config.router_url).map_err(|e| invalid(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+            return Err(invalid("expected http://host[:port]/generate".to_owned()));
+        }
+        Ok(Self {
+            http,
+            config,
+            tokenizer,
+        })
+    }
+
+    pub fn config(&self) -> &SglangJudgeConfig {
+        &self.config
+    }
+
+    /// The `/generate` body for one vote on `text` (a rendered prompt).
+    pub fn request_body(&self, text: &str) -> Value {
+        json!({
+            "text": text,
+            "sampling_params": {
+                "temperature": self.config.temperature,
+                "top_p": 1.0,
+                "top_k": -1,
+                "max_new_tokens": self.config.max_new_tokens,
+                "skip_special_tokens": false,
+                "no_stop_trim": true,
+                "spaces_between_special_tokens": false,
+            },
+            "return_logprob": false,
+        })
+    }
+
+    /// The prompt text of `messages`: the judge chat template with the generation prompt, rendered on
+    /// the blocking pool, or the contents joined with `"\n"` without a tokenizer.
+    pub async fn render(&self, messages: &[Value]) -> Result<String, JudgeError> {
+        let Some(tok) = self.tokenizer.clone() else {
+            return Ok(join_contents(messages));
+        };
+        let messages = messages.to_vec();
+        let render_error = |detail: String| JudgeError::Render {
+            detail,
+            config_key: MODEL_DIR_KEY,
+        };
+        tokio::task::spawn_blocking(move || tok.render(&messages, None, true, None))
+            .await
+            .map_err(|e| render_error(e.to_string()))?
+            .map_err(|e| render_error(error_chain(&e)))
+    }
+
+    fn url(&self) -> &str {
+        &self.config.router_url
+    }
+
+    fn send_error(&self, e: reqwest::Error) -> JudgeError {
+        if e.is_timeout() {
+            return self.timeout_error();
+        }
+        let detail = error_chain(&e);
+        if e.is_connect() {
+            JudgeError::Connect {
+                url: self.url().to_owned(),
+                config_key: ROUTER_URL_KEY,
+                detail,
+                source: Some(e),
+            }
+        } else {
+            JudgeError::Transport {
+                url: self.url().to_owned(),
+                config_key: ROUTER_URL_KEY,
+                detail,
+                source: Some(e),
+            }
+        }
+    }
+
+    fn timeout_error(&self) -> JudgeError {
+        JudgeError::Timeout {
+            url: self.url().to_owned(),
+            after: self.config.timeout,
+            config_key: TIMEOUT_KEY,
+        }
+    }
+
+    /// POST and read the whole answer (no timeout here; the caller bounds it).
+    async fn exchange(&self, body: &Value) -> Result<String, JudgeError> {
+        let resp = self
+            .http
+            .post(self.url())
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| self.send_error(e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.send_error(e))?;
+        if !status.is_success() {
+            return Err(JudgeError::Status {
+                url: self.url().to_owned(),
+                status: status.as_u16(),
+                body: error_message(&bytes),
+                config_key: ROUTER_URL_KEY,
+            });
+        }
+        reply_text(&bytes).map_err(|detail| JudgeError::InvalidBody {
+            url: self.url().to_owned(),
+            detail,
+            config_key: ROUTER_URL_KEY,
+        })
+    }
+}
+
+#[async_trait]
+impl JudgeBackend for SglangJudge {
+    async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError> {
+        let text = self.render(messages).await?;
+        let body = self.request_body(&text);
+        tokio::time::timeout(self.config.timeout, self.exchange(&body))
+            .await
+            .map_err(|_| self.timeout_error())?
+    }
+
+    fn describe(&self) -> String {
+        format!("sglang /generate at {}", self.url())
+    }
+}
+
+/// The contents of `messages` joined with `"\n"` (the prompt when no judge tokenizer is configured).
+fn join_contents(messages: &[Value]) -> String {
+    messages
+        .iter()
+        .map(|m| match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => String::new(),
+            Some(other) => other.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn snippet(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .take(SNIPPET_CHARS)
+        .collect()
+}
+
+/// The message of an error body: SGLang `/generate`'s `{"error":{"message"}}`, the OpenAI routes'
+/// flat `{"message"}`, `{"error":"…"}`, FastAPI's `{"detail"}`; else the start of the body.
+fn error_message(bytes: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("error"))
+            .or_else(|| v.get("detail"))
+            .and_then(Value::as_str)
+    });
+    match message {
+        Some(m) => m.chars().take(SNIPPET_CHARS).collect(),
+        None if bytes.is_empty() => "(empty body)".to_owned(),
+        None => snippet(bytes),
+    }
+}
+
+/// The judge's text from a `/generate` answer: `text`, or its first element when it is a list; a
+/// batch answer (a list of results) gives its first result's text.
+fn reply_text(bytes: &[u8]) -> Result<String, String> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| format!("{e} (body starts with {:?})", snippet(bytes)))?;
+    let result = match &v {
+        Value::Array(items) => items
+            .first()
+            .ok_or_else(|| "an empty list of results".to_owned())?,
+        other => other,
+    };
+    match result.get("text") {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(items)) => match items.first() {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err("`text` is a list without a string first element".to_owned()),
+        },
+        _ => Err(format!(
+            "no `text` string (body starts with {:?})",
+            snippet(bytes)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_text_shapes() {
+        assert_eq!(reply_text(br#"{"text":"a"}"#).unwrap(), "a");
+        assert_eq!(reply_text(br#"{"text":["b","c"]}"#).unwrap(), "b");
+        assert_eq!(reply_text(br#"[{"text":"d"},{"text":"e"}]"#).unwrap(), "d");
+        assert!(reply_text(b"not json").unwrap_err().contains("not json"));
+        assert!(reply_text(br#"{"output_ids":[]}"#).is_err());
+        assert!(reply_text(br#"{"text":[]}"#).is_err());
+        assert!(reply_text(b"[]").is_err());
+    }
+
+    #[test]
+    fn error_message_shapes() {
+        assert_eq!(error_message(br#"{"error":{"message":"bad"}}"#), "bad");
+        assert_eq!(
+            error_message(br#"{"object":"error","message":"flat"}"#),
+            "flat"
+        );
+        assert_eq!(
+            error_message(br#"{"error":"Unauthorized"}"#),
+            "Unauthorized"
+        );
+        assert_eq!(error_message(br#"{"detail":"Not Found"}"#), "Not Found");
+        assert_eq!(error_message(b"oops"), "oops");
+        assert_eq!(error_message(b""), "(empty body)");
+        assert_eq!(
+            error_message("x".repeat(1000).as_bytes()).len(),
+            SNIPPET_CHARS
+        );
+    }
+
+    #[test]
+    fn join_without_tokenizer() {
+        let msgs = vec![
+            json!({"role": "system", "content": "S"}),
+            json!({"role": "user", "content": "U"}),
+        ];
+        assert_eq!(join_contents(&msgs), "S\nU");
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        let cfg = |url: &str| SglangJudgeConfig {
+            router_url: url.into(),
+            timeout: Duration::from_secs(1),
+            temperature: 0.6,
+            max_new_tokens: 16,
+        };
+        for bad in ["not a url", "ftp://x/generate", "unix:/tmp/sock"] {
+            let err = SglangJudge::new(cfg(bad), None).unwrap_err();
+            assert!(matches!(err, JudgeError::InvalidUrl { .. }), "{err}");
+            assert!(err.to_string().contains(ROUTER_URL_KEY), "{err}");
+        }
+        assert!(SglangJudge::new(cfg("http://127.0.0.1:1/generate"), None).is_ok());
+    }
+}

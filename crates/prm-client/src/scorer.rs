@@ -1,0 +1,364 @@
+//! [`PrmScorer`]: `m` parallel judge votes on one turn and their majority.
+
+use std::{fmt, sync::Arc};
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::{
+    JudgeBackend, JudgeInput, PrmScore, TurnScorer, judge_messages, majority_vote,
+    parse_boxed_score,
+};
+
+/// Longest tail of an unparseable judge answer quoted in the vote's failure reason.
+const TAIL_CHARS: usize = 120;
+
+/// [`TurnScorer`] of binary RL: sends `votes` judge calls at once (each holding one permit of the
+/// judge-concurrency semaphore when one is given) and takes their majority. A call that fails or an
+/// answer without a valid `\boxed{1|-1|0}` is a failed vote with its reason kept; scoring itself
+/// never fails.
+#[derive(Clone)]
+pub struct PrmScorer {
+    backend: Arc<dyn JudgeBackend>,
+    votes: usize,
+    semaphore: Option<Arc<Semaphore>>,
+}
+
+impl fmt::Debug for PrmScorer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrmScorer")
+            .field("backend", &self.backend.describe())
+            .field("votes", &self.votes)
+            .field(
+                "semaphore_available",
+                &self.semaphore.as_ref().map(|s| s.available_permits()),
+            )
+            .finish()
+    }
+}
+
+/// One vote's outcome.
+struct Vote {
+    value: Option<i8>,
+    text: Option<String>,
+    failure: Option<String>,
+}
+
+impl PrmScorer {
+    /// `votes` is `prm.num_votes` (m); `semaphore` bounds judge calls across all turns.
+    pub fn new(
+        backend: Arc<dyn JudgeBackend>,
+        votes: usize,
+        semaphore: Option<Arc<Semaphore>>,
+    ) -> Self {
+        Self {
+            backend,
+            votes,
+            semaphore,
+        }
+    }
+
+    /// Votes per turn (m).
+    pub fn votes(&self) -> usize {
+        self.votes
+    }
+
+    async fn vote(&self, index: usize, messages: &[Value]) -> Vote {
+        let _permit = match &self.semaphore {
+            Some(sem) => match sem.acquire().await {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    return self
+                        .failed(index, "the judge concurrency limiter is closed".to_owned());
+                }
+            },
+            None => None,
+        };
+        match self.backend.complete(messages).await {
+            Ok(text) => match parse_boxed_score(&text) {
+                Some(v) => Vote {
+                    value: Some(v),
+                    text: Some(text),
+                    failure: None,
+                },
+                None => {
+                    let reason = format!(
+                        "the answer of {} does not end on a \\boxed{{1}}, \\boxed{{-1}} or \\boxed{{0}} (its last boxed value is missing or invalid; it ends with {:?})",
+                        self.backend.describe(),
+                        tail(&text)
+                    );
+                    self.failed(index, reason)
+                }
+            },
+            Err(e) => self.failed(index, e.to_string()),
+        }
+    }
+
+    fn failed(&self, index: usize, reason: String) -> Vote {
+        tracing::warn!(vote = index, reason = %reason, "PRM judge vote failed");
+        Vote {
+            value: None,
+            text: None,
+            failure: Some(reason),
+        }
+    }
+}
+
+fn tail(text: &str) -> String {
+    let n = text.chars().count();
+    text.chars().skip(n.saturating_sub(TAIL_CHARS)).collect()
+}
+
+#[async_trait]
+impl TurnScorer for PrmScorer {
+    async fn score(&self, input: &JudgeInput) -> PrmScore {
+        let messages = judge_messages(input);
+        let outcomes =
+            futures::future::join_all((0..self.votes).map(|i| self.vote(i, &messages))).await;
+        let votes: Vec<Option<i8>> = outcomes.iter().map(|v| v.value).collect();
+        let score = majority_vote(&votes);
+        let agreeing = outcomes
+            .iter()
+            .find(|v| v.value.is_some_and(|x| f64::from(x) == score));
+        let representative = agreeing
+            .or_else(|| outcomes.iter().find(|v| v.value.is_some()))
+            .and_then(|v| v.text.clone());
+        let failures = outcomes.into_iter().map(|v| v.failure).collect();
+        PrmScore {
+            votes,
+            score,
+            representative,
+            failures,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::{JudgeError, MockJudgeBackend, TIMEOUT_KEY};
+
+    fn input() -> JudgeInput {
+        JudgeInput {
+            response_text: "Done.<|im_end|>\n".into(),
+            next_state_text: "thanks".into(),
+            next_state_role: "user".into(),
+        }
+    }
+
+    /// A mock answering the `i`-th call with `answers[i]`.
+    fn scripted(answers: Vec<Result<&'static str, ()>>) -> MockJudgeBackend {
+        let n = answers.len();
+        let calls = AtomicUsize::new(0);
+        let mut mock = MockJudgeBackend::new();
+        mock.expect_complete()
+            .times(n)
+            .withf(|msgs: &[Value]| msgs.len() == 2 && msgs[1]["content"].is_string())
+            .returning(move |_| {
+                let i = calls.fetch_add(1, Ordering::SeqCst);
+                match answers[i] {
+                    Ok(t) => Ok(t.to_owned()),
+                    Err(()) => Err(JudgeError::Timeout {
+                        url: "http://judge/generate".into(),
+                        after: std::time::Duration::from_secs(1),
+                        config_key: TIMEOUT_KEY,
+                    }),
+                }
+            });
+        mock.expect_describe().returning(|| "mock judge".to_owned());
+        mock
+    }
+
+    fn scorer(mock: MockJudgeBackend, m: usize) -> PrmScorer {
+        PrmScorer::new(Arc::new(mock), m, None)
+    }
+
+    #[tokio::test]
+    async fn sends_m_calls_and_takes_the_majority() {
+        let mock = scripted(vec![
+            Ok("good \\boxed{1}"),
+            Ok("bad \\boxed{-1}"),
+            Ok("fine \\boxed{1}"),
+        ]);
+        let s = scorer(mock, 3).score(&input()).await;
+        assert_eq!(s.votes, vec![Some(1), Some(-1), Some(1)]);
+        assert_eq!(s.score, 1.0);
+        assert_eq!(s.representative.as_deref(), Some("good \\boxed{1}"));
+        assert_eq!(s.failures, vec![None, None, None]);
+        assert_eq!(s.failed_votes(), 0);
+    }
+
+    #[tokio::test]
+    async fn sends_the_judge_messages() {
+        let mut mock = MockJudgeBackend::new();
+        let expected = judge_messages(&input());
+        mock.expect_complete()
+            .times(5)
+            .withf(move |msgs: &[Value]| msgs == expected.as_slice())
+            .returning(|_| Ok("\\boxed{0}".into()));
+        let s = scorer(mock, 5).score(&input()).await;
+        assert_eq!(s.votes, vec![Some(0); 5]);
+        assert_eq!(s.score, 0.0);
+        assert_eq!(s.representative.as_deref(), Some("\\boxed{0}"));
+    }
+
+    #[tokio::test]
+    async fn failures_are_failed_votes_with_reasons() {
+        let mock = scripted(vec![
+            Err(()),
+            Ok("I think \\boxed{-1}"),
+            Ok("no verdict at all"),
+        ]);
+        let s = scorer(mock, 3).score(&input()).await;
+        assert_eq!(s.votes, vec![None, Some(-1), None]);
+        assert_eq!(s.score, -1.0);
+        assert_eq!(s.failed_votes(), 2);
+        assert_eq!(s.representative.as_deref(), Some("I think \\boxed{-1}"));
+        let r0 = s.failures[0].as_deref().unwrap();
+        assert!(
+            r0.contains("http://judge/generate") && r0.contains(TIMEOUT_KEY),
+            "{r0}"
+        );
+        assert!(s.failures[1].is_none());
+        let r2 = s.failures[2].as_deref().unwrap();
+        assert!(
+            r2.contains("mock judge") && r2.contains("no verdict at all"),
+            "{r2}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_invalid_digit_is_a_failed_vote() {
+        let mock = scripted(vec![
+            Ok("\\boxed{2}"),
+            Ok("\\boxed{1}"),
+            Ok("\\boxed{1} \\boxed{10}"),
+        ]);
+        let s = scorer(mock, 3).score(&input()).await;
+        assert_eq!(s.votes, vec![None, Some(1), Some(1)]);
+        assert_eq!(s.score, 1.0);
+        assert_eq!(s.representative.as_deref(), Some("\\boxed{1}"));
+    }
+
+    #[tokio::test]
+    async fn all_failed_gives_zero_and_no_representative() {
+        let mock = scripted(vec![Err(()), Ok("nothing"), Err(())]);
+        let s = scorer(mock, 3).score(&input()).await;
+        assert_eq!(s.votes, vec![None, None, None]);
+        assert_eq!(s.score, 0.0);
+        assert_eq!(s.representative, None);
+        assert!(s.failures.iter().all(Option::is_some));
+    }
+
+    #[tokio::test]
+    async fn a_tie_takes_the_first_valid_vote_as_representative() {
+        let mock = scripted(vec![Err(()), Ok("up \\boxed{1}"), Ok("down \\boxed{-1}")]);
+        let s = scorer(mock, 3).score(&input()).await;
+        assert_eq!(s.score, 0.0);
+        assert_eq!(s.representative.as_deref(), Some("up \\boxed{1}"));
+    }
+
+    #[tokio::test]
+    async fn a_zero_majority_takes_the_first_zero_vote() {
+        let mock = scripted(vec![
+            Ok("yes \\boxed{1}"),
+            Ok("a \\boxed{0}"),
+            Ok("b \\boxed{0}"),
+        ]);
+        let s = scorer(mock, 3).score(&input()).await;
+        assert_eq!(s.score, 0.0);
+        assert_eq!(s.representative.as_deref(), Some("a \\boxed{0}"));
+    }
+
+    #[tokio::test]
+    async fn zero_votes_make_no_calls() {
+        let mut mock = MockJudgeBackend::new();
+        mock.expect_complete().never();
+        let s = scorer(mock, 0).score(&input()).await;
+        assert_eq!(s.votes, Vec::<Option<i8>>::new());
+        assert_eq!(s.score, 0.0);
+    }
+
+    /// Records the highest number of calls in progress at once. Each call yields a few times so the
+    /// other votes of the same `join_all` get polled while it is in progress.
+    #[derive(Default)]
+    struct ConcurrencyProbe {
+        current: AtomicUsize,
+        max: AtomicUsize,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl JudgeBackend for ConcurrencyProbe {
+        async fn complete(&self, _messages: &[Value]) -> Result<String, JudgeError> {
+            let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(now, Ordering::SeqCst);
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+            self.current.fetch_sub(1, Ordering::SeqCst);
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Ok("\\boxed{1}".into())
+        }
+
+        fn describe(&self) -> String {
+            "probe".into()
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_semaphore_all_votes_run_at_once() {
+        let probe = Arc::new(ConcurrencyProbe::default());
+        let s = PrmScorer::new(probe.clone(), 5, None).score(&input()).await;
+        assert_eq!(s.score, 1.0);
+        assert_eq!(probe.calls.load(Ordering::SeqCst), 5);
+        assert_eq!(probe.max.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn the_semaphore_limits_concurrent_calls() {
+        let probe = Arc::new(ConcurrencyProbe::default());
+        let sem = Arc::new(Semaphore::new(2));
+        let s = PrmScorer::new(probe.clone(), 5, Some(sem.clone()))
+            .score(&input())
+            .await;
+        assert_eq!(s.votes, vec![Some(1); 5]);
+        assert_eq!(probe.calls.load(Ordering::SeqCst), 5);
+        assert_eq!(probe.max.load(Ordering::SeqCst), 2);
+        assert_eq!(sem.available_permits(), 2, "permits are returned");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_semaphore_bounds_calls_across_turns() {
+        let probe = Arc::new(ConcurrencyProbe::default());
+        let sem = Arc::new(Semaphore::new(3));
+        let scorer = PrmScorer::new(probe.clone(), 3, Some(sem));
+        let turns: Vec<_> = (0..4)
+            .map(|_| {
+                let scorer = scorer.clone();
+                tokio::spawn(async move { scorer.score(&input()).await })
+            })
+            .collect();
+        for t in turns {
+            assert_eq!(t.await.unwrap().score, 1.0);
+        }
+        assert_eq!(probe.calls.load(Ordering::SeqCst), 12);
+        assert!(probe.max.load(Ordering::SeqCst) <= 3);
+    }
+
+    #[tokio::test]
+    async fn a_closed_semaphore_fails_votes_without_calls() {
+        let mut mock = MockJudgeBackend::new();
+        mock.expect_complete().never();
+        let sem = Arc::new(Semaphore::new(1));
+        sem.close();
+        let s = PrmScorer::new(Arc::new(mock), 2, Some(sem))
+            .score(&input())
+            .await;
+        assert_eq!(s.votes, vec![None, None]);
+        assert!(s.failures[0].as_deref().unwrap().contains("closed"));
+    }
+}
