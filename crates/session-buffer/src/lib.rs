@@ -1,20 +1,17 @@
-//! Per-session turn buffering: each captured main turn waits for its next state (the next main
-//! request's last message of the same session), is then scored and turned into a training sample,
-//! and samples of a session are submitted in turn order. This crate owns that state machine; it is
-//! filled in by the binary RL mode. Until then the server hands captured turns to a
-//! [`ps_core::TurnSink`] directly.
+//! Per-session turn buffering for binary RL.
+//!
+//! Each main turn is numbered when its request arrives ([`ps_core::TurnSink::begin`]); the next main
+//! request of the same session brings its *next state* (that request's last message). Once a turn is
+//! captured and its next state is known (or known to be missing: the client said the session is
+//! done, the session timed out, was evicted, or the server shuts down), it is scored by the PRM and
+//! turned into a sample by the [`rules`]; samples of one session are handed to the
+//! [`ps_core::SampleSink`] strictly in turn order.
+//!
+//! This crate owns that state machine and nothing else: scoring goes through
+//! [`ps_prm_client::TurnScorer`], storage through [`ps_core::SampleSink`], records through
+//! [`RecordSink`]. It must not depend on the server or on any HTTP crate.
 
-use ps_core::sample::Sample;
+mod buffer;
+pub mod rules;
 
-/// Receives finished samples, in turn order per session. Implementations persist them durably.
-#[async_trait::async_trait]
-pub trait SampleSink: Send + Sync {
-    async fn submit(&self, sample: Sample) -> Result<u64, SampleSinkError>;
-}
-
-/// Why a sample could not be stored.
-#[derive(Debug, thiserror::Error)]
-pub enum SampleSinkError {
-    #[error("sample store at {path} failed: {detail}")]
-    Store { path: String, detail: String },
-}
+pub use buffer::{BufferConfig, BufferStatus, PendingCounts, RecordSink, SessionBuffer};

@@ -1,0 +1,650 @@
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ps_core::message::flatten_content;
+use ps_core::metric_names as m;
+use ps_core::{CapturedTurn, SampleSink, TurnSink};
+use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::rules::{rl_decision, rl_sample};
+
+/// Attempts to hand one sample to the sink before it is counted as dropped.
+const SUBMIT_ATTEMPTS: u32 = 4;
+const SUBMIT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Settings of the buffer.
+#[derive(Debug, Clone)]
+pub struct BufferConfig {
+    /// Score turns with the PRM (`prm.enabled`). Off: turns are submitted at once, excluded.
+    pub prm_enabled: bool,
+    /// A session idle this long is closed (`server.session_timeout_sec`).
+    pub session_timeout: Duration,
+    /// Live sessions held at most (`server.max_sessions`); beyond it the oldest idle one is closed.
+    pub max_sessions: usize,
+}
+
+/// Receives JSONL records (written off the chat path by the implementation).
+pub trait RecordSink: Send + Sync {
+    /// One resolved conversation turn.
+    fn conversation(&self, record: Value);
+    /// One PRM decision.
+    fn prm(&self, record: Value);
+}
+
+/// Turns that are not samples yet, by what they wait for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PendingCounts {
+    /// Answered, being rendered and tokenized.
+    pub waiting_capture: u64,
+    /// Captured, waiting for the session's next main request.
+    pub waiting_next_state: u64,
+    /// Being judged.
+    pub scoring: u64,
+    /// Judged, waiting for an earlier turn of the session to be submitted first.
+    pub waiting_order: u64,
+}
+
+/// What the buffer holds and has done.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BufferStatus {
+    pub live_sessions: u64,
+    pub pending: PendingCounts,
+    pub samples_submitted: u64,
+    pub samples_effective: u64,
+    pub samples_excluded: u64,
+    pub samples_dropped: u64,
+    pub turns_abandoned: u64,
+    pub sessions_timed_out: u64,
+    pub sessions_evicted: u64,
+    pub eval_scores: u64,
+    pub eval_score_mean: Option<f64>,
+}
+
+enum Next {
+    Pending,
+    State(Value),
+    Missing,
+}
+
+struct Slot {
+    captured: Option<CapturedTurn>,
+    next: Next,
+}
+
+enum Ready {
+    /// The turn was abandoned: nothing to submit, but later turns may go.
+    Skip,
+    Judged {
+        turn: Box<CapturedTurn>,
+        has_next_state: bool,
+        judged: Option<PrmScore>,
+    },
+}
+
+struct Session {
+    next_turn: u64,
+    next_submit: u64,
+    last_activity: Instant,
+    closing: bool,
+    slots: BTreeMap<u64, Slot>,
+    scoring: u64,
+    ready: BTreeMap<u64, Ready>,
+    submitting: bool,
+    has_effective: bool,
+}
+
+impl Session {
+    fn new(now: Instant) -> Self {
+        Self {
+            next_turn: 1,
+            next_submit: 1,
+            last_activity: now,
+            closing: false,
+            slots: BTreeMap::new(),
+            scoring: 0,
+            ready: BTreeMap::new(),
+            submitting: false,
+            has_effective: false,
+        }
+    }
+
+    fn is_drained(&self) -> bool {
+        self.slots.is_empty() && self.scoring == 0 && self.ready.is_empty() && !self.submitting
+    }
+}
+
+/// A turn ready to be judged.
+struct Job {
+    session_id: String,
+    turn_no: u64,
+    turn: CapturedTurn,
+    next: Option<Value>,
+}
+
+#[derive(Default)]
+struct Counters {
+    submitted: AtomicU64,
+    effective: AtomicU64,
+    excluded: AtomicU64,
+    dropped: AtomicU64,
+    abandoned: AtomicU64,
+    timed_out: AtomicU64,
+    evicted: AtomicU64,
+}
+
+struct Inner {
+    config: BufferConfig,
+    scorer: Option<Arc<dyn TurnScorer>>,
+    sink: Arc<dyn SampleSink>,
+    records: Option<Arc<dyn RecordSink>>,
+    sessions: Mutex<HashMap<String, Session>>,
+    eval_scores: Mutex<Vec<f64>>,
+    counters: Counters,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+    runtime: tokio::runtime::Handle,
+}
+
+/// The per-session state machine. Cheap to clone.
+#[derive(Clone)]
+pub struct SessionBuffer(Arc<Inner>);
+
+impl std::fmt::Debug for SessionBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionBuffer")
+            .field("config", &self.0.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl SessionBuffer {
+    /// Creates the buffer. Must be called inside a tokio runtime: scoring and submission run on it
+    /// (capture worker threads call in from outside the runtime).
+    pub fn new(
+        config: BufferConfig,
+        scorer: Option<Arc<dyn TurnScorer>>,
+        sink: Arc<dyn SampleSink>,
+        records: Option<Arc<dyn RecordSink>>,
+    ) -> Self {
+        Self(Arc::new(Inner {
+            config,
+            scorer,
+            sink,
+            records,
+            sessions: Mutex::new(HashMap::new()),
+            eval_scores: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            tracker: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+            runtime: tokio::runtime::Handle::current(),
+        }))
+    }
+
+    /// Starts the task that closes idle sessions, checking every `every`.
+    pub fn spawn_sweeper(&self, every: Duration) {
+        let this = self.clone();
+        let cancel = self.0.cancel.clone();
+        self.0.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    _ = tick.tick() => this.sweep(),
+                }
+            }
+        });
+    }
+
+    /// Closes every session idle longer than the timeout: their waiting turns get no next state.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let timeout = self.0.config.session_timeout;
+        let mut jobs = Vec::new();
+        {
+            let mut sessions = lock(&self.0.sessions);
+            for (id, s) in sessions.iter_mut() {
+                if !s.closing && now.duration_since(s.last_activity) >= timeout {
+                    self.0.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "timeout").increment(1);
+                    tracing::info!(session_id = %id, "session idle past server.session_timeout_sec: closed");
+                    close(s);
+                    self.collect_ready(id, s, &mut jobs);
+                }
+            }
+            sessions.retain(|_, s| !(s.closing && s.is_drained()));
+        }
+        self.dispatch(jobs);
+    }
+
+    /// Closes every session (shutdown): waiting turns get no next state and are submitted by the
+    /// rules; then waits up to `grace` for scoring and submission to finish. Returns whether
+    /// everything finished in time.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        let mut jobs = Vec::new();
+        {
+            let mut sessions = lock(&self.0.sessions);
+            for (id, s) in sessions.iter_mut() {
+                if !s.closing {
+                    metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "shutdown")
+                        .increment(1);
+                    close(s);
+                    self.collect_ready(id, s, &mut jobs);
+                }
+            }
+        }
+        self.dispatch(jobs);
+        self.0.cancel.cancel();
+        self.0.tracker.close();
+        let done = tokio::time::timeout(grace, self.0.tracker.wait())
+            .await
+            .is_ok();
+        if !done {
+            let st = self.status();
+            tracing::warn!(pending = ?st.pending, "shutdown grace elapsed with turns still pending");
+        }
+        done
+    }
+
+    /// Returns and clears the PRM scores computed since the last drain (`rollout/prm_eval_score`).
+    pub fn drain_eval_scores(&self) -> Vec<f64> {
+        std::mem::take(&mut *lock(&self.0.eval_scores))
+    }
+
+    pub fn status(&self) -> BufferStatus {
+        let mut pending = PendingCounts::default();
+        let mut live = 0;
+        for s in lock(&self.0.sessions).values() {
+            if !s.closing {
+                live += 1;
+            }
+            for slot in s.slots.values() {
+                match (&slot.captured, &slot.next) {
+                    (None, _) => pending.waiting_capture += 1,
+                    (Some(_), Next::Pending) => pending.waiting_next_state += 1,
+                    (Some(_), _) => {}
+                }
+            }
+            pending.scoring += s.scoring;
+            pending.waiting_order += s.ready.len() as u64;
+        }
+        let (count, mean) = {
+            let scores = lock(&self.0.eval_scores);
+            let n = scores.len();
+            (
+                n as u64,
+                (n > 0).then(|| scores.iter().sum::<f64>() / n as f64),
+            )
+        };
+        let c = &self.0.counters;
+        BufferStatus {
+            live_sessions: live,
+            pending,
+            samples_submitted: c.submitted.load(Ordering::Relaxed),
+            samples_effective: c.effective.load(Ordering::Relaxed),
+            samples_excluded: c.excluded.load(Ordering::Relaxed),
+            samples_dropped: c.dropped.load(Ordering::Relaxed),
+            turns_abandoned: c.abandoned.load(Ordering::Relaxed),
+            sessions_timed_out: c.timed_out.load(Ordering::Relaxed),
+            sessions_evicted: c.evicted.load(Ordering::Relaxed),
+            eval_scores: count,
+            eval_score_mean: mean,
+        }
+    }
+
+    /// Takes ready turns out of the session: captured and with a resolved next state (or any captured
+    /// turn when the PRM is off, which needs no next state).
+    fn collect_ready(&self, id: &str, s: &mut Session, jobs: &mut Vec<Job>) {
+        let prm = self.0.config.prm_enabled;
+        let ready: Vec<u64> = s
+            .slots
+            .iter()
+            .filter(|(_, slot)| {
+                slot.captured.is_some() && (!prm || !matches!(slot.next, Next::Pending))
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        for n in ready {
+            if let Some(Slot {
+                captured: Some(turn),
+                next,
+            }) = s.slots.remove(&n)
+            {
+                s.scoring += 1;
+                jobs.push(Job {
+                    session_id: id.to_owned(),
+                    turn_no: n,
+                    turn,
+                    next: match next {
+                        Next::State(v) => Some(v),
+                        Next::Pending | Next::Missing => None,
+                    },
+                });
+            }
+        }
+    }
+
+    fn dispatch(&self, jobs: Vec<Job>) {
+        for job in jobs {
+            let this = self.clone();
+            self.0
+                .tracker
+                .spawn_on(async move { this.judge(job).await }, &self.0.runtime);
+        }
+    }
+
+    async fn judge(&self, job: Job) {
+        let Job {
+            session_id,
+            turn_no,
+            turn,
+            next,
+        } = job;
+        let judged = match (&self.0.scorer, &next) {
+            (Some(scorer), Some(state)) if self.0.config.prm_enabled => {
+                let started = Instant::now();
+                let score = scorer.score(&judge_input(&turn, state)).await;
+                metrics::histogram!(m::PRM_SECONDS).record(started.elapsed().as_secs_f64());
+                for v in &score.votes {
+                    let outcome = match v {
+                        Some(1) => "1",
+                        Some(-1) => "-1",
+                        Some(_) => "0",
+                        None => "failed",
+                    };
+                    metrics::counter!(m::PRM_VOTES_TOTAL, "outcome" => outcome).increment(1);
+                }
+                lock(&self.0.eval_scores).push(score.score);
+                Some(score)
+            }
+            _ => None,
+        };
+        if let Some(r) = &self.0.records {
+            r.conversation(json!({
+                "session_id": session_id,
+                "turn": turn_no,
+                "timestamp_ms": unix_millis(),
+                "messages": turn.messages,
+                "prompt_text": turn.prompt_text,
+                "response_text": turn.response_text,
+                "response_message": turn.response_message,
+                "tool_calls": turn.response_message.get("tool_calls").cloned().unwrap_or(Value::Null),
+                "next_state": next,
+            }));
+            if let Some(j) = &judged {
+                r.prm(json!({
+                    "session_id": session_id,
+                    "turn": turn_no,
+                    "timestamp_ms": unix_millis(),
+                    "score": j.score,
+                    "votes": j.votes,
+                    "failures": j.failures,
+                    "representative": if j.score != 0.0 { j.representative.clone() } else { None },
+                }));
+            }
+        }
+        let start_drain = {
+            let mut sessions = lock(&self.0.sessions);
+            let s = sessions
+                .entry(session_id.clone())
+                .or_insert_with(|| Session::new(Instant::now()));
+            s.scoring = s.scoring.saturating_sub(1);
+            s.ready.insert(
+                turn_no,
+                Ready::Judged {
+                    turn: Box::new(turn),
+                    has_next_state: next.is_some(),
+                    judged,
+                },
+            );
+            !std::mem::replace(&mut s.submitting, true)
+        };
+        if start_drain {
+            self.drain(&session_id).await;
+        }
+    }
+
+    /// Submits the session's ready samples in turn order; runs in at most one task per session.
+    async fn drain(&self, session_id: &str) {
+        loop {
+            let sample = {
+                let mut sessions = lock(&self.0.sessions);
+                let Some(s) = sessions.get_mut(session_id) else {
+                    return;
+                };
+                match s.ready.remove(&s.next_submit) {
+                    None => {
+                        s.submitting = false;
+                        if s.closing && s.is_drained() {
+                            sessions.remove(session_id);
+                        }
+                        return;
+                    }
+                    Some(Ready::Skip) => {
+                        s.next_submit += 1;
+                        continue;
+                    }
+                    Some(Ready::Judged {
+                        turn,
+                        has_next_state,
+                        judged,
+                    }) => {
+                        s.next_submit += 1;
+                        let decision = rl_decision(
+                            judged.as_ref().map(|j| j.score),
+                            has_next_state,
+                            self.0.config.prm_enabled,
+                            s.has_effective,
+                        );
+                        s.has_effective |= decision.effective;
+                        let c = &self.0.counters;
+                        if decision.effective {
+                            c.effective.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            c.excluded.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if let Some(e) = decision.excluded {
+                            metrics::counter!(m::SAMPLES_EXCLUDED_TOTAL, "reason" => e.as_str())
+                                .increment(1);
+                        }
+                        rl_sample(&turn, &decision, judged.as_ref())
+                    }
+                }
+            };
+            self.submit(sample).await;
+        }
+    }
+
+    async fn submit(&self, sample: ps_core::sample::Sample) {
+        let (session_id, turn) = (sample.session_id.clone(), sample.turn);
+        let effective = sample.loss_mask.iter().any(|b| *b != 0);
+        for attempt in 1..=SUBMIT_ATTEMPTS {
+            match self.0.sink.submit(sample.clone()).await {
+                Ok(seq) => {
+                    self.0.counters.submitted.fetch_add(1, Ordering::Relaxed);
+                    let outcome = if effective { "effective" } else { "excluded" };
+                    metrics::counter!(m::SAMPLES_SUBMITTED_TOTAL, "outcome" => outcome)
+                        .increment(1);
+                    tracing::debug!(%session_id, turn, seq, reward = sample.reward.score, "sample submitted");
+                    return;
+                }
+                Err(e) if attempt < SUBMIT_ATTEMPTS => {
+                    tracing::warn!(%session_id, turn, attempt, error = %e, "sample submission failed; retrying");
+                    tokio::time::sleep(SUBMIT_BACKOFF * 4u32.pow(attempt - 1)).await;
+                }
+                Err(e) => {
+                    self.0.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(m::SAMPLES_DROPPED_TOTAL, "reason" => "sink_failed")
+                        .increment(1);
+                    tracing::error!(%session_id, turn, error = %e, "sample LOST: the sink kept failing");
+                }
+            }
+        }
+    }
+}
+
+/// Closes a session: every turn still waiting for a next state will get none. The caller then
+/// collects the turns this made ready.
+fn close(s: &mut Session) {
+    s.closing = true;
+    for slot in s.slots.values_mut() {
+        if matches!(slot.next, Next::Pending) {
+            slot.next = Next::Missing;
+        }
+    }
+}
+
+fn judge_input(turn: &CapturedTurn, state: &Value) -> JudgeInput {
+    JudgeInput {
+        response_text: turn.response_text.clone(),
+        next_state_text: flatten_content(state.get("content").unwrap_or(&Value::Null)),
+        next_state_role: state
+            .get("role")
+            .and_then(Value::as_str)
+            .unwrap_or("user")
+            .to_owned(),
+    }
+}
+
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl TurnSink for SessionBuffer {
+    fn begin(&self, session_id: &str, last_message: &Value, done: bool) -> u64 {
+        let now = Instant::now();
+        let mut jobs = Vec::new();
+        let n = {
+            let mut sessions = lock(&self.0.sessions);
+            if !sessions.contains_key(session_id) {
+                self.make_room(&mut sessions, &mut jobs);
+            }
+            let s = sessions
+                .entry(session_id.to_owned())
+                .or_insert_with(|| Session::new(now));
+            s.closing = false;
+            s.last_activity = now;
+            let n = s.next_turn;
+            s.next_turn += 1;
+            if let Some(prev) = s.slots.get_mut(&(n - 1))
+                && matches!(prev.next, Next::Pending)
+            {
+                prev.next = Next::State(last_message.clone());
+            }
+            s.slots.insert(
+                n,
+                Slot {
+                    captured: None,
+                    next: if done { Next::Missing } else { Next::Pending },
+                },
+            );
+            if done {
+                metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
+                close(s);
+            }
+            self.collect_ready(session_id, s, &mut jobs);
+            n
+        };
+        self.dispatch(jobs);
+        n
+    }
+
+    fn end_session(&self, session_id: &str) {
+        let mut jobs = Vec::new();
+        {
+            let mut sessions = lock(&self.0.sessions);
+            if let Some(s) = sessions.get_mut(session_id) {
+                metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
+                close(s);
+                self.collect_ready(session_id, s, &mut jobs);
+            }
+        }
+        self.dispatch(jobs);
+    }
+
+    fn accept(&self, turn: CapturedTurn) {
+        let mut jobs = Vec::new();
+        {
+            let mut sessions = lock(&self.0.sessions);
+            let id = turn.session_id.clone();
+            let s = sessions
+                .entry(id.clone())
+                .or_insert_with(|| Session::new(Instant::now()));
+            match s.slots.get_mut(&turn.turn) {
+                Some(slot) => slot.captured = Some(turn),
+                None => {
+                    // Not begun here (a sink that does not number turns, or a session removed
+                    // meanwhile): it has no next state to wait for.
+                    s.slots.insert(
+                        turn.turn,
+                        Slot {
+                            captured: Some(turn),
+                            next: Next::Missing,
+                        },
+                    );
+                }
+            }
+            self.collect_ready(&id, s, &mut jobs);
+        }
+        self.dispatch(jobs);
+    }
+
+    fn abandon(&self, session_id: &str, turn: u64, reason: &str) {
+        self.0.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::TURNS_ABANDONED_TOTAL, "reason" => reason.to_owned()).increment(1);
+        tracing::info!(%session_id, turn, reason, "turn abandoned: it will not become a sample");
+        let start_drain = {
+            let mut sessions = lock(&self.0.sessions);
+            let Some(s) = sessions.get_mut(session_id) else {
+                return;
+            };
+            s.slots.remove(&turn);
+            s.ready.insert(turn, Ready::Skip);
+            !std::mem::replace(&mut s.submitting, true)
+        };
+        if start_drain {
+            let this = self.clone();
+            let id = session_id.to_owned();
+            self.0
+                .tracker
+                .spawn_on(async move { this.drain(&id).await }, &self.0.runtime);
+        }
+    }
+}
+
+impl SessionBuffer {
+    /// Keeps live sessions under the cap by closing the oldest idle one.
+    fn make_room(&self, sessions: &mut HashMap<String, Session>, jobs: &mut Vec<Job>) {
+        let live = sessions.values().filter(|s| !s.closing).count();
+        if live < self.0.config.max_sessions.max(1) {
+            return;
+        }
+        let oldest = sessions
+            .iter()
+            .filter(|(_, s)| !s.closing)
+            .min_by_key(|(_, s)| s.last_activity)
+            .map(|(id, _)| id.clone());
+        if let Some(id) = oldest
+            && let Some(s) = sessions.get_mut(&id)
+        {
+            self.0.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "evicted").increment(1);
+            tracing::warn!(session_id = %id, "server.max_sessions reached: closing the oldest idle session");
+            close(s);
+            self.collect_ready(&id, s, jobs);
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The RL sample rules of the reference, as pure functions.
+//!
+//! - reward = the PRM majority score;
+//! - a turn without a next state, or scored 0, is excluded (all-zero loss mask);
+//! - at-least-one guarantee: a *scored* turn of a session that has no effective sample yet is kept
+//!   even with score 0;
+//! - with the PRM disabled, turns are submitted at once with score 0 and excluded.
+//!
+//! "Kept" uses the turn's alignment mask: every token the model sampled is trained, and the chat
+//! template's scaffolding follows `capture.*` (see the README), instead of the reference's all-ones.
+
+use ps_core::CapturedTurn;
+use ps_core::sample::{Reward, Sample, SampleStatus};
+use ps_prm_client::PrmScore;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+/// Why a turn's sample carries an all-zero loss mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exclusion {
+    NoNextState,
+    ScoreZero,
+    PrmDisabled,
+}
+
+impl Exclusion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoNextState => "no_next_state",
+            Self::ScoreZero => "score_zero",
+            Self::PrmDisabled => "prm_disabled",
+        }
+    }
+}
+
+/// The RL decision for one turn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RlDecision {
+    pub reward: f64,
+    /// Trained on (non-zero mask).
+    pub effective: bool,
+    /// Kept only by the at-least-one guarantee.
+    pub at_least_one: bool,
+    pub excluded: Option<Exclusion>,
+}
+
+/// Decides reward and inclusion. `score` is the PRM majority when the turn was scored (it had a next
+/// state and the PRM is enabled), `None` otherwise.
+pub fn rl_decision(
+    score: Option<f64>,
+    has_next_state: bool,
+    prm_enabled: bool,
+    session_has_effective: bool,
+) -> RlDecision {
+    let excluded = |reason| RlDecision {
+        reward: 0.0,
+        effective: false,
+        at_least_one: false,
+        excluded: Some(reason),
+    };
+    if !prm_enabled {
+        return excluded(Exclusion::PrmDisabled);
+    }
+    let Some(score) = score.filter(|_| has_next_state) else {
+        return excluded(Exclusion::NoNextState);
+    };
+    if score != 0.0 {
+        return RlDecision {
+            reward: score,
+            effective: true,
+            at_least_one: false,
+            excluded: None,
+        };
+    }
+    if !session_has_effective {
+        return RlDecision {
+            reward: 0.0,
+            effective: true,
+            at_least_one: true,
+            excluded: None,
+        };
+    }
+    excluded(Exclusion::ScoreZero)
+}
+
+/// Builds the sample of one turn. `index`/`group_index` are set by the sink.
+pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&PrmScore>) -> Sample {
+    let a = &turn.alignment;
+    let n = turn.response_ids.len();
+    let mut tokens = Vec::with_capacity(turn.prompt_ids.len() + n);
+    tokens.extend_from_slice(&turn.prompt_ids);
+    tokens.extend_from_slice(&turn.response_ids);
+    let loss_mask = if decision.effective {
+        a.loss_mask.clone()
+    } else {
+        vec![0; n]
+    };
+    let missing: Vec<usize> = a
+        .logprobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.is_none().then_some(i))
+        .collect();
+    let mut metadata = Map::new();
+    metadata.insert("mode".into(), json!("rl"));
+    metadata.insert("score".into(), json!(decision.reward));
+    metadata.insert(
+        "votes".into(),
+        judged.map_or(Value::Null, |j| json!(j.votes)),
+    );
+    metadata.insert(
+        "excluded".into(),
+        decision.excluded.map_or(Value::Null, |e| json!(e.as_str())),
+    );
+    metadata.insert("at_least_one".into(), json!(decision.at_least_one));
+    metadata.insert("token_source".into(), json!("rendered"));
+    metadata.insert(
+        "logprobs_matched_by".into(),
+        json!(if a.matched_by_ids { "ids" } else { "text" }),
+    );
+    metadata.insert("logprob_missing_positions".into(), json!(missing));
+    metadata.insert("logprob_sources".into(), json!(a.sources));
+    metadata.insert(
+        "unmatched_sampled_tokens".into(),
+        json!(a.unmatched_upstream),
+    );
+    metadata.insert("prompt_is_prefix".into(), json!(turn.prompt_is_prefix));
+    metadata.insert("finish_reason".into(), json!(turn.finish_reason));
+    metadata.insert("streamed".into(), json!(turn.streamed));
+    Sample {
+        index: 0,
+        group_index: 0,
+        prompt: turn.prompt_text.clone(),
+        response: turn.response_text.clone(),
+        tokens,
+        response_length: n,
+        loss_mask,
+        rollout_log_probs: a.dense_logprobs(),
+        reward: Reward {
+            score: decision.reward,
+        },
+        status: match turn.finish_reason.as_deref() {
+            Some("length") => SampleStatus::Truncated,
+            Some("abort") => SampleStatus::Aborted,
+            _ => SampleStatus::Completed,
+        },
+        session_id: turn.session_id.clone(),
+        turn: turn.turn,
+        teacher_log_probs: None,
+        teacher_topk_log_probs: None,
+        teacher_topk_indices: None,
+        metadata,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scored_nonzero_is_effective_with_its_reward() {
+        for s in [1.0, -1.0] {
+            let d = rl_decision(Some(s), true, true, true);
+            assert_eq!(d.reward, s);
+            assert!(d.effective && !d.at_least_one && d.excluded.is_none());
+        }
+    }
+
+    #[test]
+    fn score_zero_is_excluded_once_the_session_has_an_effective_sample() {
+        let d = rl_decision(Some(0.0), true, true, true);
+        assert_eq!(d.excluded, Some(Exclusion::ScoreZero));
+        assert!(!d.effective);
+    }
+
+    #[test]
+    fn at_least_one_guarantee_keeps_the_first_scored_turn() {
+        let d = rl_decision(Some(0.0), true, true, false);
+        assert!(d.effective && d.at_least_one);
+        assert_eq!(d.reward, 0.0);
+    }
+
+    #[test]
+    fn no_next_state_is_excluded_even_without_an_effective_sample() {
+        let d = rl_decision(None, false, true, false);
+        assert_eq!(d.excluded, Some(Exclusion::NoNextState));
+        assert!(!d.effective && !d.at_least_one);
+    }
+
+    #[test]
+    fn prm_disabled_excludes_with_score_zero() {
+        let d = rl_decision(None, true, false, false);
+        assert_eq!(d.excluded, Some(Exclusion::PrmDisabled));
+        assert_eq!(d.reward, 0.0);
+        assert!(!d.effective);
+    }
+}

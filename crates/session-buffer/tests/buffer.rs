@@ -1,0 +1,408 @@
+//! The session state machine with small fakes for the scorer and the sink.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ps_core::sample::Sample;
+use ps_core::{
+    AlignPolicy, Alignment, CapturedTurn, FinishReason, SampleSink, SinkError, TurnSink,
+    align_logprobs,
+};
+use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
+use ps_session_buffer::{BufferConfig, SessionBuffer};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+/// Scores by the next state's text: `score:<n>` in it gives n; `hold` waits for `release`.
+#[derive(Default)]
+struct FakeScorer {
+    inputs: Mutex<Vec<JudgeInput>>,
+    release: Notify,
+}
+
+#[async_trait::async_trait]
+impl TurnScorer for FakeScorer {
+    async fn score(&self, input: &JudgeInput) -> PrmScore {
+        self.inputs.lock().unwrap().push(input.clone());
+        if input.next_state_text.contains("hold") {
+            self.release.notified().await;
+        }
+        let score = input
+            .next_state_text
+            .split("score:")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse::<i8>().ok());
+        PrmScore {
+            votes: vec![score; 3],
+            score: f64::from(score.unwrap_or(0)),
+            representative: Some("judge text".into()),
+            failures: vec![None; 3],
+        }
+    }
+}
+
+#[derive(Default)]
+struct CollectSink {
+    samples: Mutex<Vec<Sample>>,
+    seq: AtomicU64,
+    fail_first: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl SampleSink for CollectSink {
+    async fn submit(&self, mut sample: Sample) -> Result<u64, SinkError> {
+        if self.fail_first.load(Ordering::SeqCst) > 0 {
+            self.fail_first.fetch_sub(1, Ordering::SeqCst);
+            return Err(SinkError::Store("disk full".into()));
+        }
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        sample.index = seq;
+        sample.group_index = seq;
+        self.samples.lock().unwrap().push(sample);
+        Ok(seq)
+    }
+}
+
+impl CollectSink {
+    fn taken(&self) -> Vec<Sample> {
+        self.samples.lock().unwrap().clone()
+    }
+}
+
+struct Rig {
+    buffer: SessionBuffer,
+    scorer: Arc<FakeScorer>,
+    sink: Arc<CollectSink>,
+}
+
+fn rig_with(prm_enabled: bool, max_sessions: usize) -> Rig {
+    let scorer = Arc::new(FakeScorer::default());
+    let sink = Arc::new(CollectSink::default());
+    let buffer = SessionBuffer::new(
+        BufferConfig {
+            prm_enabled,
+            session_timeout: Duration::from_secs(60),
+            max_sessions,
+        },
+        Some(scorer.clone()),
+        sink.clone(),
+        None,
+    );
+    Rig {
+        buffer,
+        scorer,
+        sink,
+    }
+}
+
+fn rig() -> Rig {
+    rig_with(true, 100)
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+/// A captured turn with a 4-token response whose last position is template scaffolding.
+fn captured(session: &str, turn: u64) -> CapturedTurn {
+    let response_ids = vec![10, 11, 12, 13];
+    let alignment: Alignment = align_logprobs(
+        &response_ids,
+        |id| format!("t{id}"),
+        &[10, 11, 12]
+            .iter()
+            .map(|&id| ps_core::SampledToken {
+                token: format!("t{id}"),
+                id: Some(id),
+                logprob: -0.5,
+            })
+            .collect::<Vec<_>>(),
+        &FinishReason {
+            reason: Some("stop".into()),
+            matched_stop: Value::Null,
+        },
+        Some(12),
+        AlignPolicy::default(),
+    );
+    CapturedTurn {
+        session_id: session.into(),
+        turn,
+        arrival_seq: turn,
+        messages: vec![user("q")],
+        tools: None,
+        response_message: json!({"role": "assistant", "content": format!("answer {turn}")}),
+        prompt_text: "P".into(),
+        response_text: format!("R{turn}"),
+        prompt_is_prefix: true,
+        prompt_ids: vec![1, 2],
+        response_ids,
+        alignment,
+        finish_reason: Some("stop".into()),
+        streamed: false,
+    }
+}
+
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn the_next_main_request_gives_the_previous_turn_its_next_state() {
+    let r = rig();
+    let t1 = r.buffer.begin("s", &user("first"), false);
+    assert_eq!(t1, 1);
+    r.buffer.accept(captured("s", t1));
+    assert_eq!(r.buffer.status().pending.waiting_next_state, 1);
+    let t2 = r.buffer.begin("s", &user("thanks score:1"), false);
+    assert_eq!(t2, 2);
+    wait_for("one sample", || r.sink.taken().len() == 1).await;
+    let s = &r.sink.taken()[0];
+    assert_eq!((s.session_id.as_str(), s.turn), ("s", 1));
+    assert_eq!(s.reward.score, 1.0);
+    assert_eq!(
+        s.loss_mask,
+        vec![1, 1, 1, 0],
+        "the alignment mask, scaffolding excluded"
+    );
+    assert_eq!(s.tokens, vec![1, 2, 10, 11, 12, 13]);
+    assert_eq!(s.response_length, 4);
+    assert_eq!(s.metadata["votes"], json!([1, 1, 1]));
+    let input = &r.scorer.inputs.lock().unwrap()[0];
+    assert_eq!(input.response_text, "R1");
+    assert_eq!(input.next_state_text, "thanks score:1");
+    assert_eq!(input.next_state_role, "user");
+    assert_eq!(r.buffer.drain_eval_scores(), vec![1.0]);
+    assert!(r.buffer.drain_eval_scores().is_empty());
+}
+
+#[tokio::test]
+async fn a_tool_message_is_a_next_state_with_its_role_and_flattened_content() {
+    let r = rig();
+    r.buffer
+        .accept(captured("s", r.buffer.begin("s", &user("q"), false)));
+    let tool = json!({"role": "tool", "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "score:-1"}]});
+    r.buffer.begin("s", &tool, false);
+    wait_for("a sample", || r.sink.taken().len() == 1).await;
+    let input = &r.scorer.inputs.lock().unwrap()[0];
+    assert_eq!(input.next_state_role, "tool");
+    assert_eq!(input.next_state_text, "sunny score:-1");
+    assert_eq!(r.sink.taken()[0].reward.score, -1.0);
+}
+
+#[tokio::test]
+async fn session_done_flushes_the_last_turn_without_a_next_state() {
+    let r = rig();
+    r.buffer
+        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
+    let t2 = r.buffer.begin("s", &user("b score:1"), true);
+    r.buffer.accept(captured("s", t2));
+    wait_for("two samples", || r.sink.taken().len() == 2).await;
+    let samples = r.sink.taken();
+    assert_eq!(samples[1].turn, 2);
+    assert_eq!(samples[1].reward.score, 0.0);
+    assert_eq!(samples[1].loss_mask, vec![0, 0, 0, 0]);
+    assert_eq!(samples[1].metadata["excluded"], "no_next_state");
+    assert_eq!(
+        r.scorer.inputs.lock().unwrap().len(),
+        1,
+        "a turn without next state is not judged"
+    );
+    wait_for("session removed", || r.buffer.status().live_sessions == 0).await;
+}
+
+#[tokio::test]
+async fn end_session_from_a_side_request_flushes_too() {
+    let r = rig();
+    r.buffer
+        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
+    r.buffer.end_session("s");
+    wait_for("a sample", || r.sink.taken().len() == 1).await;
+    assert_eq!(r.sink.taken()[0].metadata["excluded"], "no_next_state");
+}
+
+#[tokio::test]
+async fn at_least_one_guarantee_then_zero_scores_are_excluded() {
+    let r = rig();
+    for (i, next) in ["a", "score:0", "score:0", "score:1 end"]
+        .iter()
+        .enumerate()
+    {
+        let t = r.buffer.begin("s", &user(next), i == 3);
+        r.buffer.accept(captured("s", t));
+    }
+    wait_for("four samples", || r.sink.taken().len() == 4).await;
+    let s = r.sink.taken();
+    // Turn 1 (score 0) is the session's first scored turn: kept by the guarantee.
+    assert_eq!(s[0].loss_mask, vec![1, 1, 1, 0]);
+    assert_eq!(s[0].metadata["at_least_one"], true);
+    // Turn 2 (score 0) is excluded now.
+    assert_eq!(s[1].loss_mask, vec![0, 0, 0, 0]);
+    assert_eq!(s[1].metadata["excluded"], "score_zero");
+    // Turn 3 (score 1) is effective; turn 4 had no next state.
+    assert_eq!(s[2].reward.score, 1.0);
+    assert_eq!(s[3].metadata["excluded"], "no_next_state");
+    let st = r.buffer.status();
+    assert_eq!((st.samples_effective, st.samples_excluded), (2, 2));
+}
+
+#[tokio::test]
+async fn samples_of_a_session_are_submitted_in_turn_order_even_when_scoring_finishes_out_of_order()
+{
+    let r = rig();
+    let t1 = r.buffer.begin("s", &user("a"), false);
+    let t2 = r.buffer.begin("s", &user("hold score:1"), false); // turn 1's judge is held
+    let _t3 = r.buffer.begin("s", &user("score:-1"), false);
+    r.buffer.accept(captured("s", t2));
+    r.buffer.accept(captured("s", t1));
+    wait_for("turn 2 judged", || {
+        r.buffer.status().pending.waiting_order == 1
+    })
+    .await;
+    assert!(r.sink.taken().is_empty(), "turn 2 waits for turn 1");
+    r.scorer.release.notify_waiters();
+    wait_for("two samples", || r.sink.taken().len() == 2).await;
+    let turns: Vec<u64> = r.sink.taken().iter().map(|s| s.turn).collect();
+    assert_eq!(turns, vec![1, 2]);
+    let idx: Vec<u64> = r.sink.taken().iter().map(|s| s.index).collect();
+    assert!(idx[0] < idx[1]);
+}
+
+#[tokio::test]
+async fn with_the_prm_off_turns_are_submitted_at_once_and_excluded() {
+    let r = rig_with(false, 100);
+    let t1 = r.buffer.begin("s", &user("a"), false);
+    r.buffer.accept(captured("s", t1));
+    wait_for("a sample", || r.sink.taken().len() == 1).await;
+    let s = &r.sink.taken()[0];
+    assert_eq!(s.metadata["excluded"], "prm_disabled");
+    assert_eq!(s.loss_mask, vec![0, 0, 0, 0]);
+    assert!(r.scorer.inputs.lock().unwrap().is_empty());
+    assert!(r.buffer.drain_eval_scores().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_sessions_time_out_and_their_turns_are_flushed() {
+    let r = rig();
+    r.buffer
+        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    r.buffer.sweep();
+    assert!(r.sink.taken().is_empty(), "not idle long enough");
+    tokio::time::advance(Duration::from_secs(31)).await;
+    r.buffer.sweep();
+    wait_for("flushed sample", || r.sink.taken().len() == 1).await;
+    assert_eq!(r.sink.taken()[0].metadata["excluded"], "no_next_state");
+    assert_eq!(r.buffer.status().sessions_timed_out, 1);
+    r.buffer.sweep();
+    assert_eq!(r.buffer.status().live_sessions, 0, "memory is released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweeper_task_closes_idle_sessions_by_itself() {
+    let r = rig();
+    r.buffer.spawn_sweeper(Duration::from_secs(5));
+    r.buffer
+        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
+    tokio::time::sleep(Duration::from_secs(70)).await;
+    wait_for("flushed sample", || r.sink.taken().len() == 1).await;
+}
+
+#[tokio::test]
+async fn the_session_cap_evicts_the_oldest_idle_session() {
+    let r = rig_with(true, 2);
+    r.buffer
+        .accept(captured("a", r.buffer.begin("a", &user("x"), false)));
+    r.buffer
+        .accept(captured("b", r.buffer.begin("b", &user("x"), false)));
+    r.buffer.begin("c", &user("x"), false);
+    wait_for("a's turn flushed", || r.sink.taken().len() == 1).await;
+    assert_eq!(r.sink.taken()[0].session_id, "a");
+    let st = r.buffer.status();
+    assert_eq!(st.sessions_evicted, 1);
+    assert_eq!(st.live_sessions, 2);
+}
+
+#[tokio::test]
+async fn abandoned_turns_do_not_block_later_ones() {
+    let r = rig();
+    let t1 = r.buffer.begin("s", &user("a"), false);
+    let t2 = r.buffer.begin("s", &user("b score:1"), false);
+    r.buffer.abandon("s", t2, "upstream_failed");
+    let t3 = r.buffer.begin("s", &user("c score:-1"), false);
+    r.buffer.accept(captured("s", t3));
+    r.buffer.accept(captured("s", t1));
+    r.buffer.begin("s", &user("d score:1"), true);
+    wait_for("turns 1 and 3", || r.sink.taken().len() == 2).await;
+    let turns: Vec<u64> = r.sink.taken().iter().map(|s| s.turn).collect();
+    assert_eq!(turns, vec![1, 3]);
+    assert_eq!(
+        r.sink.taken()[0].reward.score,
+        1.0,
+        "turn 1's next state came with turn 2's request"
+    );
+    assert_eq!(r.buffer.status().turns_abandoned, 1);
+}
+
+#[tokio::test]
+async fn concurrent_requests_of_one_session_get_distinct_turns() {
+    let r = rig();
+    let mut handles = Vec::new();
+    for i in 0..50 {
+        let b = r.buffer.clone();
+        handles.push(tokio::spawn(async move {
+            b.begin("s", &user(&format!("m{i}")), false)
+        }));
+    }
+    let mut turns = Vec::new();
+    for h in handles {
+        turns.push(h.await.unwrap());
+    }
+    turns.sort_unstable();
+    assert_eq!(turns, (1..=50).collect::<Vec<_>>());
+    for t in 1..=50 {
+        r.buffer.accept(captured("s", t));
+    }
+    r.buffer.end_session("s");
+    wait_for("fifty samples in order", || r.sink.taken().len() == 50).await;
+    let got: Vec<u64> = r.sink.taken().iter().map(|s| s.turn).collect();
+    assert_eq!(got, (1..=50).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_sink_is_retried_and_nothing_is_lost() {
+    let r = rig();
+    r.sink.fail_first.store(2, Ordering::SeqCst);
+    r.buffer
+        .accept(captured("s", r.buffer.begin("s", &user("a"), true)));
+    wait_for("the sample after retries", || r.sink.taken().len() == 1).await;
+    assert_eq!(r.buffer.status().samples_dropped, 0);
+}
+
+#[tokio::test]
+async fn shutdown_flushes_every_waiting_turn() {
+    let r = rig();
+    let mut per_session = HashMap::new();
+    for s in ["a", "b", "c"] {
+        let t = r.buffer.begin(s, &user("x"), false);
+        r.buffer.accept(captured(s, t));
+        per_session.insert(s, t);
+    }
+    assert!(r.buffer.shutdown(Duration::from_secs(10)).await);
+    assert_eq!(r.sink.taken().len(), 3);
+    assert!(
+        r.sink
+            .taken()
+            .iter()
+            .all(|s| s.metadata["excluded"] == "no_next_state")
+    );
+}
