@@ -3,7 +3,6 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use ps_chat_template::ChatTokenizer;
@@ -36,6 +35,24 @@ enum Command {
     Config {
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Work with a sample store.
+    Samples {
+        #[command(subcommand)]
+        command: SamplesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SamplesCommand {
+    /// Write every kept sample as JSON lines `{"seq", "sample"}` (for replay and inspection).
+    Export {
+        /// The store directory (`store.path`); the server must not be running on it.
+        #[arg(long)]
+        store: PathBuf,
+        /// Output file; default standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -106,11 +123,9 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
                 .install_recorder()
                 .map_err(|e| tracing::warn!("metrics disabled: {e}"))
                 .ok();
-            let sink = Arc::new(ps_server::LoggingSink);
             runtime()?
                 .block_on(ps_server::wiring::run(
                     &settings,
-                    sink,
                     metrics,
                     ps_server::wiring::shutdown_signal(),
                 ))
@@ -154,6 +169,31 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
                 ExitCode::FAILURE
             })?;
             eprintln!("policy-serving tokenize: {stats:?}");
+            Ok(())
+        }
+        Command::Samples {
+            command: SamplesCommand::Export { store, out },
+        } => {
+            let fail = |e: &dyn std::fmt::Display| {
+                eprintln!("policy-serving samples export: {e}");
+                ExitCode::FAILURE
+            };
+            // The store's writer runs on the runtime's blocking pool.
+            let rt = runtime()?;
+            let _guard = rt.enter();
+            let store =
+                ps_sample_store::SampleStore::open(ps_sample_store::StoreConfig::new(store))
+                    .map_err(|e| fail(&e))?;
+            let written = match out {
+                Some(path) => {
+                    let file = std::fs::File::create(&path)
+                        .map_err(|e| fail(&format!("cannot create {}: {e}", path.display())))?;
+                    store.export_jsonl(std::io::BufWriter::new(file))
+                }
+                None => store.export_jsonl(std::io::stdout().lock()),
+            }
+            .map_err(|e| fail(&e))?;
+            eprintln!("policy-serving samples export: {written} samples");
             Ok(())
         }
         Command::Config { config } => {

@@ -85,7 +85,8 @@ pub struct ServerSettings {
     /// A session with no request for this many seconds is closed and its pending turns are
     /// finished without a next state. Default 600.
     pub session_timeout_sec: u64,
-    /// Cap on sessions held at once; beyond it new sessions are refused. Default 10000.
+    /// Cap on live sessions; a new session beyond it closes the oldest idle one (its waiting turns
+    /// get no next state; counted and logged). Default 10000.
     pub max_sessions: usize,
     /// `rl`, `opd` or `combine`. Default `rl`.
     pub mode: Mode,

@@ -162,7 +162,8 @@ fn demo_toml_loads() {
     let s = load_clean(repo_file("config/demo.toml"));
     assert_eq!(s.server.host, "127.0.0.1");
     assert_eq!(s.server.port, 0);
-    assert!(!s.prm.enabled);
+    assert!(s.prm.enabled, "the demo judges turns with its fake SGLang");
+    assert_eq!(s.prm.num_votes, 3);
     assert_eq!(s.server.default_turn_type, TurnType::Main);
     assert_eq!(s.server.model_dir, None);
     assert_eq!(s.prm_model_dir(), None);

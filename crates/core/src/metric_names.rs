@@ -36,3 +36,6 @@ pub const SESSIONS_CLOSED_TOTAL: &str = "policy_serving_sessions_closed_total";
 pub const PRM_VOTES_TOTAL: &str = "policy_serving_prm_votes_total";
 /// Time to score one turn (all votes).
 pub const PRM_SECONDS: &str = "policy_serving_prm_seconds";
+/// Records dropped or not written, labelled `kind` (`conversations`|`prm`|`opd`) and `reason`
+/// (`queue_full`|`write_error`|`writer_stopped`).
+pub const RECORDS_FAILED_TOTAL: &str = "policy_serving_records_failed_total";

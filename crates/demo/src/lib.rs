@@ -1,22 +1,24 @@
-//! The `policy-serving demo`: starts the fake SGLang and the real proxy on loopback, drives a short
-//! scripted conversation through the proxy (main turns, one streamed, a side turn, a tool call) and
-//! prints the replies and what was captured for each main turn, token by token.
+//! The `policy-serving demo`: starts the fake SGLang (policy and judge) and the real proxy on
+//! loopback, drives a short scripted conversation through the proxy (main turns, one streamed, a side
+//! turn, a tool call, the session closed by the client), then pulls the resulting samples through
+//! the rollout API like a trainer, prints them (session, turn, score, votes, effective tokens, and
+//! each response token with its log-prob, source and loss-mask bit) and commits them.
 //!
 //! Everything it needs is embedded (`config/demo.toml`, the mini model), so it runs on a fresh
 //! checkout. It is a client of the public crates only; nothing in the product depends on it.
 
 use std::fmt::Write as _;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use ps_chat_template::ChatTokenizer;
 use ps_config::Settings;
-use ps_core::{CapturedTurn, PositionSource, TurnSink};
+use ps_core::sample::Sample;
 use ps_fake_sglang::FakeSglang;
+use ps_sample_store::StoredSample;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 /// The embedded demo settings.
 pub const DEMO_SETTINGS: &str = include_str!("../../../config/demo.toml");
@@ -36,24 +38,16 @@ pub enum DemoError {
     Http(#[from] reqwest::Error),
     #[error("the proxy answered HTTP {status}: {body}")]
     Status { status: u16, body: String },
-    #[error("only {got} of {MAIN_TURNS} main turns were captured within 10 s")]
-    MissingTurns { got: usize },
+    #[error("only {got} of {MAIN_TURNS} samples arrived within 20 s")]
+    MissingSamples { got: u64 },
 }
 
 /// What the demo did, for tests.
 #[derive(Debug)]
 pub struct DemoReport {
     pub replies: Vec<String>,
-    pub turns: Vec<CapturedTurn>,
-}
-
-struct ChannelSink(Mutex<mpsc::UnboundedSender<CapturedTurn>>);
-
-impl TurnSink for ChannelSink {
-    fn accept(&self, turn: CapturedTurn) {
-        let tx = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = tx.send(turn);
-    }
+    /// The samples the trainer side pulled.
+    pub samples: Vec<StoredSample>,
 }
 
 /// Runs the demo, writing what happens to `out`.
@@ -71,11 +65,12 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
         .spawn()
         .await?;
     settings.sglang.chat_url = fake.chat_url();
+    settings.prm.router_url = fake.generate_url();
+    let store_dir = tempfile::tempdir()?;
+    settings.store.path = store_dir.path().to_path_buf();
 
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let sink = Arc::new(ChannelSink(Mutex::new(tx)));
     let no_env = |_: &str| None;
-    let app = ps_server::wiring::build_app(&settings, &no_env, sink, None)?;
+    let app = ps_server::wiring::build_app(&settings, &no_env, None)?;
     let listener = ps_server::wiring::bind(&settings).await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -143,24 +138,67 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
     show(out, 3, "main", &history, &reply)?;
     replies.push(reply.to_string());
 
-    let mut turns = Vec::new();
-    while turns.len() < MAIN_TURNS {
-        match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
-            Ok(Some(t)) => turns.push(t),
-            _ => return Err(DemoError::MissingTurns { got: turns.len() }),
+    // The trainer side: wait for the samples, pull them, print them, commit them.
+    let status_url = format!("{base}/v1/rollout/status");
+    let mut submitted = 0;
+    for _ in 0..400 {
+        let st: Value = http.get(&status_url).send().await?.json().await?;
+        submitted = st["samples"]["submitted"].as_u64().unwrap_or(0);
+        if submitted >= MAIN_TURNS as u64 {
+            break;
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    turns.sort_by_key(|t| t.arrival_seq);
-    writeln!(out, "=== captured main turns ===")?;
-    for (i, t) in turns.iter().enumerate() {
-        out.write_all(describe(i + 1, t, &tokenizer).as_bytes())?;
+    if submitted < MAIN_TURNS as u64 {
+        return Err(DemoError::MissingSamples { got: submitted });
+    }
+    let pulled: Value = http
+        .get(format!(
+            "{base}/v1/rollout/samples?after=0&max=100&wait_ms=1000"
+        ))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let samples: Vec<StoredSample> = serde_json::from_value(pulled["samples"].clone())
+        .map_err(|e| DemoError::Settings(format!("the pulled samples do not parse: {e}")))?;
+    writeln!(out, "=== samples pulled from GET /v1/rollout/samples ===")?;
+    writeln!(
+        out,
+        "  {:>3}  {:<16} {:>4}  {:>5}  {:<14} {:>9}  excluded",
+        "seq", "session", "turn", "score", "votes", "effective"
+    )?;
+    for s in &samples {
+        let m = &s.sample.metadata;
+        writeln!(
+            out,
+            "  {:>3}  {:<16} {:>4}  {:>5}  {:<14} {:>4}/{:<4}  {}",
+            s.seq,
+            s.sample.session_id,
+            s.sample.turn,
+            s.sample.reward.score,
+            m.get("votes").map_or_else(String::new, Value::to_string),
+            s.sample.loss_mask.iter().filter(|b| **b == 1).count(),
+            s.sample.response_length,
+            m.get("excluded").and_then(Value::as_str).unwrap_or("-"),
+        )?;
+    }
+    for s in &samples {
+        out.write_all(describe(&s.sample, &tokenizer).as_bytes())?;
+    }
+    if let Some(last) = samples.last() {
+        http.post(format!("{base}/v1/rollout/commit"))
+            .json(&json!({"through": last.seq}))
+            .send()
+            .await?;
+        writeln!(out, "\ncommitted through seq {}", last.seq)?;
     }
     let _ = stop_tx.send(());
     if let Ok(r) = server.await {
         r?;
     }
     fake.shutdown().await;
-    Ok(DemoReport { replies, turns })
+    Ok(DemoReport { replies, samples })
 }
 
 async fn post_json(
@@ -266,45 +304,55 @@ fn show(
     writeln!(out)
 }
 
-/// A readable account of one captured turn: sizes, then each response token with its log-prob or
-/// the reason it has none, and whether it is trained.
-pub fn describe(n: usize, t: &CapturedTurn, tok: &ChatTokenizer) -> String {
-    let a = &t.alignment;
-    let trained = a.loss_mask.iter().filter(|b| **b == 1).count();
-    let mut s = String::new();
+/// A readable account of one sample: each response token with its log-prob (or why it has none),
+/// where the value came from, and whether it is trained.
+pub fn describe(s: &Sample, tok: &ChatTokenizer) -> String {
+    let mut out = String::new();
+    let missing: Vec<u64> = s
+        .metadata
+        .get("logprob_missing_positions")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    let sources: Vec<String> = s
+        .metadata
+        .get("logprob_sources")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|v| v.as_str().unwrap_or("?").to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
     let _ = writeln!(
-        s,
-        "\nturn {n} (session {}, {}): {} prompt tokens, {} response tokens, {} with a log-prob, {} marked, {} trained",
-        t.session_id,
-        if t.streamed {
-            "streamed"
-        } else {
-            "not streamed"
-        },
-        t.prompt_ids.len(),
-        t.response_ids.len(),
-        a.logprobs.iter().filter(|l| l.is_some()).count(),
-        a.marked(),
-        trained,
+        out,
+        "\nsession {} turn {}: {} prompt tokens, {} response tokens ({} without a log-prob), reward {}",
+        s.session_id,
+        s.turn,
+        s.tokens.len() - s.response_length,
+        s.response_length,
+        missing.len(),
+        s.reward.score,
     );
     let _ = writeln!(
-        s,
+        out,
         "  {:>4}  {:>6}  {:<18} {:>9}  {:<15} mask",
         "pos", "id", "token", "logprob", "source"
     );
-    for (i, id) in t.response_ids.iter().enumerate() {
-        let lp = a.logprobs[i].map_or_else(|| "-".to_owned(), |l| format!("{l:.4}"));
-        let src = match a.sources[i] {
-            PositionSource::Sampled => "sampled",
-            PositionSource::EosUnreported => "eos, unreported",
-            PositionSource::Unsampled => "template/unrep.",
+    let prompt_len = s.tokens.len() - s.response_length;
+    for (i, id) in s.tokens[prompt_len..].iter().enumerate() {
+        let lp = if missing.contains(&(i as u64)) {
+            "-".to_owned()
+        } else {
+            format!("{:.4}", s.rollout_log_probs[i])
         };
         let text = format!("{:?}", tok.token_text(*id));
+        let src = sources.get(i).map_or("?", String::as_str);
         let _ = writeln!(
-            s,
+            out,
             "  {i:>4}  {id:>6}  {text:<18} {lp:>9}  {src:<15} {}",
-            a.loss_mask[i]
+            s.loss_mask[i]
         );
     }
-    s
+    out
 }

@@ -219,22 +219,3 @@ fn worker(
         }
     }
 }
-
-/// A sink that logs a one-line summary of each captured turn (what `serve` wires until the session
-/// buffer takes the turns).
-#[derive(Debug, Default)]
-pub struct LoggingSink;
-
-impl TurnSink for LoggingSink {
-    fn accept(&self, turn: CapturedTurn) {
-        tracing::info!(
-            session_id = %turn.session_id,
-            turn = turn.turn,
-            prompt_tokens = turn.prompt_ids.len(),
-            response_tokens = turn.response_ids.len(),
-            marked = turn.alignment.marked(),
-            trained = turn.alignment.loss_mask.iter().filter(|b| **b == 1).count(),
-            "main turn captured"
-        );
-    }
-}

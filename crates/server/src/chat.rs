@@ -105,6 +105,22 @@ async fn handle(
     let opts = app.options();
     let bytes = read_body(body, opts.max_body_bytes).await?;
     let req = request::parse(&bytes, headers)?;
+    // While the trainer has paused submission: refuse, hold, or serve without collecting.
+    let mut collect = true;
+    if !app.submission_enabled() {
+        let paused = ApiError::Paused {
+            retry_after_secs: crate::state::PAUSED_RETRY_AFTER_SECS,
+        };
+        match opts.pause_mode {
+            ps_config::PauseMode::Reject => return Err(paused),
+            ps_config::PauseMode::Hold => {
+                if !app.wait_submission(opts.pause_hold_max).await {
+                    return Err(paused);
+                }
+            }
+            ps_config::PauseMode::Serve => collect = false,
+        }
+    }
 
     let session_id = req
         .session
@@ -141,7 +157,7 @@ async fn handle(
     }
 
     let sink = app.capture().sink().clone();
-    let turn = if turn_type == TurnType::Main {
+    let turn = if turn_type == TurnType::Main && collect {
         let last = req
             .body
             .get("messages")
@@ -155,7 +171,7 @@ async fn handle(
         guard.set_reason("upstream_failed");
         Some(guard)
     } else {
-        if req.session.done {
+        if req.session.done && collect {
             sink.end_session(&session_id);
         }
         None

@@ -19,6 +19,12 @@ pub enum ApiError {
     Unauthorized,
     #[error(transparent)]
     Upstream(#[from] SglangError),
+    #[error("submission paused for weight update; retry in {retry_after_secs} s")]
+    Paused { retry_after_secs: u64 },
+    #[error("the rollout API is not enabled in this server (no sample store)")]
+    RolloutDisabled,
+    #[error(transparent)]
+    Store(ps_sample_store::StoreError),
 }
 
 impl ApiError {
@@ -36,6 +42,10 @@ impl ApiError {
             Self::InvalidRequest { code, .. } => code,
             Self::PayloadTooLarge { .. } => "body_too_large",
             Self::Unauthorized => "invalid_api_key",
+            Self::Paused { .. } => "submission_paused",
+            Self::RolloutDisabled => "rollout_disabled",
+            Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => "commit_ahead",
+            Self::Store(_) => "store_error",
             Self::Upstream(e) => match e {
                 SglangError::Connect { .. } => "upstream_unreachable",
                 SglangError::Transport { .. } => "upstream_connection_lost",
@@ -50,7 +60,7 @@ impl ApiError {
 
     /// Whether the client (4xx) or the upstream (5xx) is at fault, for metrics.
     pub fn is_client_error(&self) -> bool {
-        !matches!(self, Self::Upstream(_))
+        !matches!(self, Self::Upstream(_) | Self::Store(_))
     }
 }
 
@@ -69,6 +79,12 @@ impl IntoResponse for ApiError {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error")
             }
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            Self::Paused { .. } => (StatusCode::SERVICE_UNAVAILABLE, "submission_paused"),
+            Self::RolloutDisabled => (StatusCode::SERVICE_UNAVAILABLE, "rollout_disabled"),
+            Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => {
+                (StatusCode::CONFLICT, "invalid_request_error")
+            }
+            Self::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
             Self::Upstream(SglangError::Status {
                 status,
                 content_type,
@@ -92,9 +108,16 @@ impl IntoResponse for ApiError {
         };
         let body = error_body(&self.to_string(), kind, self.code());
         let mut resp = (status, axum::Json(body)).into_response();
-        if matches!(self, Self::Unauthorized) {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        match &self {
+            Self::Unauthorized => {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Self::Paused { retry_after_secs } => {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+            }
+            _ => {}
         }
         resp
     }

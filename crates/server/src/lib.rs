@@ -14,10 +14,11 @@ mod health;
 pub mod metrics;
 mod proxy_stream;
 mod request;
+pub mod rollout;
 mod state;
 pub mod wiring;
 
-pub use capture::{CaptureQueue, LoggingSink};
+pub use capture::CaptureQueue;
 pub use error::ApiError;
 pub use state::{AppState, ServerOptions, build_router};
 pub use wiring::StartupError;
@@ -35,9 +36,30 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await?;
-    let drained = tokio::task::spawn_blocking(move || app.capture().shutdown())
+    let capture = app.clone();
+    let drained = tokio::task::spawn_blocking(move || capture.capture().shutdown())
         .await
         .unwrap_or(0);
     tracing::info!(drained, "capture queue drained");
+    if let Some(r) = app.rollout() {
+        let grace = app.options().shutdown_grace;
+        if !r.buffer.shutdown(grace).await {
+            tracing::warn!(
+                ?grace,
+                "scoring and submission did not finish within server.shutdown_grace_sec"
+            );
+        }
+        let st = r.store.stats();
+        // Stops the store's writer now, so the database is closed when the last handle goes
+        // (a restarted server can open it at once).
+        if let Err(e) = r.store.clone().close().await {
+            tracing::error!(error = %e, "closing the sample store failed");
+        }
+        tracing::info!(
+            last_seq = st.last_seq,
+            committed = st.committed,
+            "sample store flushed and closed"
+        );
+    }
     Ok(())
 }

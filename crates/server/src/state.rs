@@ -1,8 +1,9 @@
 //! The application state shared by every handler, and the router.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -10,6 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
+use ps_config::PauseMode;
 use ps_core::{AlignPolicy, TurnType};
 use ps_sglang_client::PolicyClient;
 use subtle::ConstantTimeEq;
@@ -41,7 +43,18 @@ pub struct ServerOptions {
     /// Ask for sampled token ids on non-streamed calls (`sglang.return_token_ids`).
     pub return_token_ids: bool,
     pub align_policy: AlignPolicy,
+    /// What chat requests get while submission is paused (`server.pause_mode`).
+    pub pause_mode: PauseMode,
+    /// Longest wait of a held request (`server.pause_hold_max_sec`).
+    pub pause_hold_max: Duration,
+    /// Bearer key of the `/v1/rollout/*` routes, when set (`server.admin_key_env`).
+    pub admin_api_key: Option<String>,
+    /// How long shutdown waits for scoring and submission (`server.shutdown_grace_sec`).
+    pub shutdown_grace: Duration,
 }
+
+/// `Retry-After` of a request refused while paused.
+pub const PAUSED_RETRY_AFTER_SECS: u64 = 5;
 
 impl Default for ServerOptions {
     fn default() -> Self {
@@ -54,6 +67,10 @@ impl Default for ServerOptions {
             upstream_stream: true,
             return_token_ids: false,
             align_policy: AlignPolicy::default(),
+            pause_mode: PauseMode::Reject,
+            pause_hold_max: Duration::from_secs(30),
+            admin_api_key: None,
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -64,7 +81,9 @@ pub(crate) struct Inner {
     pub capture: CaptureQueue,
     pub metrics: Option<PrometheusHandle>,
     pub arrival: AtomicU64,
-    pub submission_enabled: AtomicBool,
+    /// `true` while submission is enabled; watched by held requests.
+    pub submission: tokio::sync::watch::Sender<bool>,
+    pub rollout: Option<crate::rollout::Rollout>,
     warned: Mutex<HashSet<String>>,
 }
 
@@ -87,8 +106,20 @@ impl AppState {
         capture: CaptureQueue,
         metrics: Option<PrometheusHandle>,
     ) -> Self {
+        Self::with_rollout(options, policy, capture, metrics, None)
+    }
+
+    /// As [`AppState::new`], with the rollout API (store and session buffer) enabled.
+    pub fn with_rollout(
+        options: ServerOptions,
+        policy: Arc<dyn PolicyClient>,
+        capture: CaptureQueue,
+        metrics: Option<PrometheusHandle>,
+        rollout: Option<crate::rollout::Rollout>,
+    ) -> Self {
         Self(Arc::new(Inner {
-            submission_enabled: AtomicBool::new(options.submission_enabled),
+            submission: tokio::sync::watch::Sender::new(options.submission_enabled),
+            rollout,
             options,
             policy,
             capture,
@@ -110,8 +141,25 @@ impl AppState {
         self.0.arrival.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn submission_enabled(&self) -> bool {
-        self.0.submission_enabled.load(Ordering::Relaxed)
+    pub fn submission_enabled(&self) -> bool {
+        *self.0.submission.borrow()
+    }
+
+    pub(crate) fn set_submission(&self, enabled: bool) {
+        self.0.submission.send_replace(enabled);
+    }
+
+    /// The rollout parts (store, session buffer), when enabled.
+    pub fn rollout(&self) -> Option<&crate::rollout::Rollout> {
+        self.0.rollout.as_ref()
+    }
+
+    /// Waits until submission is enabled again, at most `max`. Returns whether it is.
+    pub(crate) async fn wait_submission(&self, max: Duration) -> bool {
+        let mut rx = self.0.submission.subscribe();
+        tokio::time::timeout(max, rx.wait_for(|enabled| *enabled))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Whether this is the first time `key` is seen (for once-per-session warnings). The set is bounded.
@@ -128,22 +176,36 @@ impl AppState {
     }
 }
 
-/// Requires `Authorization: Bearer <key>` when a client key is configured (constant-time comparison).
-async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &app.0.options.client_api_key {
-        let given = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .unwrap_or_default();
-        if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
-            tracing::warn!(path = %req.uri().path(), "rejected a request without a valid API key");
-            return ApiError::Unauthorized.into_response();
-        }
+/// Whether the request carries `Authorization: Bearer <key>` (constant-time comparison).
+fn bearer_matches(req: &Request, key: &str) -> bool {
+    let given = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or_default();
+    bool::from(given.as_bytes().ct_eq(key.as_bytes()))
+}
+
+async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
+    if let Some(key) = key
+        && !bearer_matches(&req, key)
+    {
+        tracing::warn!(path = %req.uri().path(), "rejected a request without a valid API key");
+        return ApiError::Unauthorized.into_response();
     }
     next.run(req).await
+}
+
+/// The client key (`server.api_key_env`) guards the chat routes.
+async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    check_key(app.0.options.client_api_key.as_deref(), req, next).await
+}
+
+/// The admin key (`server.admin_key_env`) guards the rollout routes: a chat client's key is not enough.
+async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    check_key(app.0.options.admin_api_key.as_deref(), req, next).await
 }
 
 /// The router: `/v1/*` behind the client key, health and metrics open.
@@ -152,8 +214,23 @@ pub fn build_router(app: AppState) -> Router {
         .route("/v1/chat/completions", post(crate::chat::chat_completions))
         .route("/v1/models", get(crate::health::models))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
+    let rollout = Router::new()
+        .route("/v1/rollout/samples", get(crate::rollout::samples))
+        .route("/v1/rollout/commit", post(crate::rollout::commit))
+        .route("/v1/rollout/pause", post(crate::rollout::pause))
+        .route("/v1/rollout/resume", post(crate::rollout::resume))
+        .route("/v1/rollout/status", get(crate::rollout::status))
+        .route(
+            "/v1/rollout/eval-scores/drain",
+            post(crate::rollout::drain_eval_scores),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            app.clone(),
+            require_admin_key,
+        ));
     Router::new()
         .merge(v1)
+        .merge(rollout)
         .route("/health", get(crate::health::health))
         .route("/healthz", get(crate::health::health))
         .route("/metrics", get(crate::health::metrics))

@@ -7,11 +7,17 @@ use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use ps_chat_template::{ChatTemplateError, ChatTokenizer};
-use ps_config::{ConfigError, EnvLookup, Settings};
+use ps_config::{ConfigError, EnvLookup, PrmBackend, Settings};
 use ps_core::TurnSink;
+use ps_prm_client::{JudgeError, PrmScorer, SglangJudge, SglangJudgeConfig, TurnScorer};
+use ps_records::{RecordError, RecordOptions, RecordWriter};
+use ps_sample_store::{SampleStore, StoreConfig, StoreError};
+use ps_session_buffer::{BufferConfig, RecordSink, SessionBuffer};
 use ps_sglang_client::{SglangClient, SglangClientConfig, SglangError};
+use serde_json::Value;
 
 use crate::capture::CaptureQueue;
+use crate::rollout::{PauseHook, Rollout};
 use crate::state::{AppState, ServerOptions};
 
 /// Capacity of the capture queue (turns waiting for a worker).
@@ -44,6 +50,87 @@ pub enum StartupError {
     },
     #[error("cannot start the capture workers: {0}")]
     Workers(#[source] std::io::Error),
+    #[error("cannot open the sample store (check `store.path`): {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot set up the PRM judge: {0}")]
+    Judge(#[from] JudgeError),
+    #[error("cannot start the records writer: {0}")]
+    Records(#[from] RecordError),
+    #[error("`{key}` = {value:?} is not available yet: {what}")]
+    NotYet {
+        key: &'static str,
+        value: String,
+        what: &'static str,
+    },
+}
+
+/// Pause and resume interval of the idle-session sweeper: a quarter of the timeout, within bounds.
+fn sweep_every(timeout: std::time::Duration) -> std::time::Duration {
+    (timeout / 4).clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(5),
+    )
+}
+
+/// The JSONL records: conversations and PRM decisions, each when its directory is configured.
+#[derive(Debug, Default)]
+pub struct Records {
+    conversations: Option<RecordWriter>,
+    prm: Option<RecordWriter>,
+}
+
+impl Records {
+    pub fn start(settings: &Settings) -> Result<Self, StartupError> {
+        let l = &settings.logging;
+        let writer = |dir: Option<std::path::PathBuf>, prefix: &str, key: &'static str| {
+            dir.map(|d| {
+                RecordWriter::start(
+                    d,
+                    prefix,
+                    RecordOptions {
+                        config_key: key,
+                        ..RecordOptions::default()
+                    },
+                )
+            })
+            .transpose()
+        };
+        Ok(Self {
+            conversations: writer(
+                l.conversation_records(),
+                "conversations",
+                "logging.record_dir",
+            )?,
+            prm: writer(l.prm_records(), "prm", "logging.prm_record_dir")?,
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.conversations.is_none() && self.prm.is_none()
+    }
+}
+
+impl RecordSink for Records {
+    fn conversation(&self, record: Value) {
+        if let Some(w) = &self.conversations {
+            w.record(record);
+        }
+    }
+
+    fn prm(&self, record: Value) {
+        if let Some(w) = &self.prm {
+            w.record(record);
+        }
+    }
+}
+
+impl PauseHook for Records {
+    /// The reference truncates its record files on pause; records here are only rotated.
+    fn on_pause(&self) {
+        for w in [&self.conversations, &self.prm].into_iter().flatten() {
+            w.rotate();
+        }
+    }
 }
 
 /// The policy tokenizer: `server.model_dir`, or the small embedded model (with a warning: its tokens
@@ -76,6 +163,10 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
         upstream_stream: settings.sglang.stream,
         return_token_ids: settings.sglang.return_token_ids,
         align_policy: settings.capture.align_policy(),
+        pause_mode: s.pause_mode,
+        pause_hold_max: std::time::Duration::from_secs(s.pause_hold_max_sec),
+        admin_api_key: settings.admin_api_key(env)?.map(|k| k.expose().to_owned()),
+        shutdown_grace: s.shutdown_grace(),
     })
 }
 
@@ -92,21 +183,78 @@ pub fn policy_client(
     })?)
 }
 
+/// The PRM scorer, when `prm.enabled`: SGLang `/generate` at `prm.router_url`, rendered with the
+/// judge's tokenizer (`prm.model_dir`, else the policy's).
+pub fn scorer(
+    settings: &Settings,
+    policy_tokenizer: &Arc<ChatTokenizer>,
+) -> Result<Option<Arc<dyn TurnScorer>>, StartupError> {
+    let p = &settings.prm;
+    if !p.enabled {
+        return Ok(None);
+    }
+    if p.backend == PrmBackend::Provider {
+        return Err(StartupError::NotYet {
+            key: "prm.backend",
+            value: "provider".into(),
+            what: "the provider-backed judge arrives with the operations issue; use \"sglang\"",
+        });
+    }
+    let tokenizer =
+        match &p.model_dir {
+            Some(dir) => Arc::new(ChatTokenizer::from_dir(dir).map_err(|source| {
+                StartupError::Tokenizer {
+                    dir: dir.clone(),
+                    source,
+                }
+            })?),
+            None => policy_tokenizer.clone(),
+        };
+    let judge = SglangJudge::new(
+        SglangJudgeConfig {
+            router_url: p.router_url.clone(),
+            timeout: std::time::Duration::from_secs(p.timeout_sec),
+            temperature: p.temperature,
+            max_new_tokens: p.max_new_tokens,
+        },
+        Some(tokenizer),
+    )?;
+    let votes = usize::try_from(p.num_votes).unwrap_or(1);
+    Ok(Some(Arc::new(PrmScorer::new(Arc::new(judge), votes, None))))
+}
+
 /// Builds the app: checks that every secret variable the settings name is set, loads the tokenizer,
-/// builds the upstream client and starts the capture workers feeding `sink`.
+/// builds the upstream client, opens the sample store, and starts the session buffer (with its PRM
+/// judge and records) and the capture workers feeding it. Must run inside a tokio runtime.
 pub fn build_app(
     settings: &Settings,
     env: EnvLookup<'_>,
-    sink: Arc<dyn TurnSink>,
     metrics: Option<PrometheusHandle>,
 ) -> Result<AppState, StartupError> {
     settings.check_secrets(env)?;
     let tokenizer = tokenizer(settings)?;
     let policy = policy_client(settings, env)?;
     let options = options(settings, env)?;
+    let store = SampleStore::open(StoreConfig {
+        retain_committed: settings.store.retain_committed,
+        ..StoreConfig::new(settings.store.path.clone())
+    })?;
+    let records = Arc::new(Records::start(settings)?);
+    let buffer = SessionBuffer::new(
+        BufferConfig {
+            prm_enabled: settings.prm.enabled,
+            session_timeout: settings.server.session_timeout(),
+            max_sessions: settings.server.max_sessions,
+        },
+        scorer(settings, &tokenizer)?,
+        Arc::new(store.clone()),
+        (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
+    );
+    buffer.spawn_sweeper(sweep_every(settings.server.session_timeout()));
     let workers = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(MAX_CAPTURE_WORKERS);
+    let sink: Arc<dyn TurnSink> = Arc::new(buffer.clone());
     let capture = CaptureQueue::start(
         tokenizer,
         sink,
@@ -115,7 +263,18 @@ pub fn build_app(
         workers,
     )
     .map_err(StartupError::Workers)?;
-    Ok(AppState::new(options, Arc::new(policy), capture, metrics))
+    let rollout = Rollout {
+        store,
+        buffer,
+        on_pause: Some(records as Arc<dyn PauseHook>),
+    };
+    Ok(AppState::with_rollout(
+        options,
+        Arc::new(policy),
+        capture,
+        metrics,
+        Some(rollout),
+    ))
 }
 
 /// Binds `server.host:server.port`.
@@ -131,16 +290,28 @@ pub fn local_addr(listener: &tokio::net::TcpListener) -> Option<SocketAddr> {
     listener.local_addr().ok()
 }
 
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Runs the server from settings until `shutdown` resolves: checks secrets, loads the tokenizer,
-/// binds, serves and drains. Captured turns go to `sink`.
+/// opens the store, binds, serves, then drains capture, scoring and submission.
 pub async fn run(
     settings: &Settings,
-    sink: Arc<dyn TurnSink>,
     metrics: Option<PrometheusHandle>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartupError> {
     let env = ps_config::process_env;
-    let app = build_app(settings, &env, sink, metrics)?;
+    let app = build_app(settings, &env, metrics)?;
+    if settings.server.admin_key_env.is_none() && !is_loopback(&settings.server.host) {
+        tracing::warn!(
+            host = %settings.server.host,
+            "the /v1/rollout/* endpoints are open to the network: set server.admin_key_env"
+        );
+    }
     let listener = bind(settings).await?;
     tracing::info!(
         addr = ?local_addr(&listener),

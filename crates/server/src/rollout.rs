@@ -1,0 +1,187 @@
+//! The trainer-facing rollout API: pull samples (long-poll), commit what was consumed, pause and
+//! resume submission around weight updates, status, and the PRM eval scores.
+//!
+//! | route | |
+//! |---|---|
+//! | `GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS` | `{"samples": [{"seq", "sample"}], "last_seq"}`; waits up to `wait_ms` when nothing is newer than `after` |
+//! | `POST /v1/rollout/commit` `{"through": SEQ}` | records what the trainer consumed |
+//! | `POST /v1/rollout/pause`, `POST /v1/rollout/resume` | submission state |
+//! | `GET /v1/rollout/status` | submission state, seqs, pending turns by reason, sessions, eval scores |
+//! | `POST /v1/rollout/eval-scores/drain` | returns and clears the collected PRM scores |
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use bytes::Bytes;
+use ps_sample_store::{SampleStore, StoreError};
+use ps_session_buffer::SessionBuffer;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Default and largest `max` of one pull.
+pub const DEFAULT_PULL_MAX: usize = 64;
+pub const MAX_PULL_MAX: usize = 1024;
+/// Longest long-poll.
+pub const MAX_WAIT_MS: u64 = 60_000;
+
+/// Something to tell when the trainer pauses (records rotate there; they are never truncated).
+pub trait PauseHook: Send + Sync {
+    fn on_pause(&self);
+}
+
+/// What the rollout routes work on.
+#[derive(Clone)]
+pub struct Rollout {
+    pub store: SampleStore,
+    pub buffer: SessionBuffer,
+    pub on_pause: Option<Arc<dyn PauseHook>>,
+}
+
+impl std::fmt::Debug for Rollout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rollout")
+            .field("store", &self.store.path())
+            .finish_non_exhaustive()
+    }
+}
+
+fn rollout(app: &AppState) -> Result<&Rollout, ApiError> {
+    app.0.rollout.as_ref().ok_or(ApiError::RolloutDisabled)
+}
+
+fn parse_param<T: std::str::FromStr>(
+    q: &HashMap<String, String>,
+    name: &'static str,
+    default: T,
+    valid: impl Fn(&T) -> bool,
+    expected: &str,
+) -> Result<T, ApiError> {
+    match q.get(name) {
+        None => Ok(default),
+        Some(raw) => raw
+            .trim()
+            .parse::<T>()
+            .ok()
+            .filter(|v| valid(v))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "invalid_query",
+                    format!("query parameter `{name}` = {raw:?}: expected {expected}"),
+                )
+            }),
+    }
+}
+
+pub async fn samples(
+    State(app): State<AppState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let r = rollout(&app)?;
+    let after = parse_param(&q, "after", 0u64, |_| true, "a sequence number (0 or more)")?;
+    let max = parse_param(
+        &q,
+        "max",
+        DEFAULT_PULL_MAX,
+        |m| (1..=MAX_PULL_MAX).contains(m),
+        &format!("an integer from 1 to {MAX_PULL_MAX}"),
+    )?;
+    let wait_ms = parse_param(
+        &q,
+        "wait_ms",
+        0u64,
+        |w| *w <= MAX_WAIT_MS,
+        &format!("milliseconds from 0 to {MAX_WAIT_MS}"),
+    )?;
+    if wait_ms > 0 && r.store.stats().last_seq <= after {
+        r.store
+            .wait_newer(after, Duration::from_millis(wait_ms))
+            .await;
+    }
+    let samples = r.store.read(after, max).await?;
+    Ok(Json(
+        json!({"samples": samples, "last_seq": r.store.stats().last_seq}),
+    ))
+}
+
+pub async fn commit(State(app): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let r = rollout(&app)?;
+    let v: Value =
+        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    let through = v.get("through").and_then(Value::as_u64).ok_or_else(|| {
+        ApiError::invalid(
+            "invalid_commit",
+            format!(
+                "`through` must be a sequence number (0 or more), got {}",
+                v.get("through").unwrap_or(&Value::Null)
+            ),
+        )
+    })?;
+    r.store.commit(through).await?;
+    let st = r.store.stats();
+    Ok(Json(
+        json!({"committed_seq": st.committed, "last_seq": st.last_seq}),
+    ))
+}
+
+pub async fn pause(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let r = rollout(&app)?;
+    app.set_submission(false);
+    if let Some(h) = &r.on_pause {
+        h.on_pause();
+    }
+    tracing::info!("submission paused by the trainer");
+    Ok(Json(json!({"submission_enabled": false})))
+}
+
+pub async fn resume(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+    rollout(&app)?;
+    app.set_submission(true);
+    tracing::info!("submission resumed by the trainer");
+    Ok(Json(json!({"submission_enabled": true})))
+}
+
+pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let r = rollout(&app)?;
+    let st = r.store.stats();
+    let b = r.buffer.status();
+    Ok(Json(json!({
+        "submission_enabled": app.submission_enabled(),
+        "pause_mode": app.options().pause_mode.as_str(),
+        "next_seq": st.last_seq + 1,
+        "last_seq": st.last_seq,
+        "committed_seq": st.committed,
+        "stored": st.stored,
+        "lag": st.lag,
+        "live_sessions": b.live_sessions,
+        "pending": b.pending,
+        "eval_scores": {"count": b.eval_scores, "mean": b.eval_score_mean},
+        "samples": {
+            "submitted": b.samples_submitted,
+            "effective": b.samples_effective,
+            "excluded": b.samples_excluded,
+            "dropped": b.samples_dropped,
+        },
+        "turns_abandoned": b.turns_abandoned,
+        "sessions": {"timed_out": b.sessions_timed_out, "evicted": b.sessions_evicted},
+    })))
+}
+
+pub async fn drain_eval_scores(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let r = rollout(&app)?;
+    let scores = r.buffer.drain_eval_scores();
+    let mean = (!scores.is_empty()).then(|| scores.iter().sum::<f64>() / scores.len() as f64);
+    Ok(Json(
+        json!({"count": scores.len(), "mean": mean, "scores": scores}),
+    ))
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::Store(e)
+    }
+}

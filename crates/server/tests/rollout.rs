@@ -1,0 +1,485 @@
+//! The RL pipeline through the real server: chat turns → next states → PRM votes (fake SGLang's
+//! /generate) → durable store → the trainer's rollout API.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use ps_config::{PauseMode, Settings, TurnType};
+use ps_fake_sglang::{FakeHandle, FakeSglang, Fault};
+use serde_json::{Value, json};
+
+struct Server {
+    url: String,
+    fake: FakeHandle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn settings(fake: &FakeHandle, store: &Path) -> Settings {
+    let mut s = Settings::default();
+    s.server.port = 0;
+    s.server.default_turn_type = TurnType::Main;
+    s.sglang.chat_url = fake.chat_url();
+    s.prm.router_url = fake.generate_url();
+    s.prm.timeout_sec = 5;
+    s.store.path = store.to_path_buf();
+    s
+}
+
+const ADMIN_VAR: &str = "TEST_ADMIN_KEY";
+const CLIENT_VAR: &str = "TEST_CLIENT_KEY";
+
+async fn start(settings: Settings, fake: FakeHandle) -> Server {
+    let env = |name: &str| match name {
+        ADMIN_VAR => Some("admin-secret".to_owned()),
+        CLIENT_VAR => Some("client-secret".to_owned()),
+        _ => None,
+    };
+    let app = ps_server::wiring::build_app(&settings, &env, None).unwrap();
+    let listener = ps_server::wiring::bind(&settings).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        ps_server::serve(listener, app, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Server {
+        url,
+        fake,
+        stop: Some(tx),
+        task: Some(task),
+    }
+}
+
+impl Server {
+    async fn stop(mut self) -> FakeHandle {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap();
+        self.fake
+    }
+
+    async fn chat(&self, session: &str, messages: Value, done: bool) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", self.url))
+            .header("x-session-id", session)
+            .header("x-session-done", if done { "1" } else { "0" })
+            .json(&json!({"messages": messages}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        reqwest::Client::new()
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn status(&self) -> Value {
+        self.get("/v1/rollout/status").await.json().await.unwrap()
+    }
+
+    async fn wait_submitted(&self, n: u64) -> Value {
+        for _ in 0..400 {
+            let st = self.status().await;
+            if st["samples"]["submitted"].as_u64().unwrap() >= n {
+                return st;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{n} samples were not submitted: {}", self.status().await);
+    }
+
+    async fn pull(&self, after: u64) -> Value {
+        let r = self
+            .get(&format!("/v1/rollout/samples?after={after}&max=100"))
+            .await;
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+/// Runs a two-turn conversation whose second request carries `next_state` and closes the session.
+async fn two_turns(s: &Server, session: &str, next_state: &str) {
+    let mut history = vec![user("Plan a trip.")];
+    let a: Value = s
+        .chat(session, json!(history), false)
+        .await
+        .json()
+        .await
+        .unwrap();
+    history.push(a["choices"][0]["message"].clone());
+    history.push(user(next_state));
+    assert_eq!(s.chat(session, json!(history), true).await.status(), 200);
+}
+
+async fn fresh() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let s = start(settings(&fake, dir.path()), fake).await;
+    (s, dir)
+}
+
+#[tokio::test]
+async fn a_conversation_becomes_scored_samples_the_trainer_pulls_and_commits() {
+    let (s, _dir) = fresh().await;
+    two_turns(&s, "s1", "Great, that worked. FAKE_VOTES=1,1,-1").await;
+    let st = s.wait_submitted(2).await;
+    assert_eq!(st["next_seq"], 3);
+    let pulled = s.pull(0).await;
+    let samples = pulled["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 2);
+    assert_eq!(pulled["last_seq"], 2);
+    let first = &samples[0]["sample"];
+    assert_eq!(samples[0]["seq"], 1);
+    assert_eq!(first["turn"], 1);
+    assert_eq!(first["reward"], json!({"score": 1.0}));
+    assert_eq!(first["metadata"]["votes"], json!([1, 1, -1]));
+    assert_eq!(
+        first["response_length"],
+        first["loss_mask"].as_array().unwrap().len()
+    );
+    let response_length = first["response_length"].as_u64().unwrap() as usize;
+    assert!(
+        first["tokens"].as_array().unwrap().len() > response_length,
+        "prompt + response ids"
+    );
+    assert_eq!(
+        first["rollout_log_probs"].as_array().unwrap().len(),
+        response_length
+    );
+    // The judge saw the response and the next state.
+    let judge_calls: Vec<_> = s
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/generate")
+        .collect();
+    assert_eq!(judge_calls.len(), 3);
+    let text = judge_calls[0].body["text"].as_str().unwrap();
+    assert!(text.contains("Great, that worked."));
+    // Turn 2 ended the session: no next state, excluded.
+    assert_eq!(
+        samples[1]["sample"]["metadata"]["excluded"],
+        "no_next_state"
+    );
+
+    let r = s.post("/v1/rollout/commit", json!({"through": 2})).await;
+    assert_eq!(r.status(), 200);
+    let st = s.status().await;
+    assert_eq!(
+        (st["committed_seq"].as_u64(), st["lag"].as_u64()),
+        (Some(2), Some(0))
+    );
+    let scores: Value = s
+        .post("/v1/rollout/eval-scores/drain", json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(scores["scores"], json!([1.0]));
+    let scores: Value = s
+        .post("/v1/rollout/eval-scores/drain", json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(scores["count"], 0);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_poll_returns_as_soon_as_a_sample_arrives() {
+    let (s, _dir) = fresh().await;
+    let url = format!("{}/v1/rollout/samples?after=0&max=10&wait_ms=30000", s.url);
+    let poll = tokio::spawn(async move {
+        reqwest::get(url)
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!poll.is_finished(), "nothing newer yet: the poll waits");
+    assert_eq!(s.chat("lp", json!([user("hi")]), true).await.status(), 200);
+    let got = tokio::time::timeout(Duration::from_secs(20), poll)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got["samples"].as_array().unwrap().len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_admin_requests_get_clear_errors() {
+    let (s, _dir) = fresh().await;
+    for (q, param) in [
+        ("after=-1", "after"),
+        ("max=0", "max"),
+        ("max=-5", "max"),
+        ("max=abc", "max"),
+        ("wait_ms=999999", "wait_ms"),
+    ] {
+        let r = s.get(&format!("/v1/rollout/samples?{q}")).await;
+        assert_eq!(r.status(), 400, "{q}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_query");
+        assert!(body["error"]["message"].as_str().unwrap().contains(param));
+    }
+    let r = s.post("/v1/rollout/commit", json!({"thru": 1})).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "invalid_commit"
+    );
+    let r = s.post("/v1/rollout/commit", json!({"through": -3})).await;
+    assert_eq!(r.status(), 400);
+    let r = s.post("/v1/rollout/commit", json!({"through": 5})).await;
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "commit_ahead");
+    assert!(body["error"]["message"].as_str().unwrap().contains('5'));
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/rollout/commit", s.url))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        s.status().await["committed_seq"],
+        0,
+        "nothing was committed"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_rollout_api_needs_the_admin_key_and_not_the_client_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, dir.path());
+    set.server.admin_key_env = Some(ADMIN_VAR.into());
+    set.server.api_key_env = Some(CLIENT_VAR.into());
+    let s = start(set, fake).await;
+    let http = reqwest::Client::new();
+    let pause = format!("{}/v1/rollout/pause", s.url);
+    assert_eq!(http.post(&pause).send().await.unwrap().status(), 401);
+    assert_eq!(
+        http.post(&pause)
+            .bearer_auth("client-secret")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(s.get("/v1/rollout/status").await.status(), 401);
+    let st: Value = http
+        .get(format!("{}/v1/rollout/status", s.url))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        st["submission_enabled"], true,
+        "the refused pause did nothing"
+    );
+    // The admin key is not a chat key either.
+    let chat = http
+        .post(format!("{}/v1/chat/completions", s.url))
+        .bearer_auth("admin-secret")
+        .json(&json!({"messages": [user("x")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 401);
+    s.stop().await;
+}
+
+async fn paused_server(mode: PauseMode, hold: Duration) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, dir.path());
+    set.server.pause_mode = mode;
+    set.server.pause_hold_max_sec = hold.as_secs();
+    let s = start(set, fake).await;
+    assert_eq!(s.post("/v1/rollout/pause", json!({})).await.status(), 200);
+    assert_eq!(s.status().await["submission_enabled"], false);
+    (s, dir)
+}
+
+#[tokio::test]
+async fn paused_reject_mode_answers_503_with_retry_after() {
+    let (s, _dir) = paused_server(PauseMode::Reject, Duration::from_secs(30)).await;
+    let r = s.chat("p", json!([user("x")]), false).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "submission_paused"
+    );
+    assert!(s.fake.requests().is_empty());
+    assert_eq!(s.post("/v1/rollout/resume", json!({})).await.status(), 200);
+    assert_eq!(s.chat("p", json!([user("x")]), true).await.status(), 200);
+    s.wait_submitted(1).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn paused_hold_mode_waits_for_resume() {
+    let (s, _dir) = paused_server(PauseMode::Hold, Duration::from_secs(30)).await;
+    let url = format!("{}/v1/chat/completions", s.url);
+    let held = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .header("x-session-id", "h")
+            .header("x-session-done", "1")
+            .json(&json!({"messages": [{"role": "user", "content": "x"}]}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!held.is_finished(), "held while paused");
+    assert!(s.fake.requests().is_empty());
+    s.post("/v1/rollout/resume", json!({})).await;
+    assert_eq!(held.await.unwrap(), 200);
+    s.wait_submitted(1).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn paused_hold_mode_gives_up_after_its_bound() {
+    let (s, _dir) = paused_server(PauseMode::Hold, Duration::from_secs(1)).await;
+    let r = s.chat("h", json!([user("x")]), false).await;
+    assert_eq!(r.status(), 503);
+    assert!(s.fake.requests().is_empty());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn paused_serve_mode_answers_but_collects_nothing() {
+    let (s, _dir) = paused_server(PauseMode::Serve, Duration::from_secs(30)).await;
+    assert_eq!(s.chat("v", json!([user("x")]), true).await.status(), 200);
+    let st = s.status().await;
+    assert_eq!(st["live_sessions"], 0);
+    assert_eq!(st["pending"]["waiting_capture"], 0);
+    s.stop().await;
+    // Nothing was collected while paused.
+}
+
+#[tokio::test]
+async fn judge_faults_become_failed_votes_and_the_turn_is_still_a_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let judge = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, dir.path());
+    set.prm.router_url = judge.generate_url();
+    let s = start(set, fake).await;
+    judge.push_fault(Fault::Status(
+        500,
+        "{\"error\":{\"message\":\"boom\"}}".into(),
+    ));
+    judge.push_fault(Fault::Garbage);
+    judge.push_fault(Fault::Status(503, String::new()));
+    let a: Value = s
+        .chat("f", json!([user("q")]), false)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let history = json!([user("q"), a["choices"][0]["message"], user("next")]);
+    assert_eq!(s.chat("f", history, true).await.status(), 200);
+    s.wait_submitted(2).await;
+    let pulled = s.pull(0).await;
+    let first = &pulled["samples"][0]["sample"];
+    assert_eq!(first["metadata"]["votes"], json!([null, null, null]));
+    assert_eq!(first["reward"]["score"], 0.0);
+    // The session's first scored turn is kept by the at-least-one guarantee.
+    assert_eq!(first["metadata"]["at_least_one"], true);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_judge_gives_failed_votes_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, dir.path());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    set.prm.router_url = format!("http://127.0.0.1:{closed}/generate");
+    let s = start(set, fake).await;
+    two_turns(&s, "r", "ok").await;
+    s.wait_submitted(2).await;
+    let pulled = s.pull(0).await;
+    assert_eq!(
+        pulled["samples"][0]["sample"]["metadata"]["votes"],
+        json!([null, null, null])
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn after_a_restart_the_trainer_resumes_from_its_committed_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let s = start(settings(&fake, dir.path()), fake).await;
+    two_turns(&s, "a", "FAKE_VOTES=1").await;
+    two_turns(&s, "b", "FAKE_VOTES=-1").await;
+    s.wait_submitted(4).await;
+    let before = s.pull(0).await;
+    assert_eq!(
+        s.post("/v1/rollout/commit", json!({"through": 2}))
+            .await
+            .status(),
+        200
+    );
+    let fake = s.stop().await;
+
+    let s = start(settings(&fake, dir.path()), fake).await;
+    let st = s.status().await;
+    assert_eq!(
+        (st["committed_seq"].as_u64(), st["last_seq"].as_u64()),
+        (Some(2), Some(4))
+    );
+    let after = s.pull(2).await;
+    assert_eq!(
+        after["samples"],
+        json!(before["samples"].as_array().unwrap()[2..]),
+        "same samples, same seqs"
+    );
+    // New samples continue the sequence.
+    two_turns(&s, "c", "FAKE_VOTES=1").await;
+    s.wait_submitted(2).await;
+    let newer = s.pull(4).await;
+    assert_eq!(newer["samples"][0]["seq"], 5);
+    s.stop().await;
+}
