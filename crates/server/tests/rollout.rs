@@ -114,6 +114,18 @@ impl Server {
     }
 }
 
+/// Votes run in parallel, so which scripted answer each got depends on arrival order.
+fn sorted_votes(v: &Value) -> Vec<i64> {
+    let mut votes: Vec<i64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect();
+    votes.sort_unstable();
+    votes
+}
+
 fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})
 }
@@ -153,7 +165,7 @@ async fn a_conversation_becomes_scored_samples_the_trainer_pulls_and_commits() {
     assert_eq!(samples[0]["seq"], 1);
     assert_eq!(first["turn"], 1);
     assert_eq!(first["reward"], json!({"score": 1.0}));
-    assert_eq!(first["metadata"]["votes"], json!([1, 1, -1]));
+    assert_eq!(sorted_votes(&first["metadata"]["votes"]), vec![-1, 1, 1]);
     assert_eq!(
         first["response_length"],
         first["loss_mask"].as_array().unwrap().len()
@@ -482,4 +494,97 @@ async fn after_a_restart_the_trainer_resumes_from_its_committed_point() {
     let newer = s.pull(4).await;
     assert_eq!(newer["samples"][0]["seq"], 5);
     s.stop().await;
+}
+
+fn jsonl_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+async fn wait_lines(dir: &Path, n: usize) -> Vec<Value> {
+    for _ in 0..400 {
+        let all: Vec<Value> = jsonl_files(dir).iter().flat_map(|f| lines(f)).collect();
+        if all.len() >= n {
+            return all;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("fewer than {n} records in {}", dir.display());
+}
+
+#[tokio::test]
+async fn conversation_and_prm_records_are_written_and_pausing_rotates_without_truncating() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, dir.path());
+    set.logging.record_dir = Some(dir.path().join("records"));
+    let s = start(set, fake).await;
+    two_turns(&s, "rec", "Perfect. FAKE_VOTES=1,-1,1").await;
+    s.wait_submitted(2).await;
+    let conv_dir = dir.path().join("records/conversations");
+    let prm_dir = dir.path().join("records/prm");
+    let mut conv = wait_lines(&conv_dir, 2).await;
+    // Written as each turn is resolved, not necessarily in turn order.
+    conv.sort_by_key(|r| r["turn"].as_u64());
+    assert_eq!(conv[0]["session_id"], "rec");
+    assert_eq!(conv[0]["turn"], 1);
+    assert_eq!(
+        conv[0]["next_state"]["content"],
+        "Perfect. FAKE_VOTES=1,-1,1"
+    );
+    assert!(
+        conv[0]["response_text"]
+            .as_str()
+            .unwrap()
+            .contains("<|im_end|>")
+    );
+    assert_eq!(conv[1]["next_state"], Value::Null);
+    let prm = wait_lines(&prm_dir, 1).await;
+    assert_eq!(prm[0]["score"], 1.0);
+    assert_eq!(sorted_votes(&prm[0]["votes"]), vec![-1, 1, 1]);
+    assert!(
+        prm[0]["representative"].is_string(),
+        "kept when the score is not 0"
+    );
+    let first_file = jsonl_files(&conv_dir).remove(0);
+    let before = std::fs::read(&first_file).unwrap();
+    assert!(file_name_ok(&first_file, "conversations"));
+
+    // The trainer pauses (records rotate) and resumes; new records go to a new file.
+    s.post("/v1/rollout/pause", json!({})).await;
+    s.post("/v1/rollout/resume", json!({})).await;
+    two_turns(&s, "rec2", "FAKE_VOTES=-1").await;
+    s.wait_submitted(4).await;
+    wait_lines(&conv_dir, 4).await;
+    assert_eq!(
+        std::fs::read(&first_file).unwrap(),
+        before,
+        "never truncated"
+    );
+    assert!(jsonl_files(&conv_dir).len() >= 2, "rotated on pause");
+    s.stop().await;
+}
+
+fn file_name_ok(path: &Path, prefix: &str) -> bool {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    // <prefix>_YYYYMMDD_HHMMSS[_N].jsonl
+    name.starts_with(&format!("{prefix}_"))
+        && name.ends_with(".jsonl")
+        && name[prefix.len() + 1..]
+            .chars()
+            .take(15)
+            .filter(char::is_ascii_digit)
+            .count()
+            == 14
 }
