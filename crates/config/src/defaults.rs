@@ -45,6 +45,8 @@ pub const PRM_TIMEOUT_SEC: u64 = 60;
 pub const PRM_TEMPERATURE: f64 = 0.6;
 /// `prm.max_new_tokens`.
 pub const PRM_MAX_NEW_TOKENS: u32 = 4096;
+/// `prm.max_concurrency`.
+pub const PRM_MAX_CONCURRENCY: usize = 64;
 
 /// `provider.max_concurrency`.
 pub const PROVIDER_MAX_CONCURRENCY: usize = 4;

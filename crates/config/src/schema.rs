@@ -289,6 +289,8 @@ pub struct PrmSettings {
     pub backend: PrmBackend,
     /// Model name for the `provider` backend; defaults to `provider.prm_model`.
     pub model: Option<String>,
+    /// Cap on simultaneous judge calls (PRM and hint votes) across all sessions. Default 64.
+    pub max_concurrency: usize,
 }
 
 impl Default for PrmSettings {
@@ -303,6 +305,7 @@ impl Default for PrmSettings {
             model_dir: None,
             backend: PrmBackend::default(),
             model: None,
+            max_concurrency: d::PRM_MAX_CONCURRENCY,
         }
     }
 }
@@ -560,6 +563,9 @@ pub struct OpdSettings {
     pub drop_without_next_state: bool,
     /// Hints shorter than this many characters are rejected. Default 10.
     pub min_hint_chars: usize,
+    /// Where the hint judge runs: `sglang` (the judge's `/generate` at `prm.router_url`; default) or
+    /// `provider` (the provider's chat endpoint with `provider.hint_model`).
+    pub hint_backend: PrmBackend,
 }
 
 impl Default for OpdSettings {
@@ -571,6 +577,7 @@ impl Default for OpdSettings {
             select_best_hint: d::OPD_SELECT_BEST_HINT,
             drop_without_next_state: d::OPD_DROP_WITHOUT_NEXT_STATE,
             min_hint_chars: d::OPD_MIN_HINT_CHARS,
+            hint_backend: PrmBackend::default(),
         }
     }
 }
@@ -750,7 +757,8 @@ impl Settings {
     /// Whether anything active calls the external provider (the OPD hint judge, or the PRM with
     /// `backend = "provider"`).
     pub fn provider_in_use(&self) -> bool {
-        self.opd_active() || (self.prm.enabled && self.prm.backend == PrmBackend::Provider)
+        (self.opd_active() && self.opd.hint_backend == PrmBackend::Provider)
+            || (self.prm.enabled && self.prm.backend == PrmBackend::Provider)
     }
 }
 

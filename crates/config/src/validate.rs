@@ -136,18 +136,17 @@ impl Settings {
         v.var_name("provider.api_key_env", p.api_key_env.as_deref());
         v.positive("provider.max_concurrency", p.max_concurrency as u64);
         v.positive("provider.timeout_sec", p.timeout_sec);
-        if self.opd_active() {
+        if self.opd_active() && self.opd.hint_backend == PrmBackend::Provider {
             if p.base_url.is_none() {
                 v.missing(
                     "provider.base_url",
-                    "the provider root URL, required when OPD is active (the hint judge calls \
-                     the provider)",
+                    "the provider root URL, required when opd.hint_backend = \"provider\"",
                 );
             }
             if p.hint_model.is_none() {
                 v.missing(
                     "provider.hint_model",
-                    "the hint judge's model name, required when OPD is active",
+                    "the hint judge's model name, required when opd.hint_backend = \"provider\"",
                 );
             }
         }

@@ -268,6 +268,21 @@ fn opd_mode_requires_teacher_and_hint_judge() {
             _ => None,
         })
         .collect();
+    assert_eq!(keys, ["teacher.url"], "{text}");
+
+    // With the hint judge on the provider, the provider's root and model are needed too.
+    let (e, text, _) = load_error(
+        "settings.toml",
+        "[server]\nmode = \"opd\"\n[opd]\nhint_backend = \"provider\"\n",
+    );
+    let keys: Vec<String> = e
+        .errors()
+        .iter()
+        .filter_map(|e| match e {
+            ConfigError::Invalid { key, .. } => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
     assert_eq!(
         keys,
         ["provider.base_url", "provider.hint_model", "teacher.url"],
