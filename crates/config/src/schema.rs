@@ -561,7 +561,8 @@ pub struct OpdSettings {
     pub select_best_hint: bool,
     /// A turn that never gets a next state yields no OPD sample. Default true.
     pub drop_without_next_state: bool,
-    /// Hints shorter than this many characters are rejected. Default 10.
+    /// A hint is accepted only when its trimmed length is strictly greater than this many
+    /// characters (so a hint of exactly 10 is rejected). Default 10.
     pub min_hint_chars: usize,
     /// Where the hint judge runs: `sglang` (the judge's `/generate` at `prm.router_url`; default) or
     /// `provider` (the provider's chat endpoint with `provider.hint_model`).
