@@ -25,6 +25,10 @@
 //!   votes: successive calls with that same text cycle through the list (`x` = no boxed value).
 //!   With `return_logprob`, prompt logprobs follow SGLang's layout (entry 0 always null) with values
 //!   [`teacher_logprob`] and [`teacher_top_logprobs`].
+//! - **`/v1/completions`** answers in **vLLM's** shape (SGLang's own route differs): a token-id or text
+//!   prompt with `prompt_logprobs: N` gives `prompt_logprobs[0] = null` and, at each later position, the
+//!   prompt token with [`teacher_logprob`] plus the top-`N` of [`teacher_top_logprobs`] ranked `1..=N`;
+//!   `return_token_ids` echoes `prompt_token_ids`. It stands in for a vLLM-served teacher.
 //! - Sampled-token logprobs are [`policy_logprob`]`(id, position)`.
 //!
 //! # Streaming
@@ -33,6 +37,7 @@
 //! in SGLang (Gotcha 3). Concatenated `reasoning_content`/`content` deltas equal the non-streamed fields.
 
 mod chat;
+mod completions;
 mod det;
 mod fault;
 mod generate;
@@ -228,6 +233,11 @@ impl FakeHandle {
         format!("{}/v1/chat/completions", self.base_url())
     }
 
+    /// `http://127.0.0.1:PORT/v1/completions` (vLLM-shaped, for completions teachers)
+    pub fn completions_url(&self) -> String {
+        format!("{}/v1/completions", self.base_url())
+    }
+
     /// `http://127.0.0.1:PORT/generate`
     pub fn generate_url(&self) -> String {
         format!("{}/generate", self.base_url())
@@ -320,6 +330,7 @@ pub fn router(state: FakeState) -> Router {
         .route("/v1/models", get(models))
         .route("/get_model_info", get(model_info))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
         .route(
             "/generate",
             post(generate::generate).put(generate::generate),

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use crate::Fault;
 
-/// One request the fake received (chat completions and `/generate` only).
+/// One request the fake received (chat completions, completions and `/generate` only).
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
     /// `POST` or `PUT`.
@@ -107,7 +107,7 @@ impl FakeState {
         &self.inner.config.tokenizer
     }
 
-    /// Every recorded chat-completions and `/generate` request, oldest first.
+    /// Every recorded chat-completions, completions and `/generate` request, oldest first.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.inner.requests).clone()
     }

@@ -1,0 +1,201 @@
+//! The transport both teachers share: one POST of a JSON body to one URL, with an optional Bearer
+//! key, bounded as a whole (connect, answer, body) by the per-call timeout.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{API_KEY_ENV_KEY, TIMEOUT_KEY, TeacherError, URL_KEY, error_chain};
+
+/// Longest error-body excerpt kept in an error.
+pub(crate) const SNIPPET_CHARS: usize = 200;
+
+/// Where and how to call one teacher. `Debug` never shows the key.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    pub http: reqwest::Client,
+    /// The URL every call is POSTed to.
+    pub url: String,
+    pub api_key: Option<String>,
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("url", &self.url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// A client with its own connection pool, its connect phase bounded by `timeout`.
+pub(crate) fn build_client(url: &str, timeout: Duration) -> Result<reqwest::Client, TeacherError> {
+    reqwest::Client::builder()
+        .connect_timeout(timeout)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| TeacherError::Connect {
+            url: url.to_owned(),
+            config_key: URL_KEY,
+            detail: error_chain(&e),
+            source: Some(e),
+        })
+}
+
+/// `url` parsed as an absolute http(s) URL with a host, or the reason it is not.
+pub(crate) fn parse_http_url(url: &str) -> Result<reqwest::Url, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
+    if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
+        return Err("expected an absolute http(s) URL such as http://host:port/…".to_owned());
+    }
+    Ok(parsed)
+}
+
+/// Whether `path` (a URL path) names a chat endpoint.
+pub(crate) fn is_chat_path(path: &str) -> bool {
+    path.trim_end_matches('/').ends_with("/chat/completions")
+}
+
+impl Endpoint {
+    /// POSTs `body` and returns the successful answer's bytes, all within the timeout.
+    pub(crate) async fn post<B: Serialize + Sync>(&self, body: &B) -> Result<Bytes, TeacherError> {
+        tokio::time::timeout(self.timeout, self.exchange(body))
+            .await
+            .map_err(|_| self.timeout_error())?
+    }
+
+    async fn exchange<B: Serialize + Sync>(&self, body: &B) -> Result<Bytes, TeacherError> {
+        let mut req = self.http.post(&self.url).json(body);
+        if let Some(key) = &self.api_key {
+            // `bearer_auth` marks the header sensitive, so it is not printed by reqwest either.
+            req = req.bearer_auth(key);
+        }
+        let resp = req.send().await.map_err(|e| self.send_error(e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.send_error(e))?;
+        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
+            return Err(TeacherError::Unauthorized {
+                url: self.url.clone(),
+                status: status.as_u16(),
+                key_sent: self.api_key.is_some(),
+                config_key: API_KEY_ENV_KEY,
+            });
+        }
+        if !status.is_success() {
+            return Err(TeacherError::Status {
+                url: self.url.clone(),
+                status: status.as_u16(),
+                body: error_message(&bytes),
+                config_key: URL_KEY,
+            });
+        }
+        Ok(bytes)
+    }
+
+    fn send_error(&self, e: reqwest::Error) -> TeacherError {
+        if e.is_timeout() {
+            return self.timeout_error();
+        }
+        let detail = error_chain(&e);
+        if e.is_connect() {
+            TeacherError::Connect {
+                url: self.url.clone(),
+                config_key: URL_KEY,
+                detail,
+                source: Some(e),
+            }
+        } else {
+            TeacherError::Transport {
+                url: self.url.clone(),
+                config_key: URL_KEY,
+                detail,
+                source: Some(e),
+            }
+        }
+    }
+
+    fn timeout_error(&self) -> TeacherError {
+        TeacherError::Timeout {
+            url: self.url.clone(),
+            after: self.timeout,
+            config_key: TIMEOUT_KEY,
+        }
+    }
+
+    pub(crate) fn invalid_body(&self, detail: String) -> TeacherError {
+        TeacherError::InvalidBody {
+            url: self.url.clone(),
+            detail,
+            config_key: URL_KEY,
+        }
+    }
+}
+
+/// The start of `bytes` as text, for error messages.
+pub(crate) fn snippet(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(4 * SNIPPET_CHARS)])
+        .chars()
+        .take(SNIPPET_CHARS)
+        .collect()
+}
+
+/// The message of an error body: the nested `{"error":{"message"}}` (SGLang `/generate`, vLLM, hosted
+/// providers), the flat `{"message"}` (SGLang's OpenAI routes, older vLLM), `{"error":"…"}`,
+/// FastAPI's `{"detail"}`; else the start of the body.
+pub(crate) fn error_message(bytes: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("error"))
+            .or_else(|| v.get("detail"))
+            .and_then(Value::as_str)
+    });
+    match message {
+        Some(m) => m.chars().take(SNIPPET_CHARS).collect(),
+        None if bytes.is_empty() => "(empty body)".to_owned(),
+        None => snippet(bytes),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_message_shapes() {
+        assert_eq!(error_message(br#"{"error":{"message":"bad"}}"#), "bad");
+        assert_eq!(
+            error_message(br#"{"object":"error","message":"flat"}"#),
+            "flat"
+        );
+        assert_eq!(
+            error_message(br#"{"error":"Unauthorized"}"#),
+            "Unauthorized"
+        );
+        assert_eq!(error_message(br#"{"detail":"Not Found"}"#), "Not Found");
+        assert_eq!(error_message(b"oops"), "oops");
+        assert_eq!(error_message(b""), "(empty body)");
+        assert_eq!(
+            error_message("x".repeat(1000).as_bytes()).len(),
+            SNIPPET_CHARS
+        );
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let e = Endpoint {
+            http: reqwest::Client::new(),
+            url: "http://t/generate".into(),
+            api_key: Some("sk-very-secret".into()),
+            timeout: Duration::from_secs(1),
+        };
+        let text = format!("{e:?}");
+        assert!(!text.contains("sk-very-secret") && text.contains("<redacted>"));
+    }
+}
