@@ -377,7 +377,8 @@ pub enum TeacherBackend {
     /// An SGLang `/generate` endpoint scoring the given tokens (`return_logprob`, `logprob_start_len`).
     #[default]
     Sglang,
-    /// A vLLM-style `/v1/completions` endpoint with `echo` and `logprobs`.
+    /// A vLLM-style `/v1/completions` endpoint (`prompt_logprobs`, `return_token_ids`), reached with
+    /// `teacher.url` as its root and `teacher.model`.
     OpenaiCompletions,
     /// A chat endpoint. Parsed so the error can explain itself, but always rejected by validation:
     /// chat endpoints cannot return log-probs of given tokens.

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::error::ConfigError;
 use crate::redact::{REDACTED_JSON, redact_url};
-use crate::schema::{PrmBackend, Settings, TeacherBackend};
+use crate::schema::{Mode, PrmBackend, Settings, TeacherBackend};
 
 impl Settings {
     /// Validates the whole configuration. [`crate::load`] calls it; call it again after changing
@@ -209,6 +209,21 @@ impl Settings {
                         "\"rl\""
                     }
                 ),
+            );
+        }
+        if mode == Mode::Combine && self.opd.top_k > 0 {
+            v.fail(
+                "opd.top_k",
+                self.opd.top_k,
+                "0 in combine mode: its RL-only samples have no teacher top-K, and the trainer takes \
+                 the fields of a batch from its first sample; use server.mode = \"opd\" for top-K",
+            );
+        }
+        if mode == Mode::Combine && !self.prm.enabled {
+            v.fail(
+                "prm.enabled",
+                false,
+                "true in combine mode: every turn needs PRM eval votes",
             );
         }
         if self.opd_active() && self.opd.eval_votes_enabled() && !self.prm.enabled {

@@ -306,3 +306,17 @@ fn api_key_env_holding_a_key_is_rejected_without_echoing_it() {
     );
     assert!(!text.contains("sk-live"), "{text}");
 }
+
+#[test]
+fn combine_mode_refuses_top_k_and_a_disabled_prm() {
+    let (_, text, _) = load_error(
+        "settings.toml",
+        "[server]\nmode = \"combine\"\n[teacher]\nurl = \"http://t/generate\"\n[opd]\ntop_k = 20\n[prm]\nenabled = false\n",
+    );
+    assert!(text.contains("opd.top_k = 20"), "{text}");
+    assert!(
+        text.contains("RL-only samples have no teacher top-K"),
+        "{text}"
+    );
+    assert!(text.contains("prm.enabled = false"), "{text}");
+}

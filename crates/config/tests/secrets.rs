@@ -129,9 +129,16 @@ fn sglang_key_prefers_api_key_env_over_literal() {
 fn check_secrets_reports_every_missing_variable_of_active_features() {
     // RL mode with the sglang PRM does not call the provider: its key is not needed.
     assert!(operators().check_secrets(&lookup(&[])).is_ok());
+    // Nor does OPD with the hint judge on SGLang.
+    let mut sglang_opd = operators();
+    sglang_opd.server.mode = ps_config::Mode::Opd;
+    sglang_opd.teacher.url = Some("http://127.0.0.1:30003/generate".to_owned());
+    assert!(sglang_opd.check_secrets(&lookup(&[])).is_ok());
 
     let mut s = operators();
     s.server.mode = ps_config::Mode::Opd;
+    // The operators' hint judge is their provider (taotoken.hint_model).
+    s.opd.hint_backend = ps_config::PrmBackend::Provider;
     s.teacher.url = Some("http://127.0.0.1:30003/generate".to_owned());
     s.teacher.api_key_env = Some("TEACHER_KEY".to_owned());
     s.server.api_key_env = Some("PROXY_KEY".to_owned());

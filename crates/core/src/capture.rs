@@ -21,6 +21,9 @@ pub struct CapturedTurn {
     /// The request messages as the client sent them (before normalisation).
     pub messages: Vec<Value>,
     pub tools: Option<Value>,
+    /// The request's `chat_template_kwargs` (for example `enable_thinking`), rendered with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_kwargs: Option<serde_json::Map<String, Value>>,
     /// The assistant message as returned (or assembled from the stream).
     pub response_message: Value,
     pub prompt_text: String,

@@ -26,7 +26,9 @@ fn sample(i: u64) -> Sample {
     Sample {
         prompt: "p".repeat(4000),
         response: "r".repeat(16000),
-        tokens: (0..(1000 + t) as u32).map(|x| x.wrapping_mul(2654435761) % 151_000).collect(),
+        tokens: (0..(1000 + t) as u32)
+            .map(|x| x.wrapping_mul(2654435761) % 151_000)
+            .collect(),
         response_length: t,
         loss_mask: vec![1; t],
         rollout_log_probs: (0..t).map(|x| -((x % 97) as f64) / 13.0).collect(),
@@ -49,7 +51,9 @@ async fn main() {
         let mut tasks = Vec::new();
         for i in 0..n as u64 {
             let s = store.clone();
-            tasks.push(tokio::spawn(async move { s.append(sample(i)).await.unwrap() }));
+            tasks.push(tokio::spawn(
+                async move { s.append(sample(i)).await.unwrap() },
+            ));
         }
         for t in tasks {
             t.await.unwrap();
@@ -86,7 +90,9 @@ async fn main() {
     let (mut after, mut read, mut bytes) = (0u64, 0usize, 0usize);
     while read < n {
         let body = http
-            .get(format!("{base}/v1/rollout/samples?after={after}&max={page}"))
+            .get(format!(
+                "{base}/v1/rollout/samples?after={after}&max={page}"
+            ))
             .send()
             .await
             .unwrap()

@@ -53,6 +53,7 @@ pub fn capture_turn(
         arrival_seq: job.arrival_seq,
         messages: job.messages.clone(),
         tools: job.tools.clone(),
+        template_kwargs: job.template_kwargs.clone(),
         response_message: job.rollout.message.clone(),
         prompt_text: tokens.prompt_text,
         response_text: tokens.response_text,

@@ -167,6 +167,9 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
             "dropped": b.samples_dropped,
         },
         "turns_abandoned": b.turns_abandoned,
+        "turns_dropped": b.turns_dropped,
+        "teacher_mismatches": b.teacher_mismatches,
+        "mode": r.buffer.mode().as_str(),
         "sessions": {"timed_out": b.sessions_timed_out, "evicted": b.sessions_evicted},
     })))
 }

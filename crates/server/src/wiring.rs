@@ -7,14 +7,22 @@ use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use ps_chat_template::{ChatTemplateError, ChatTokenizer};
-use ps_config::{ConfigError, EnvLookup, PrmBackend, Settings};
+use ps_config::{ConfigError, EnvLookup, Mode, PrmBackend, Settings, TeacherBackend};
 use ps_core::TurnSink;
+use ps_opd_judge::HintScorer;
 use ps_prm_client::{JudgeError, PrmScorer, SglangJudge, SglangJudgeConfig, TurnScorer};
 use ps_records::{RecordError, RecordOptions, RecordWriter};
 use ps_sample_store::{SampleStore, StoreConfig, StoreError};
-use ps_session_buffer::{BufferConfig, RecordSink, SessionBuffer};
+use ps_session_buffer::{
+    BufferConfig, BufferMode, OpdOptions, OpdParts, RecordSink, SessionBuffer,
+};
 use ps_sglang_client::{SglangClient, SglangClientConfig, SglangError};
+use ps_teacher_client::{
+    CompletionsTeacher, CompletionsTeacherConfig, SglangTeacher, SglangTeacherConfig, TeacherError,
+    TeacherScorer,
+};
 use serde_json::Value;
+use tokio::sync::Semaphore;
 
 use crate::capture::CaptureQueue;
 use crate::rollout::{PauseHook, Rollout};
@@ -56,6 +64,8 @@ pub enum StartupError {
     Judge(#[from] JudgeError),
     #[error("cannot start the records writer: {0}")]
     Records(#[from] RecordError),
+    #[error("cannot set up the teacher: {0}")]
+    Teacher(#[from] TeacherError),
     #[error("`{key}` = {value:?} is not available yet: {what}")]
     NotYet {
         key: &'static str,
@@ -72,11 +82,12 @@ fn sweep_every(timeout: std::time::Duration) -> std::time::Duration {
     )
 }
 
-/// The JSONL records: conversations and PRM decisions, each when its directory is configured.
+/// The JSONL records: conversations, PRM and OPD decisions, each when its directory is configured.
 #[derive(Debug, Default)]
 pub struct Records {
     conversations: Option<RecordWriter>,
     prm: Option<RecordWriter>,
+    opd: Option<RecordWriter>,
 }
 
 impl Records {
@@ -102,11 +113,12 @@ impl Records {
                 "logging.record_dir",
             )?,
             prm: writer(l.prm_records(), "prm", "logging.prm_record_dir")?,
+            opd: writer(l.opd_records(), "opd", "logging.opd_record_dir")?,
         })
     }
 
     fn is_empty(&self) -> bool {
-        self.conversations.is_none() && self.prm.is_none()
+        self.conversations.is_none() && self.prm.is_none() && self.opd.is_none()
     }
 }
 
@@ -122,12 +134,21 @@ impl RecordSink for Records {
             w.record(record);
         }
     }
+
+    fn opd(&self, record: Value) {
+        if let Some(w) = &self.opd {
+            w.record(record);
+        }
+    }
 }
 
 impl PauseHook for Records {
     /// The reference truncates its record files on pause; records here are only rotated.
     fn on_pause(&self) {
-        for w in [&self.conversations, &self.prm].into_iter().flatten() {
+        for w in [&self.conversations, &self.prm, &self.opd]
+            .into_iter()
+            .flatten()
+        {
             w.rotate();
         }
     }
@@ -183,11 +204,40 @@ pub fn policy_client(
     })?)
 }
 
-/// The PRM scorer, when `prm.enabled`: SGLang `/generate` at `prm.router_url`, rendered with the
-/// judge's tokenizer (`prm.model_dir`, else the policy's).
-pub fn scorer(
+/// The judge backend (SGLang `/generate` at `prm.router_url`, rendered with the judge's tokenizer:
+/// `prm.model_dir`, else the policy's) shared by the PRM and the hint judge, and the cap on their
+/// calls (`prm.max_concurrency`).
+pub fn judge_backend(
     settings: &Settings,
     policy_tokenizer: &Arc<ChatTokenizer>,
+) -> Result<Arc<SglangJudge>, StartupError> {
+    let p = &settings.prm;
+    let tokenizer =
+        match &p.model_dir {
+            Some(dir) => Arc::new(ChatTokenizer::from_dir(dir).map_err(|source| {
+                StartupError::Tokenizer {
+                    dir: dir.clone(),
+                    source,
+                }
+            })?),
+            None => policy_tokenizer.clone(),
+        };
+    Ok(Arc::new(SglangJudge::new(
+        SglangJudgeConfig {
+            router_url: p.router_url.clone(),
+            timeout: std::time::Duration::from_secs(p.timeout_sec),
+            temperature: p.temperature,
+            max_new_tokens: p.max_new_tokens,
+        },
+        Some(tokenizer),
+    )?))
+}
+
+/// The PRM scorer, when `prm.enabled`.
+pub fn scorer(
+    settings: &Settings,
+    judge: &Arc<SglangJudge>,
+    permits: &Arc<Semaphore>,
 ) -> Result<Option<Arc<dyn TurnScorer>>, StartupError> {
     let p = &settings.prm;
     if !p.enabled {
@@ -200,27 +250,97 @@ pub fn scorer(
             what: "the provider-backed judge arrives with the operations issue; use \"sglang\"",
         });
     }
-    let tokenizer =
-        match &p.model_dir {
-            Some(dir) => Arc::new(ChatTokenizer::from_dir(dir).map_err(|source| {
-                StartupError::Tokenizer {
-                    dir: dir.clone(),
-                    source,
-                }
-            })?),
-            None => policy_tokenizer.clone(),
-        };
-    let judge = SglangJudge::new(
-        SglangJudgeConfig {
-            router_url: p.router_url.clone(),
-            timeout: std::time::Duration::from_secs(p.timeout_sec),
-            temperature: p.temperature,
-            max_new_tokens: p.max_new_tokens,
-        },
-        Some(tokenizer),
-    )?;
     let votes = usize::try_from(p.num_votes).unwrap_or(1);
-    Ok(Some(Arc::new(PrmScorer::new(Arc::new(judge), votes, None))))
+    Ok(Some(Arc::new(PrmScorer::new(
+        judge.clone(),
+        votes,
+        Some(permits.clone()),
+    ))))
+}
+
+/// The teacher (`[teacher]`): SGLang `/generate` or an OpenAI-compatible `/v1/completions`.
+pub fn teacher(
+    settings: &Settings,
+    env: EnvLookup<'_>,
+) -> Result<Arc<dyn TeacherScorer>, StartupError> {
+    let t = &settings.teacher;
+    let url = t.url.clone().unwrap_or_default();
+    let api_key = settings
+        .teacher_api_key(env)?
+        .map(|k| k.expose().to_owned());
+    let timeout = std::time::Duration::from_secs(t.timeout_sec);
+    Ok(match t.backend {
+        TeacherBackend::Sglang => Arc::new(SglangTeacher::new(SglangTeacherConfig {
+            url,
+            timeout,
+            api_key,
+        })?),
+        TeacherBackend::OpenaiCompletions => {
+            Arc::new(CompletionsTeacher::new(CompletionsTeacherConfig {
+                base_url: url,
+                model: t.model.clone().unwrap_or_default(),
+                api_key,
+                timeout,
+            })?)
+        }
+        // Refused by validation; kept exhaustive.
+        TeacherBackend::ProviderChat => {
+            return Err(ps_teacher_client::chat_endpoint_error(&url).into());
+        }
+    })
+}
+
+/// The hint judge and teacher, when OPD is active (`server.mode` `opd` or `combine`).
+pub fn opd_parts(
+    settings: &Settings,
+    env: EnvLookup<'_>,
+    judge: &Arc<SglangJudge>,
+    permits: &Arc<Semaphore>,
+    tokenizer: &Arc<ChatTokenizer>,
+) -> Result<Option<OpdParts>, StartupError> {
+    if !settings.opd_active() {
+        return Ok(None);
+    }
+    if settings.opd.hint_backend == PrmBackend::Provider {
+        return Err(StartupError::NotYet {
+            key: "opd.hint_backend",
+            value: "provider".into(),
+            what: "the provider-backed hint judge arrives with the operations issue; use \"sglang\"",
+        });
+    }
+    let votes = usize::try_from(settings.prm.num_votes).unwrap_or(1);
+    let hint = HintScorer::new(
+        judge.clone(),
+        votes,
+        settings.opd.min_hint_chars,
+        Some(permits.clone()),
+    );
+    Ok(Some(OpdParts {
+        hint: Arc::new(hint),
+        teacher: teacher(settings, env)?,
+        tokenizer: tokenizer.clone(),
+        teacher_permits: Some(Arc::new(Semaphore::new(
+            settings.teacher.max_concurrency.max(1),
+        ))),
+    }))
+}
+
+fn buffer_config(settings: &Settings) -> BufferConfig {
+    BufferConfig {
+        mode: match settings.server.mode {
+            Mode::Rl => BufferMode::Rl,
+            Mode::Opd => BufferMode::Opd,
+            Mode::Combine => BufferMode::Combine,
+        },
+        opd: OpdOptions {
+            drop_without_next_state: settings.opd.drop_without_next_state,
+            top_k: settings.opd.top_k,
+            eval_votes: settings.opd.eval_votes_enabled(),
+        },
+        prm_enabled: settings.prm.enabled,
+        session_timeout: settings.server.session_timeout(),
+        max_sessions: settings.server.max_sessions,
+    }
 }
 
 /// Builds the app: checks that every secret variable the settings name is set, loads the tokenizer,
@@ -240,13 +360,12 @@ pub fn build_app(
         ..StoreConfig::new(settings.store.path.clone())
     })?;
     let records = Arc::new(Records::start(settings)?);
-    let buffer = SessionBuffer::new(
-        BufferConfig {
-            prm_enabled: settings.prm.enabled,
-            session_timeout: settings.server.session_timeout(),
-            max_sessions: settings.server.max_sessions,
-        },
-        scorer(settings, &tokenizer)?,
+    let judge = judge_backend(settings, &tokenizer)?;
+    let judge_permits = Arc::new(Semaphore::new(settings.prm.max_concurrency.max(1)));
+    let buffer = SessionBuffer::with_opd(
+        buffer_config(settings),
+        scorer(settings, &judge, &judge_permits)?,
+        opd_parts(settings, env, &judge, &judge_permits, &tokenizer)?,
         Arc::new(store.clone()),
         (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
     );

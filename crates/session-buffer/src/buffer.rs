@@ -13,15 +13,62 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::opd::{OpdParts, combine_rl_sample, distill_sample, opd_record, teacher_signal};
 use crate::rules::{rl_decision, rl_sample};
 
 /// Attempts to hand one sample to the sink before it is counted as dropped.
 const SUBMIT_ATTEMPTS: u32 = 4;
 const SUBMIT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Which samples the buffer makes (`server.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BufferMode {
+    /// Binary RL: PRM-scored samples.
+    #[default]
+    Rl,
+    /// On-policy distillation: hint judge + teacher log-probs.
+    Opd,
+    /// Both: hint and eval votes per turn, at most one sample.
+    Combine,
+}
+
+impl BufferMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rl => "rl",
+            Self::Opd => "opd",
+            Self::Combine => "combine",
+        }
+    }
+}
+
+/// OPD settings (`[opd]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpdOptions {
+    /// A turn without a next state yields no OPD sample (`opd.drop_without_next_state`); when false
+    /// the hint judge still sees the turn, with an empty next state.
+    pub drop_without_next_state: bool,
+    /// K of top-K teacher log-probs (`opd.top_k`); 0 = off.
+    pub top_k: usize,
+    /// PRM eval votes alongside the hint votes in OPD (`opd.eval_mode`); always on in Combine.
+    pub eval_votes: bool,
+}
+
+impl Default for OpdOptions {
+    fn default() -> Self {
+        Self {
+            drop_without_next_state: true,
+            top_k: 0,
+            eval_votes: false,
+        }
+    }
+}
+
 /// Settings of the buffer.
 #[derive(Debug, Clone)]
 pub struct BufferConfig {
+    pub mode: BufferMode,
+    pub opd: OpdOptions,
     /// Score turns with the PRM (`prm.enabled`). Off: turns are submitted at once, excluded.
     pub prm_enabled: bool,
     /// A session idle this long is closed (`server.session_timeout_sec`).
@@ -36,6 +83,8 @@ pub trait RecordSink: Send + Sync {
     fn conversation(&self, record: Value);
     /// One PRM decision.
     fn prm(&self, record: Value);
+    /// One OPD decision (accepted or not, with the reason).
+    fn opd(&self, _record: Value) {}
 }
 
 /// Turns that are not samples yet, by what they wait for.
@@ -61,6 +110,9 @@ pub struct BufferStatus {
     pub samples_excluded: u64,
     pub samples_dropped: u64,
     pub turns_abandoned: u64,
+    /// OPD/Combine turns that produced no sample (no next state, no hint, teacher failure, mismatch).
+    pub turns_dropped: u64,
+    pub teacher_mismatches: u64,
     pub sessions_timed_out: u64,
     pub sessions_evicted: u64,
     pub eval_scores: u64,
@@ -79,8 +131,10 @@ struct Slot {
 }
 
 enum Ready {
-    /// The turn was abandoned: nothing to submit, but later turns may go.
+    /// The turn was abandoned or dropped: nothing to submit, but later turns may go.
     Skip,
+    /// An OPD/Combine sample, final (its rules need no order).
+    Sample(Box<ps_core::sample::Sample>),
     Judged {
         turn: Box<CapturedTurn>,
         has_next_state: bool,
@@ -135,6 +189,8 @@ struct Counters {
     excluded: AtomicU64,
     dropped: AtomicU64,
     abandoned: AtomicU64,
+    dropped_turns: AtomicU64,
+    mismatches: AtomicU64,
     timed_out: AtomicU64,
     evicted: AtomicU64,
 }
@@ -142,6 +198,7 @@ struct Counters {
 struct Inner {
     config: BufferConfig,
     scorer: Option<Arc<dyn TurnScorer>>,
+    opd: Option<OpdParts>,
     sink: Arc<dyn SampleSink>,
     records: Option<Arc<dyn RecordSink>>,
     sessions: Mutex<HashMap<String, Session>>,
@@ -177,9 +234,21 @@ impl SessionBuffer {
         sink: Arc<dyn SampleSink>,
         records: Option<Arc<dyn RecordSink>>,
     ) -> Self {
+        Self::with_opd(config, scorer, None, sink, records)
+    }
+
+    /// As [`SessionBuffer::new`], with the hint judge and teacher that modes `Opd` and `Combine` use.
+    pub fn with_opd(
+        config: BufferConfig,
+        scorer: Option<Arc<dyn TurnScorer>>,
+        opd: Option<OpdParts>,
+        sink: Arc<dyn SampleSink>,
+        records: Option<Arc<dyn RecordSink>>,
+    ) -> Self {
         Self(Arc::new(Inner {
             config,
             scorer,
+            opd,
             sink,
             records,
             sessions: Mutex::new(HashMap::new()),
@@ -257,6 +326,11 @@ impl SessionBuffer {
         done
     }
 
+    /// Which samples this buffer makes.
+    pub fn mode(&self) -> BufferMode {
+        self.0.config.mode
+    }
+
     /// Returns and clears the PRM scores computed since the last drain (`rollout/prm_eval_score`).
     pub fn drain_eval_scores(&self) -> Vec<f64> {
         std::mem::take(&mut *lock(&self.0.eval_scores))
@@ -296,6 +370,8 @@ impl SessionBuffer {
             samples_excluded: c.excluded.load(Ordering::Relaxed),
             samples_dropped: c.dropped.load(Ordering::Relaxed),
             turns_abandoned: c.abandoned.load(Ordering::Relaxed),
+            turns_dropped: c.dropped_turns.load(Ordering::Relaxed),
+            teacher_mismatches: c.mismatches.load(Ordering::Relaxed),
             sessions_timed_out: c.timed_out.load(Ordering::Relaxed),
             sessions_evicted: c.evicted.load(Ordering::Relaxed),
             eval_scores: count,
@@ -345,73 +421,241 @@ impl SessionBuffer {
     }
 
     async fn judge(&self, job: Job) {
-        let Job {
-            session_id,
-            turn_no,
-            turn,
-            next,
-        } = job;
-        let judged = match (&self.0.scorer, &next) {
-            (Some(scorer), Some(state)) if self.0.config.prm_enabled => {
-                let started = Instant::now();
-                let score = scorer.score(&judge_input(&turn, state)).await;
-                metrics::histogram!(m::PRM_SECONDS).record(started.elapsed().as_secs_f64());
-                for v in &score.votes {
-                    let outcome = match v {
-                        Some(1) => "1",
-                        Some(-1) => "-1",
-                        Some(_) => "0",
-                        None => "failed",
-                    };
-                    metrics::counter!(m::PRM_VOTES_TOTAL, "outcome" => outcome).increment(1);
-                }
-                lock(&self.0.eval_scores).push(score.score);
-                Some(score)
-            }
-            _ => None,
+        let (session_id, turn_no) = (job.session_id.clone(), job.turn_no);
+        let ready = match self.0.config.mode {
+            BufferMode::Rl => self.judge_rl(job).await,
+            BufferMode::Opd | BufferMode::Combine => self.judge_opd(job).await,
         };
-        if let Some(r) = &self.0.records {
-            r.conversation(json!({
-                "session_id": session_id,
-                "turn": turn_no,
-                "timestamp_ms": unix_millis(),
-                "messages": turn.messages,
-                "prompt_text": turn.prompt_text,
-                "response_text": turn.response_text,
-                "response_message": turn.response_message,
-                "tool_calls": turn.response_message.get("tool_calls").cloned().unwrap_or(Value::Null),
-                "next_state": next,
-            }));
-            if let Some(j) = &judged {
-                r.prm(json!({
-                    "session_id": session_id,
-                    "turn": turn_no,
-                    "timestamp_ms": unix_millis(),
-                    "score": j.score,
-                    "votes": j.votes,
-                    "failures": j.failures,
-                    "representative": if j.score != 0.0 { j.representative.clone() } else { None },
-                }));
-            }
-        }
         let start_drain = {
             let mut sessions = lock(&self.0.sessions);
             let s = sessions
                 .entry(session_id.clone())
                 .or_insert_with(|| Session::new(Instant::now()));
             s.scoring = s.scoring.saturating_sub(1);
-            s.ready.insert(
-                turn_no,
-                Ready::Judged {
-                    turn: Box::new(turn),
-                    has_next_state: next.is_some(),
-                    judged,
-                },
-            );
+            s.ready.insert(turn_no, ready);
             !std::mem::replace(&mut s.submitting, true)
         };
         if start_drain {
             self.drain(&session_id).await;
+        }
+    }
+
+    /// Runs the PRM votes of a turn that has a next state, counting and collecting the score.
+    async fn eval(&self, turn: &CapturedTurn, state: &Value) -> Option<PrmScore> {
+        let scorer = self
+            .0
+            .scorer
+            .as_ref()
+            .filter(|_| self.0.config.prm_enabled)?;
+        let started = Instant::now();
+        let score = scorer.score(&judge_input(turn, state)).await;
+        metrics::histogram!(m::PRM_SECONDS).record(started.elapsed().as_secs_f64());
+        for v in &score.votes {
+            let outcome = match v {
+                Some(1) => "1",
+                Some(-1) => "-1",
+                Some(_) => "0",
+                None => "failed",
+            };
+            metrics::counter!(m::PRM_VOTES_TOTAL, "outcome" => outcome).increment(1);
+        }
+        lock(&self.0.eval_scores).push(score.score);
+        Some(score)
+    }
+
+    fn record_turn(
+        &self,
+        session_id: &str,
+        turn_no: u64,
+        turn: &CapturedTurn,
+        next: Option<&Value>,
+        judged: Option<&PrmScore>,
+    ) {
+        let Some(r) = &self.0.records else {
+            return;
+        };
+        r.conversation(json!({
+            "session_id": session_id,
+            "turn": turn_no,
+            "timestamp_ms": unix_millis(),
+            "messages": turn.messages,
+            "prompt_text": turn.prompt_text,
+            "response_text": turn.response_text,
+            "response_message": turn.response_message,
+            "tool_calls": turn.response_message.get("tool_calls").cloned().unwrap_or(Value::Null),
+            "next_state": next,
+        }));
+        if let Some(j) = judged {
+            r.prm(json!({
+                "session_id": session_id,
+                "turn": turn_no,
+                "timestamp_ms": unix_millis(),
+                "score": j.score,
+                "votes": j.votes,
+                "failures": j.failures,
+                "representative": if j.score != 0.0 { j.representative.clone() } else { None },
+            }));
+        }
+    }
+
+    async fn judge_rl(&self, job: Job) -> Ready {
+        let Job {
+            session_id,
+            turn_no,
+            turn,
+            next,
+        } = job;
+        let judged = match &next {
+            Some(state) => self.eval(&turn, state).await,
+            None => None,
+        };
+        self.record_turn(&session_id, turn_no, &turn, next.as_ref(), judged.as_ref());
+        Ready::Judged {
+            turn: Box::new(turn),
+            has_next_state: next.is_some(),
+            judged,
+        }
+    }
+
+    /// A turn that yields no sample in OPD/Combine: counted, logged, recorded with its reason.
+    fn drop_turn(&self, job: &Job, reason: &'static str, detail: &str, record: Value) -> Ready {
+        self.0
+            .counters
+            .dropped_turns
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::TURNS_DROPPED_TOTAL, "reason" => reason).increment(1);
+        if reason == "teacher_token_mismatch" {
+            self.0.counters.mismatches.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::TEACHER_MISMATCH_TOTAL).increment(1);
+            tracing::warn!(
+                session_id = %job.session_id, turn = job.turn_no, %detail,
+                "the teacher scored other token ids than the response's (a teacher/policy tokenizer mismatch?): no sample"
+            );
+        } else {
+            tracing::info!(session_id = %job.session_id, turn = job.turn_no, reason, %detail, "turn yields no sample");
+        }
+        if let Some(r) = &self.0.records {
+            r.opd(record);
+        }
+        Ready::Skip
+    }
+
+    async fn judge_opd(&self, job: Job) -> Ready {
+        let mode = self.0.config.mode;
+        let combine = mode == BufferMode::Combine;
+        let opts = self.0.config.opd;
+        let Some(parts) = self.0.opd.clone() else {
+            let rec = opd_record(
+                &job.session_id,
+                job.turn_no,
+                mode.as_str(),
+                None,
+                None,
+                None,
+                Some(("opd_not_configured", "")),
+            );
+            return self.drop_turn(
+                &job,
+                "opd_not_configured",
+                "no hint judge or teacher is configured",
+                rec,
+            );
+        };
+        let next = match (&job.next, opts.drop_without_next_state || combine) {
+            (Some(v), _) => v.clone(),
+            (None, true) => {
+                self.record_turn(&job.session_id, job.turn_no, &job.turn, None, None);
+                let rec = opd_record(
+                    &job.session_id,
+                    job.turn_no,
+                    mode.as_str(),
+                    None,
+                    None,
+                    None,
+                    Some(("no_next_state", "")),
+                );
+                return self.drop_turn(
+                    &job,
+                    "no_next_state",
+                    "the turn never got a next state",
+                    rec,
+                );
+            }
+            (None, false) => json!({"role": "user", "content": ""}),
+        };
+        let input = judge_input(&job.turn, &next);
+        let want_eval = combine || opts.eval_votes;
+        let (hint, eval) = futures::join!(parts.hint.judge(&input), async {
+            if want_eval {
+                self.eval(&job.turn, &next).await
+            } else {
+                None
+            }
+        });
+        self.record_turn(
+            &job.session_id,
+            job.turn_no,
+            &job.turn,
+            job.next.as_ref(),
+            eval.as_ref(),
+        );
+        let eval_score = eval.as_ref().map_or(0.0, |e| e.score);
+        let signal = match hint.hint() {
+            Some(h) => Some(teacher_signal(&parts, &job.turn, h, opts.top_k).await),
+            None => None,
+        };
+        let rec = |signal: Option<&ps_teacher_client::TeacherLogprobs>,
+                   dropped: Option<(&str, &str)>| {
+            opd_record(
+                &job.session_id,
+                job.turn_no,
+                mode.as_str(),
+                Some(&hint),
+                eval.as_ref(),
+                signal,
+                dropped,
+            )
+        };
+        match signal {
+            Some(Ok(signal)) => {
+                let reward = if combine { eval_score } else { 1.0 };
+                if let Some(r) = &self.0.records {
+                    r.opd(rec(Some(&signal), None));
+                }
+                Ready::Sample(Box::new(distill_sample(
+                    &job.turn,
+                    reward,
+                    signal,
+                    mode.as_str(),
+                    &hint,
+                    eval.as_ref(),
+                )))
+            }
+            failed => {
+                // No usable teacher signal: no hint, or the teacher failed / mismatched.
+                let (reason, detail) = match &failed {
+                    Some(Err(f)) => (f.reason, f.detail.clone()),
+                    _ => (
+                        "no_hint",
+                        format!(
+                            "no hint longer than the minimum among {} votes",
+                            hint.votes.len()
+                        ),
+                    ),
+                };
+                match eval.as_ref().filter(|e| combine && e.score != 0.0) {
+                    Some(e) => {
+                        if let Some(r) = &self.0.records {
+                            r.opd(rec(None, Some((reason, &detail))));
+                        }
+                        Ready::Sample(Box::new(combine_rl_sample(&job.turn, e, &hint)))
+                    }
+                    None => {
+                        let record = rec(None, Some((reason, &detail)));
+                        self.drop_turn(&job, reason, &detail, record)
+                    }
+                }
+            }
         }
     }
 
@@ -434,6 +678,11 @@ impl SessionBuffer {
                     Some(Ready::Skip) => {
                         s.next_submit += 1;
                         continue;
+                    }
+                    Some(Ready::Sample(sample)) => {
+                        s.next_submit += 1;
+                        self.0.counters.effective.fetch_add(1, Ordering::Relaxed);
+                        *sample
                     }
                     Some(Ready::Judged {
                         turn,
@@ -517,7 +766,7 @@ fn judge_input(turn: &CapturedTurn, state: &Value) -> JudgeInput {
     }
 }
 
-fn unix_millis() -> u64 {
+pub(crate) fn unix_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -7,11 +7,19 @@
 //! turned into a sample by the [`rules`]; samples of one session are handed to the
 //! [`ps_core::SampleSink`] strictly in turn order.
 //!
+//! In modes OPD and Combine the judged turn goes through the hint judge and the teacher instead
+//! ([`opd`]).
+//!
 //! This crate owns that state machine and nothing else: scoring goes through
-//! [`ps_prm_client::TurnScorer`], storage through [`ps_core::SampleSink`], records through
+//! [`ps_prm_client::TurnScorer`], hints through [`ps_opd_judge::HintJudge`], teacher log-probs through
+//! [`ps_teacher_client::TeacherScorer`], storage through [`ps_core::SampleSink`], records through
 //! [`RecordSink`]. It must not depend on the server or on any HTTP crate.
 
 mod buffer;
+pub mod opd;
 pub mod rules;
 
-pub use buffer::{BufferConfig, BufferStatus, PendingCounts, RecordSink, SessionBuffer};
+pub use buffer::{
+    BufferConfig, BufferMode, BufferStatus, OpdOptions, PendingCounts, RecordSink, SessionBuffer,
+};
+pub use opd::OpdParts;

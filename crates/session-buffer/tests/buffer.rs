@@ -12,7 +12,7 @@ use ps_core::{
     align_logprobs,
 };
 use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
-use ps_session_buffer::{BufferConfig, SessionBuffer};
+use ps_session_buffer::{BufferConfig, BufferMode, OpdOptions, SessionBuffer};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -84,6 +84,8 @@ fn rig_with(prm_enabled: bool, max_sessions: usize) -> Rig {
     let sink = Arc::new(CollectSink::default());
     let buffer = SessionBuffer::new(
         BufferConfig {
+            mode: BufferMode::Rl,
+            opd: OpdOptions::default(),
             prm_enabled,
             session_timeout: Duration::from_secs(60),
             max_sessions,
@@ -134,6 +136,7 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
         arrival_seq: turn,
         messages: vec![user("q")],
         tools: None,
+        template_kwargs: None,
         response_message: json!({"role": "assistant", "content": format!("answer {turn}")}),
         prompt_text: "P".into(),
         response_text: format!("R{turn}"),

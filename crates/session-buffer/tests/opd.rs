@@ -1,0 +1,435 @@
+//! OPD and Combine through the session buffer, with mockall mocks and small fakes for the hint judge,
+//! the teacher and the PRM.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ps_chat_template::{ChatTokenizer, TurnInput};
+use ps_core::sample::Sample;
+use ps_core::{
+    AlignPolicy, CapturedTurn, FinishReason, SampleSink, SampledToken, SinkError, TurnSink,
+    align_logprobs,
+};
+use ps_opd_judge::{HintOutcome, HintVote, MockHintJudge};
+use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
+use ps_session_buffer::{
+    BufferConfig, BufferMode, OpdOptions, OpdParts, RecordSink, SessionBuffer,
+};
+use ps_teacher_client::{MockTeacherScorer, TeacherError, TeacherLogprobs};
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct CollectSink(Mutex<Vec<Sample>>);
+
+#[async_trait::async_trait]
+impl SampleSink for CollectSink {
+    async fn submit(&self, sample: Sample) -> Result<u64, SinkError> {
+        let mut v = self.0.lock().unwrap();
+        v.push(sample);
+        Ok(v.len() as u64)
+    }
+}
+
+#[derive(Default)]
+struct CollectRecords(Mutex<Vec<Value>>);
+
+impl RecordSink for CollectRecords {
+    fn conversation(&self, _: Value) {}
+    fn prm(&self, _: Value) {}
+    fn opd(&self, r: Value) {
+        self.0.lock().unwrap().push(r);
+    }
+}
+
+/// PRM eval: the score is `eval:<n>` in the next state.
+struct EvalByText;
+
+#[async_trait::async_trait]
+impl TurnScorer for EvalByText {
+    async fn score(&self, input: &JudgeInput) -> PrmScore {
+        let v = input
+            .next_state_text
+            .split("eval:")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse::<i8>().ok());
+        PrmScore {
+            votes: vec![v; 3],
+            score: f64::from(v.unwrap_or(0)),
+            representative: None,
+            failures: vec![None; 3],
+        }
+    }
+}
+
+/// The hint outcome a judge would give: a hint when the next state says `hint:<text>|`.
+fn outcome_for(input: &JudgeInput) -> HintOutcome {
+    let hint = input
+        .next_state_text
+        .split("hint:")
+        .nth(1)
+        .and_then(|s| s.split('|').next())
+        .map(str::to_owned);
+    let votes = vec![
+        HintVote {
+            score: Some(if hint.is_some() { 1 } else { -1 }),
+            hint: hint.clone().unwrap_or_default(),
+        };
+        3
+    ];
+    HintOutcome {
+        votes,
+        failures: vec![None; 3],
+        best: hint.map(|h| (0, h)),
+        representative: None,
+    }
+}
+
+fn hint_judge() -> MockHintJudge {
+    let mut m = MockHintJudge::new();
+    m.expect_judge().returning(outcome_for);
+    m
+}
+
+/// A teacher that echoes what it was sent and gives position-dependent values.
+fn echo_teacher(top_k_seen: Arc<Mutex<Vec<usize>>>) -> MockTeacherScorer {
+    let mut t = MockTeacherScorer::new();
+    t.expect_score().returning(move |ids, n, k| {
+        top_k_seen.lock().unwrap().push(k);
+        let tail = &ids[ids.len() - n..];
+        Ok(TeacherLogprobs {
+            log_probs: (0..n).map(|i| -0.01 * (i + 1) as f64).collect(),
+            topk_log_probs: (k > 0).then(|| vec![vec![-0.5; k]; n]),
+            topk_indices: (k > 0).then(|| tail.iter().map(|&id| vec![id; k]).collect()),
+            echoed_ids: tail.to_vec(),
+            echo_verified: true,
+        })
+    });
+    t.expect_describe().return_const("echo teacher".to_owned());
+    t
+}
+
+struct Rig {
+    buffer: SessionBuffer,
+    sink: Arc<CollectSink>,
+    records: Arc<CollectRecords>,
+    tok: Arc<ChatTokenizer>,
+}
+
+fn rig_with(mode: BufferMode, opd: OpdOptions, teacher: MockTeacherScorer) -> Rig {
+    let tok = Arc::new(ChatTokenizer::mini());
+    let sink = Arc::new(CollectSink::default());
+    let records = Arc::new(CollectRecords::default());
+    let buffer = SessionBuffer::with_opd(
+        BufferConfig {
+            mode,
+            opd,
+            prm_enabled: true,
+            session_timeout: Duration::from_secs(60),
+            max_sessions: 100,
+        },
+        Some(Arc::new(EvalByText)),
+        Some(OpdParts {
+            hint: Arc::new(hint_judge()),
+            teacher: Arc::new(teacher),
+            tokenizer: tok.clone(),
+            teacher_permits: Some(Arc::new(tokio::sync::Semaphore::new(2))),
+        }),
+        sink.clone(),
+        Some(records.clone()),
+    );
+    Rig {
+        buffer,
+        sink,
+        records,
+        tok,
+    }
+}
+
+fn rig(mode: BufferMode) -> Rig {
+    rig_with(mode, OpdOptions::default(), echo_teacher(Arc::default()))
+}
+
+/// A real captured turn rendered with the mini model: the teacher input built from it ends with
+/// exactly these response ids.
+fn captured(tok: &ChatTokenizer, session: &str, turn: u64) -> CapturedTurn {
+    let messages = vec![json!({"role": "user", "content": "How far is the moon?"})];
+    let response = json!({"role": "assistant", "content": "About 384,400 km.", "reasoning_content": "Recall the mean distance."});
+    let t = tok
+        .split_turn(&TurnInput {
+            messages: &messages,
+            tools: None,
+            response_message: &response,
+            template_kwargs: None,
+        })
+        .unwrap();
+    let sampled: Vec<SampledToken> = t.response_ids[..t.response_ids.len() - 1]
+        .iter()
+        .map(|&id| SampledToken {
+            token: tok.token_text(id),
+            id: Some(id),
+            logprob: -0.25,
+        })
+        .collect();
+    let alignment = align_logprobs(
+        &t.response_ids,
+        |id| tok.token_text(id),
+        &sampled,
+        &FinishReason {
+            reason: Some("stop".into()),
+            matched_stop: Value::Null,
+        },
+        tok.eos_token_id(),
+        AlignPolicy::default(),
+    );
+    CapturedTurn {
+        session_id: session.into(),
+        turn,
+        arrival_seq: turn,
+        messages,
+        tools: None,
+        template_kwargs: None,
+        response_message: response,
+        prompt_text: t.prompt_text,
+        response_text: t.response_text,
+        prompt_is_prefix: t.prompt_is_prefix,
+        prompt_ids: t.prompt_ids,
+        response_ids: t.response_ids,
+        alignment,
+        finish_reason: Some("stop".into()),
+        streamed: false,
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+async fn wait_for(mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out");
+}
+
+/// One turn of `session` whose next state is `next`; the session then ends.
+async fn one_turn(r: &Rig, session: &str, next: &str) {
+    let t1 = r.buffer.begin(session, &user("q"), false);
+    r.buffer.accept(captured(&r.tok, session, t1));
+    let t2 = r.buffer.begin(session, &user(next), true);
+    r.buffer.abandon(session, t2, "test");
+    wait_for(|| {
+        r.buffer.status().pending == Default::default() && r.buffer.status().live_sessions == 0
+    })
+    .await;
+}
+
+fn samples(r: &Rig) -> Vec<Sample> {
+    r.sink.0.lock().unwrap().clone()
+}
+
+fn opd_records(r: &Rig) -> Vec<Value> {
+    r.records.0.lock().unwrap().clone()
+}
+
+#[tokio::test]
+async fn an_accepted_hint_gives_a_distillation_sample_with_the_teachers_signal() {
+    let r = rig(BufferMode::Opd);
+    one_turn(
+        &r,
+        "s",
+        "Use miles please. hint:Answer in miles for a US user|",
+    )
+    .await;
+    let s = samples(&r);
+    assert_eq!(s.len(), 1);
+    let s = &s[0];
+    let t = s.response_length;
+    assert_eq!(s.reward.score, 1.0);
+    assert_eq!(s.loss_mask, vec![1; t], "all ones, as the reference");
+    let teacher = s.teacher_log_probs.as_ref().unwrap();
+    assert_eq!(teacher.len(), t);
+    assert_eq!(
+        teacher[0], -0.01,
+        "the first response token has its real value"
+    );
+    assert!(s.teacher_topk_log_probs.is_none());
+    assert_eq!(s.metadata["mode"], "opd");
+    assert_eq!(s.metadata["hint"], "Answer in miles for a US user");
+    // The student's tokens are the original prompt's, not the hinted one's.
+    let prompt_len = s.tokens.len() - t;
+    assert!(!r.tok.token_text(s.tokens[prompt_len - 1]).contains("hint"));
+    let rec = opd_records(&r);
+    assert_eq!(rec[0]["accepted"], true);
+    assert_eq!(rec[0]["hint_len"], 29);
+    assert_eq!(rec[0]["teacher_log_probs_len"], t);
+}
+
+#[tokio::test]
+async fn top_k_fields_have_t_rows_of_k() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let r = rig_with(
+        BufferMode::Opd,
+        OpdOptions {
+            top_k: 5,
+            ..OpdOptions::default()
+        },
+        echo_teacher(seen.clone()),
+    );
+    one_turn(&r, "s", "hint:Give the distance in miles too|").await;
+    let s = &samples(&r)[0];
+    let rows = s.teacher_topk_log_probs.as_ref().unwrap();
+    assert_eq!(rows.len(), s.response_length);
+    assert!(rows.iter().all(|r| r.len() == 5));
+    assert_eq!(
+        s.teacher_topk_indices.as_ref().unwrap().len(),
+        s.response_length
+    );
+    assert_eq!(*seen.lock().unwrap(), vec![5]);
+}
+
+#[tokio::test]
+async fn turns_without_a_hint_or_a_next_state_give_no_sample_and_are_recorded() {
+    let r = rig(BufferMode::Opd);
+    one_turn(&r, "a", "ok thanks").await; // no hint
+    let t = r.buffer.begin("b", &user("q"), true); // no next state
+    r.buffer.accept(captured(&r.tok, "b", t));
+    wait_for(|| r.buffer.status().turns_dropped == 2).await;
+    assert!(samples(&r).is_empty());
+    let reasons: Vec<Value> = opd_records(&r)
+        .iter()
+        .map(|x| x["dropped_reason"].clone())
+        .collect();
+    assert!(reasons.contains(&json!("no_hint")) && reasons.contains(&json!("no_next_state")));
+    assert!(opd_records(&r).iter().all(|x| x["accepted"] == false));
+}
+
+#[tokio::test]
+async fn a_teacher_that_scored_other_tokens_drops_the_sample_and_never_pads() {
+    let mut t = MockTeacherScorer::new();
+    t.expect_score().returning(|ids, n, _| {
+        let mut echoed = ids[ids.len() - n..].to_vec();
+        echoed[3] += 1; // a different tokenizer split
+        Ok(TeacherLogprobs {
+            log_probs: vec![-0.1; n],
+            topk_log_probs: None,
+            topk_indices: None,
+            echoed_ids: echoed,
+            echo_verified: true,
+        })
+    });
+    t.expect_describe()
+        .return_const("mismatching teacher".to_owned());
+    let r = rig_with(BufferMode::Opd, OpdOptions::default(), t);
+    one_turn(&r, "s", "hint:Answer in miles for a US user|").await;
+    assert!(samples(&r).is_empty());
+    let st = r.buffer.status();
+    assert_eq!((st.teacher_mismatches, st.turns_dropped), (1, 1));
+    let rec = &opd_records(&r)[0];
+    assert_eq!(rec["dropped_reason"], "teacher_token_mismatch");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("first differing position 3"),
+        "{rec}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_teacher_drops_the_turn_with_its_reason() {
+    let mut t = MockTeacherScorer::new();
+    t.expect_score().returning(|_, _, _| {
+        Err(TeacherError::Timeout {
+            url: "http://t/generate".into(),
+            after: Duration::from_secs(1),
+            config_key: "teacher.timeout_sec",
+        })
+    });
+    t.expect_describe().return_const("slow teacher".to_owned());
+    let r = rig_with(BufferMode::Opd, OpdOptions::default(), t);
+    one_turn(&r, "s", "hint:Answer in miles for a US user|").await;
+    assert!(samples(&r).is_empty());
+    let rec = &opd_records(&r)[0];
+    assert_eq!(rec["dropped_reason"], "teacher_error");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("teacher.timeout_sec")
+    );
+}
+
+#[tokio::test]
+async fn eval_mode_collects_prm_scores_beside_the_hints() {
+    let r = rig_with(
+        BufferMode::Opd,
+        OpdOptions {
+            eval_votes: true,
+            ..OpdOptions::default()
+        },
+        echo_teacher(Arc::default()),
+    );
+    one_turn(&r, "s", "eval:-1 hint:Answer in miles for a US user|").await;
+    assert_eq!(r.buffer.drain_eval_scores(), vec![-1.0]);
+    assert_eq!(samples(&r)[0].reward.score, 1.0, "OPD reward stays 1.0");
+}
+
+#[tokio::test]
+async fn combine_hint_and_nonzero_eval_gives_the_teacher_signal_with_the_eval_reward() {
+    let r = rig(BufferMode::Combine);
+    one_turn(&r, "s", "eval:-1 hint:Answer in miles for a US user|").await;
+    let s = &samples(&r)[0];
+    assert_eq!(s.reward.score, -1.0);
+    assert_eq!(s.metadata["teacher"], "hinted");
+    assert_eq!(s.teacher_log_probs.as_ref().unwrap()[0], -0.01);
+}
+
+#[tokio::test]
+async fn combine_hint_and_zero_eval_gives_the_teacher_signal_with_reward_zero() {
+    let r = rig(BufferMode::Combine);
+    one_turn(&r, "s", "eval:0 hint:Answer in miles for a US user|").await;
+    let s = &samples(&r)[0];
+    assert_eq!(s.reward.score, 0.0);
+    assert_eq!(s.metadata["teacher"], "hinted");
+    assert_eq!(s.loss_mask, vec![1; s.response_length]);
+}
+
+#[tokio::test]
+async fn combine_without_hint_and_nonzero_eval_gives_an_rl_sample_with_rollout_teacher_values() {
+    let r = rig(BufferMode::Combine);
+    one_turn(&r, "s", "eval:1 no hint here").await;
+    let s = &samples(&r)[0];
+    assert_eq!(s.reward.score, 1.0);
+    assert_eq!(s.metadata["teacher"], "rollout");
+    assert_eq!(s.teacher_log_probs.as_ref(), Some(&s.rollout_log_probs));
+    // The RL mask: the template's trailing newline is not trained.
+    assert_eq!(*s.loss_mask.last().unwrap(), 0);
+}
+
+#[tokio::test]
+async fn combine_with_neither_gives_nothing() {
+    let r = rig(BufferMode::Combine);
+    one_turn(&r, "s", "eval:0 nothing").await;
+    assert!(samples(&r).is_empty());
+    assert_eq!(r.buffer.status().turns_dropped, 1);
+}
+
+#[tokio::test]
+async fn dropped_turns_do_not_block_later_samples_of_the_session() {
+    let r = rig(BufferMode::Opd);
+    let t1 = r.buffer.begin("s", &user("q"), false);
+    let t2 = r.buffer.begin("s", &user("no hint"), false);
+    let t3 = r
+        .buffer
+        .begin("s", &user("hint:Answer in miles for a US user|"), true);
+    r.buffer.accept(captured(&r.tok, "s", t1));
+    r.buffer.accept(captured(&r.tok, "s", t2));
+    r.buffer.accept(captured(&r.tok, "s", t3));
+    wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
+    assert_eq!(samples(&r)[0].turn, 2);
+}
