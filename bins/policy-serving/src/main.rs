@@ -24,7 +24,11 @@ enum Command {
     /// Serve the OpenAI-compatible proxy.
     Serve(ServeArgs),
     /// Run the self-contained demo: fake SGLang, proxy and a scripted conversation on loopback.
-    Demo,
+    Demo {
+        /// `rl`, `opd` or `combine`.
+        #[arg(long, default_value = "rl", value_parser = parse_mode)]
+        mode: ps_config::Mode,
+    },
     /// Render and tokenize turns read as JSON lines on stdin (see the README).
     Tokenize {
         /// The model's tokenizer directory (tokenizer.json, tokenizer_config.json); default: the embedded mini model.
@@ -68,6 +72,15 @@ struct ServeArgs {
     host: Option<String>,
     #[arg(long)]
     port: Option<u16>,
+}
+
+fn parse_mode(s: &str) -> Result<ps_config::Mode, String> {
+    match s {
+        "rl" => Ok(ps_config::Mode::Rl),
+        "opd" => Ok(ps_config::Mode::Opd),
+        "combine" => Ok(ps_config::Mode::Combine),
+        other => Err(format!("{other:?} is not rl, opd or combine")),
+    }
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
@@ -135,11 +148,11 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
                     ExitCode::FAILURE
                 })
         }
-        Command::Demo => {
+        Command::Demo { mode } => {
             init_tracing("warn", LogFormat::Text);
             let mut out = std::io::stdout();
             runtime()?
-                .block_on(ps_demo::run(&mut out))
+                .block_on(ps_demo::run(&mut out, mode))
                 .map(|_| ())
                 .map_err(|e| {
                     eprintln!("policy-serving demo: {e}");

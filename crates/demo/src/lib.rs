@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use ps_chat_template::ChatTokenizer;
-use ps_config::Settings;
+use ps_config::{Mode, Settings};
 use ps_core::sample::Sample;
 use ps_fake_sglang::FakeSglang;
 use ps_sample_store::StoredSample;
@@ -50,13 +50,11 @@ pub struct DemoReport {
     pub samples: Vec<StoredSample>,
 }
 
-/// Runs the demo, writing what happens to `out`.
-pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> {
+/// Runs the demo in `mode` (`rl`, `opd` or `combine`), writing what happens to `out`.
+pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport, DemoError> {
     let mut settings: Settings =
         toml::from_str(DEMO_SETTINGS).map_err(|e| DemoError::Settings(e.to_string()))?;
-    settings
-        .validate()
-        .map_err(|e| DemoError::Settings(e.to_string()))?;
+    settings.server.mode = mode;
 
     let tokenizer = Arc::new(ChatTokenizer::mini());
     let fake = FakeSglang::builder()
@@ -66,8 +64,14 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
         .await?;
     settings.sglang.chat_url = fake.chat_url();
     settings.prm.router_url = fake.generate_url();
+    // The fake also plays the teacher (SGLang /generate with input_ids).
+    settings.teacher.url = Some(fake.generate_url());
     let store_dir = tempfile::tempdir()?;
     settings.store.path = store_dir.path().to_path_buf();
+    settings.logging.opd_record_dir = Some(store_dir.path().join("opd"));
+    settings
+        .validate()
+        .map_err(|e| DemoError::Settings(e.to_string()))?;
 
     let no_env = |_: &str| None;
     let app = ps_server::wiring::build_app(&settings, &no_env, None)?;
@@ -78,7 +82,14 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
         let _ = stop_rx.await;
     }));
     writeln!(out, "fake SGLang  : {}", fake.base_url())?;
-    writeln!(out, "proxy        : {base}   (session {SESSION})\n")?;
+    writeln!(
+        out,
+        "proxy        : {base}   (session {SESSION}, mode {mode})"
+    )?;
+    writeln!(
+        out,
+        "The fake judge is scripted by the FAKE_VOTES directives in the user messages.\n"
+    )?;
 
     let http = reqwest::Client::new();
     let url = format!("{base}/v1/chat/completions");
@@ -108,7 +119,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
     )?;
 
     // 2. A main turn, streamed: chunks are printed as they arrive.
-    history.push(json!({"role": "user", "content": "And what about Italy?"}));
+    history.push(json!({"role": "user", "content": "And what about Italy? Keep it short, please. [fake judge: FAKE_VOTES=1,1,1]"}));
     write!(out, "[main 2, streamed] assistant: ")?;
     let reply = post_stream(
         &http,
@@ -122,7 +133,7 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
     history.push(json!({"role": "assistant", "content": reply}));
 
     // 3. A main turn with a tool; the client says the session is done.
-    history.push(json!({"role": "user", "content": "[call_tool] What is the weather in Rome?"}));
+    history.push(json!({"role": "user", "content": "[call_tool] What is the weather in Rome? [fake judge: FAKE_VOTES=-1,-1,-1]"}));
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Current weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
@@ -140,17 +151,19 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
 
     // The trainer side: wait for the samples, pull them, print them, commit them.
     let status_url = format!("{base}/v1/rollout/status");
-    let mut submitted = 0;
+    let mut settled = 0;
+    let mut dropped = 0;
     for _ in 0..400 {
         let st: Value = http.get(&status_url).send().await?.json().await?;
-        submitted = st["samples"]["submitted"].as_u64().unwrap_or(0);
-        if submitted >= MAIN_TURNS as u64 {
+        dropped = st["turns_dropped"].as_u64().unwrap_or(0);
+        settled = st["samples"]["submitted"].as_u64().unwrap_or(0) + dropped;
+        if settled >= MAIN_TURNS as u64 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    if submitted < MAIN_TURNS as u64 {
-        return Err(DemoError::MissingSamples { got: submitted });
+    if settled < MAIN_TURNS as u64 {
+        return Err(DemoError::MissingSamples { got: settled });
     }
     let pulled: Value = http
         .get(format!(
@@ -162,6 +175,21 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
         .await?;
     let samples: Vec<StoredSample> = serde_json::from_value(pulled["samples"].clone())
         .map_err(|e| DemoError::Settings(format!("the pulled samples do not parse: {e}")))?;
+    if mode != Mode::Rl {
+        writeln!(out, "=== OPD decisions (logging.opd_record_dir) ===")?;
+        for record in read_records(&store_dir.path().join("opd")) {
+            writeln!(
+                out,
+                "  turn {}: {:<9}  hint accepted {:<5}  hint {}  reason {}",
+                record["turn"],
+                record["outcome"].as_str().unwrap_or("?"),
+                record["accepted"],
+                record["hint"],
+                record["reason"],
+            )?;
+        }
+        writeln!(out, "  ({dropped} turns gave no sample)\n")?;
+    }
     writeln!(out, "=== samples pulled from GET /v1/rollout/samples ===")?;
     writeln!(
         out,
@@ -177,7 +205,10 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
             s.sample.session_id,
             s.sample.turn,
             s.sample.reward.score,
-            m.get("votes").map_or_else(String::new, Value::to_string),
+            m.get("votes")
+                .filter(|v| !v.is_null())
+                .or_else(|| m.get("hint_votes"))
+                .map_or_else(String::new, Value::to_string),
             s.sample.loss_mask.iter().filter(|b| **b == 1).count(),
             s.sample.response_length,
             m.get("excluded").and_then(Value::as_str).unwrap_or("-"),
@@ -199,6 +230,22 @@ pub async fn run(out: &mut (dyn Write + Send)) -> Result<DemoReport, DemoError> 
     }
     fake.shutdown().await;
     Ok(DemoReport { replies, samples })
+}
+
+fn read_records(dir: &std::path::Path) -> Vec<Value> {
+    let mut records: Vec<Value> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect::<Vec<Value>>()
+        })
+        .collect();
+    records.sort_by_key(|r| r["turn"].as_u64());
+    records
 }
 
 async fn post_json(
@@ -334,10 +381,22 @@ pub fn describe(s: &Sample, tok: &ChatTokenizer) -> String {
         missing.len(),
         s.reward.score,
     );
+    let teacher = s.teacher_log_probs.as_ref();
+    if teacher.is_some() {
+        let _ = writeln!(
+            out,
+            "  teacher values: {} (hint {})",
+            s.metadata
+                .get("teacher")
+                .and_then(Value::as_str)
+                .unwrap_or("?"),
+            s.metadata.get("hint").unwrap_or(&Value::Null)
+        );
+    }
     let _ = writeln!(
         out,
-        "  {:>4}  {:>6}  {:<18} {:>9}  {:<15} mask",
-        "pos", "id", "token", "logprob", "source"
+        "  {:>4}  {:>6}  {:<18} {:>9}  {:>9}  {:<15} mask",
+        "pos", "id", "token", "logprob", "teacher", "source"
     );
     let prompt_len = s.tokens.len() - s.response_length;
     for (i, id) in s.tokens[prompt_len..].iter().enumerate() {
@@ -348,9 +407,10 @@ pub fn describe(s: &Sample, tok: &ChatTokenizer) -> String {
         };
         let text = format!("{:?}", tok.token_text(*id));
         let src = sources.get(i).map_or("?", String::as_str);
+        let t = teacher.map_or_else(|| "-".to_owned(), |t| format!("{:.4}", t[i]));
         let _ = writeln!(
             out,
-            "  {i:>4}  {id:>6}  {text:<18} {lp:>9}  {src:<15} {}",
+            "  {i:>4}  {id:>6}  {text:<18} {lp:>9}  {t:>9}  {src:<15} {}",
             s.loss_mask[i]
         );
     }

@@ -3,7 +3,7 @@
 #[tokio::test]
 async fn the_demo_runs_end_to_end_and_the_trainer_side_gets_every_main_turn() {
     let mut out = Vec::new();
-    let report = ps_demo::run(&mut out).await.unwrap();
+    let report = ps_demo::run(&mut out, ps_config::Mode::Rl).await.unwrap();
     let text = String::from_utf8(out).unwrap();
     assert_eq!(report.replies.len(), 3);
     // Three main turns became samples, in turn order; the side turn did not.
@@ -17,10 +17,13 @@ async fn the_demo_runs_end_to_end_and_the_trainer_side_gets_every_main_turn() {
         assert_eq!(s.sample.loss_mask.len(), s.sample.response_length);
         assert_eq!(s.sample.rollout_log_probs.len(), s.sample.response_length);
     }
-    // Turns 1 and 2 had a next state and were judged with 3 votes; turn 3 closed the session.
-    for s in &report.samples[..2] {
-        assert_eq!(s.sample.metadata["votes"].as_array().unwrap().len(), 3);
-    }
+    // Turns 1 and 2 had a next state and were judged with 3 (scripted) votes; turn 3 closed the session.
+    assert_eq!(
+        report.samples[0].sample.metadata["votes"],
+        serde_json::json!([1, 1, 1])
+    );
+    assert_eq!(report.samples[0].sample.reward.score, 1.0);
+    assert_eq!(report.samples[1].sample.reward.score, -1.0);
     assert_eq!(
         report.samples[2].sample.metadata["excluded"],
         "no_next_state"
@@ -33,5 +36,44 @@ async fn the_demo_runs_end_to_end_and_the_trainer_side_gets_every_main_turn() {
     assert!(
         text.contains(&report.replies[1]),
         "the streamed reply is printed"
+    );
+}
+
+#[tokio::test]
+async fn the_opd_demo_shows_an_accepted_hint_with_its_teacher_signal_and_the_rejected_turns() {
+    let mut out = Vec::new();
+    let report = ps_demo::run(&mut out, ps_config::Mode::Opd).await.unwrap();
+    let text = String::from_utf8(out).unwrap();
+    // Turn 1's next state earned a hint; turn 2's did not; turn 3 had no next state.
+    assert_eq!(report.samples.len(), 1);
+    let s = &report.samples[0].sample;
+    assert_eq!(s.turn, 1);
+    assert_eq!(
+        s.teacher_log_probs.as_ref().unwrap().len(),
+        s.response_length
+    );
+    assert_eq!(s.reward.score, 1.0);
+    assert!(text.contains("=== OPD decisions"));
+    assert!(text.contains("no_hint") && text.contains("no_next_state"));
+}
+
+#[tokio::test]
+async fn the_combine_demo_makes_one_distilled_and_one_rl_sample() {
+    let mut out = Vec::new();
+    let report = ps_demo::run(&mut out, ps_config::Mode::Combine)
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = report
+        .samples
+        .iter()
+        .map(|s| s.sample.metadata["teacher"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["hinted", "rollout"]);
+    assert_eq!(report.samples[1].sample.reward.score, -1.0);
+    assert!(
+        report
+            .samples
+            .iter()
+            .all(|s| s.sample.teacher_log_probs.is_some())
     );
 }

@@ -556,8 +556,10 @@ pub(crate) fn triple(tok: &ChatTokenizer, lp: Option<f64>, id: u32, with_text: b
 }
 
 /// A parsed `FAKE_VOTES=…` list: `Some(v)` answers `\boxed{v}`, `None` answers without a boxed value.
+/// The LAST directive of the prompt counts: a judge prompt shows the response before the next state,
+/// and a response may quote an earlier message's directive.
 pub(crate) fn scripted_votes(text: &str) -> Option<Vec<Option<i64>>> {
-    let start = text.find("FAKE_VOTES=")? + "FAKE_VOTES=".len();
+    let start = text.rfind("FAKE_VOTES=")? + "FAKE_VOTES=".len();
     let list: String = text[start..]
         .chars()
         .take_while(|c| c.is_ascii_digit() || matches!(c, ',' | '-' | '+' | 'x' | 'X'))
@@ -630,7 +632,7 @@ mod tests {
     #[test]
     fn scripted_votes_parse() {
         assert_eq!(
-            scripted_votes("blah FAKE_VOTES=1,-1,x,0 more"),
+            scripted_votes("FAKE_VOTES=-1 quoted, then blah FAKE_VOTES=1,-1,x,0 more"),
             Some(vec![Some(1), Some(-1), None, Some(0)])
         );
         assert_eq!(scripted_votes("no directive"), None);

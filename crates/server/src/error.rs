@@ -25,6 +25,8 @@ pub enum ApiError {
     RolloutDisabled,
     #[error(transparent)]
     Store(ps_sample_store::StoreError),
+    #[error("encoding the answer failed: {0}")]
+    Encode(String),
 }
 
 impl ApiError {
@@ -46,6 +48,7 @@ impl ApiError {
             Self::RolloutDisabled => "rollout_disabled",
             Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => "commit_ahead",
             Self::Store(_) => "store_error",
+            Self::Encode(_) => "encode_failed",
             Self::Upstream(e) => match e {
                 SglangError::Connect { .. } => "upstream_unreachable",
                 SglangError::Transport { .. } => "upstream_connection_lost",
@@ -60,7 +63,7 @@ impl ApiError {
 
     /// Whether the client (4xx) or the upstream (5xx) is at fault, for metrics.
     pub fn is_client_error(&self) -> bool {
-        !matches!(self, Self::Upstream(_) | Self::Store(_))
+        !matches!(self, Self::Upstream(_) | Self::Store(_) | Self::Encode(_))
     }
 }
 
@@ -85,6 +88,7 @@ impl IntoResponse for ApiError {
                 (StatusCode::CONFLICT, "invalid_request_error")
             }
             Self::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
+            Self::Encode(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
             Self::Upstream(SglangError::Status {
                 status,
                 content_type,

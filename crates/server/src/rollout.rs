@@ -3,7 +3,7 @@
 //!
 //! | route | |
 //! |---|---|
-//! | `GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS` | `{"samples": [{"seq", "sample"}], "last_seq"}`; waits up to `wait_ms` when nothing is newer than `after` |
+//! | `GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS[&format=msgpack]` | `{"samples": [{"seq", "sample"}], "last_seq"}`; waits up to `wait_ms` when nothing is newer than `after`; JSON, or MessagePack (named fields) with `format=msgpack` or `Accept: application/msgpack` |
 //! | `POST /v1/rollout/commit` `{"through": SEQ}` | records what the trainer consumed |
 //! | `POST /v1/rollout/pause`, `POST /v1/rollout/resume` | submission state |
 //! | `GET /v1/rollout/status` | submission state, seqs, pending turns by reason, sessions, eval scores |
@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use ps_sample_store::{SampleStore, StoreError};
 use ps_session_buffer::SessionBuffer;
@@ -77,11 +79,41 @@ fn parse_param<T: std::str::FromStr>(
     }
 }
 
+/// MessagePack's media type.
+pub const MSGPACK: &str = "application/msgpack";
+
+/// Whether the trainer asked for MessagePack (`format=msgpack`, or an `Accept` naming it).
+fn wants_msgpack(q: &HashMap<String, String>, headers: &HeaderMap) -> Result<bool, ApiError> {
+    match q.get("format").map(|f| f.trim().to_ascii_lowercase()) {
+        Some(f) if f == "msgpack" => return Ok(true),
+        Some(f) if f == "json" => return Ok(false),
+        Some(f) => {
+            return Err(ApiError::invalid(
+                "invalid_query",
+                format!("query parameter `format` = {f:?}: expected \"json\" or \"msgpack\""),
+            ));
+        }
+        None => {}
+    }
+    Ok(headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains(MSGPACK) || a.contains("application/x-msgpack")))
+}
+
+#[derive(serde::Serialize)]
+struct Page<'a> {
+    samples: &'a [ps_sample_store::StoredSample],
+    last_seq: u64,
+}
+
 pub async fn samples(
     State(app): State<AppState>,
+    headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let r = rollout(&app)?;
+    let msgpack = wants_msgpack(&q, &headers)?;
     let after = parse_param(&q, "after", 0u64, |_| true, "a sequence number (0 or more)")?;
     let max = parse_param(
         &q,
@@ -103,9 +135,20 @@ pub async fn samples(
             .await;
     }
     let samples = r.store.read(after, max).await?;
-    Ok(Json(
-        json!({"samples": samples, "last_seq": r.store.stats().last_seq}),
-    ))
+    let page = Page {
+        samples: &samples,
+        last_seq: r.store.stats().last_seq,
+    };
+    if msgpack {
+        // Named fields: the trainer decodes it with `msgpack.unpackb` into the same dicts as JSON,
+        // at about half the size (floats stay f64, bit-exact).
+        let body = rmp_serde::to_vec_named(&page).map_err(|e| ApiError::Encode(e.to_string()))?;
+        let mut resp = body.into_response();
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(MSGPACK));
+        return Ok(resp);
+    }
+    Ok(Json(page).into_response())
 }
 
 pub async fn commit(State(app): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {

@@ -588,3 +588,30 @@ fn file_name_ok(path: &Path, prefix: &str) -> bool {
             .count()
             == 14
 }
+
+#[tokio::test]
+async fn samples_are_served_as_messagepack_on_request_and_decode_to_the_same_values() {
+    let (s, _dir) = fresh().await;
+    two_turns(&s, "mp", "FAKE_VOTES=1").await;
+    s.wait_submitted(2).await;
+    let json_page = s.pull(0).await;
+    for req in [
+        reqwest::Client::new().get(format!(
+            "{}/v1/rollout/samples?after=0&max=100&format=msgpack",
+            s.url
+        )),
+        reqwest::Client::new()
+            .get(format!("{}/v1/rollout/samples?after=0&max=100", s.url))
+            .header("accept", "application/msgpack"),
+    ] {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.headers()["content-type"], "application/msgpack");
+        let bytes = r.bytes().await.unwrap();
+        let decoded: Value = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(decoded, json_page);
+        assert!(bytes.len() < serde_json::to_vec(&json_page).unwrap().len());
+    }
+    let r = s.get("/v1/rollout/samples?format=xml").await;
+    assert_eq!(r.status(), 400);
+    s.stop().await;
+}

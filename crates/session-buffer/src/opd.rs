@@ -187,9 +187,16 @@ pub(crate) fn opd_record(
     dropped: Option<(&str, &str)>,
 ) -> Value {
     let h = hint.and_then(HintOutcome::hint);
+    let outcome = match (signal, dropped) {
+        (Some(_), _) => "distilled",
+        // Combine keeps a turn without a usable teacher signal as an RL sample when its eval is ±1.
+        (None, Some(_)) if mode == "combine" && eval.is_some_and(|e| e.score != 0.0) => "rl",
+        _ => "dropped",
+    };
     json!({
         "session_id": session_id,
         "turn": turn,
+        "outcome": outcome,
         "timestamp_ms": crate::buffer::unix_millis(),
         "mode": mode,
         "accepted": hint.is_some_and(HintOutcome::accepted) && dropped.is_none(),
@@ -201,7 +208,7 @@ pub(crate) fn opd_record(
         "eval_votes": eval.map(|e| &e.votes),
         "teacher_log_probs_len": signal.map(|s| s.log_probs.len()),
         "teacher_log_probs_sum": signal.map(|s| s.log_probs.iter().sum::<f64>()),
-        "dropped_reason": dropped.map(|d| d.0),
+        "reason": dropped.map(|d| d.0),
         "detail": dropped.map(|d| d.1),
     })
 }

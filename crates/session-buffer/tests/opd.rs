@@ -265,6 +265,7 @@ async fn an_accepted_hint_gives_a_distillation_sample_with_the_teachers_signal()
     assert!(!r.tok.token_text(s.tokens[prompt_len - 1]).contains("hint"));
     let rec = opd_records(&r);
     assert_eq!(rec[0]["accepted"], true);
+    assert_eq!(rec[0]["outcome"], "distilled");
     assert_eq!(rec[0]["hint_len"], 29);
     assert_eq!(rec[0]["teacher_log_probs_len"], t);
 }
@@ -302,7 +303,7 @@ async fn turns_without_a_hint_or_a_next_state_give_no_sample_and_are_recorded() 
     assert!(samples(&r).is_empty());
     let reasons: Vec<Value> = opd_records(&r)
         .iter()
-        .map(|x| x["dropped_reason"].clone())
+        .map(|x| x["reason"].clone())
         .collect();
     assert!(reasons.contains(&json!("no_hint")) && reasons.contains(&json!("no_next_state")));
     assert!(opd_records(&r).iter().all(|x| x["accepted"] == false));
@@ -330,7 +331,7 @@ async fn a_teacher_that_scored_other_tokens_drops_the_sample_and_never_pads() {
     let st = r.buffer.status();
     assert_eq!((st.teacher_mismatches, st.turns_dropped), (1, 1));
     let rec = &opd_records(&r)[0];
-    assert_eq!(rec["dropped_reason"], "teacher_token_mismatch");
+    assert_eq!(rec["reason"], "teacher_token_mismatch");
     assert!(
         rec["detail"]
             .as_str()
@@ -355,7 +356,7 @@ async fn a_failing_teacher_drops_the_turn_with_its_reason() {
     one_turn(&r, "s", "hint:Answer in miles for a US user|").await;
     assert!(samples(&r).is_empty());
     let rec = &opd_records(&r)[0];
-    assert_eq!(rec["dropped_reason"], "teacher_error");
+    assert_eq!(rec["reason"], "teacher_error");
     assert!(
         rec["detail"]
             .as_str()
@@ -407,6 +408,11 @@ async fn combine_without_hint_and_nonzero_eval_gives_an_rl_sample_with_rollout_t
     assert_eq!(s.reward.score, 1.0);
     assert_eq!(s.metadata["teacher"], "rollout");
     assert_eq!(s.teacher_log_probs.as_ref(), Some(&s.rollout_log_probs));
+    let rec = &opd_records(&r)[0];
+    assert_eq!(
+        (rec["outcome"].as_str(), rec["reason"].as_str()),
+        (Some("rl"), Some("no_hint"))
+    );
     // The RL mask: the template's trailing newline is not trained.
     assert_eq!(*s.loss_mask.last().unwrap(), 0);
 }
