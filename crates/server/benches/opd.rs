@@ -48,7 +48,8 @@ async fn opd_run(sessions: usize, top_k: usize) -> (f64, u64, u64) {
         let (http, url) = (http.clone(), format!("{base}/v1/chat/completions"));
         tasks.push(tokio::spawn(async move {
             let session = format!("bench-{i}");
-            let first = json!([{"role": "user", "content": format!("Task number {i}: plan a trip.")}]);
+            let first =
+                json!([{"role": "user", "content": format!("Task number {i}: plan a trip.")}]);
             let a: Value = http
                 .post(&url)
                 .header("x-session-id", &session)
@@ -108,8 +109,16 @@ fn topk_sample(k: usize) -> Sample {
         session_id: "s".into(),
         turn: 1,
         teacher_log_probs: Some((0..t).map(|x| -((x % 89) as f64) / 17.0).collect()),
-        teacher_topk_log_probs: Some((0..t).map(|x| (0..k).map(|j| -((x + j) as f64) / 1000.0).collect()).collect()),
-        teacher_topk_indices: Some((0..t).map(|x| (0..k).map(|j| (x * 31 + j) as u32 % 151_000).collect()).collect()),
+        teacher_topk_log_probs: Some(
+            (0..t)
+                .map(|x| (0..k).map(|j| -((x + j) as f64) / 1000.0).collect())
+                .collect(),
+        ),
+        teacher_topk_indices: Some(
+            (0..t)
+                .map(|x| (0..k).map(|j| (x * 31 + j) as u32 % 151_000).collect())
+                .collect(),
+        ),
         ..Sample::default()
     }
 }
@@ -117,10 +126,14 @@ fn topk_sample(k: usize) -> Sample {
 #[tokio::main]
 async fn main() {
     let sessions = arg("--sessions", 200);
-    println!("OPD end to end: {sessions} sessions x 2 main turns (1 distilled, 1 without next state), fake SGLang, mini tokenizer");
+    println!(
+        "OPD end to end: {sessions} sessions x 2 main turns (1 distilled, 1 without next state), fake SGLang, mini tokenizer"
+    );
     for k in [0, 50] {
         let (rate, submitted, dropped) = opd_run(sessions, k).await;
-        println!("  K = {k:>2}: {rate:>7.1} turns/s  ({submitted} samples, {dropped} turns without a sample)");
+        println!(
+            "  K = {k:>2}: {rate:>7.1} turns/s  ({submitted} samples, {dropped} turns without a sample)"
+        );
     }
 
     let n = arg("--store-samples", 200);
@@ -132,7 +145,9 @@ async fn main() {
     let mut tasks = Vec::new();
     for _ in 0..n {
         let (store, sample) = (store.clone(), sample.clone());
-        tasks.push(tokio::spawn(async move { store.append(sample).await.unwrap() }));
+        tasks.push(tokio::spawn(
+            async move { store.append(sample).await.unwrap() },
+        ));
     }
     for t in tasks {
         t.await.unwrap();
@@ -152,6 +167,9 @@ async fn main() {
         read += page.len();
         after = page.last().unwrap().seq;
     }
-    println!("store, K = 50: {:.0} samples/s read", n as f64 / started.elapsed().as_secs_f64());
+    println!(
+        "store, K = 50: {:.0} samples/s read",
+        n as f64 / started.elapsed().as_secs_f64()
+    );
     store.close().await.unwrap();
 }
