@@ -756,6 +756,31 @@ impl Settings {
             .or(self.provider.prm_model.as_deref())
     }
 
+    /// Whether the teacher is reached through the provider: backend `openai_completions` with no
+    /// `teacher.url` of its own (the operators' `teacher_base_url` is the provider root).
+    pub fn teacher_uses_provider(&self) -> bool {
+        self.teacher.backend == TeacherBackend::OpenaiCompletions
+            && self.teacher.url.is_none()
+            && self.provider.base_url.is_some()
+    }
+
+    /// The teacher's URL: `teacher.url`, else (for `openai_completions`) `provider.base_url`.
+    pub fn teacher_url(&self) -> Option<&str> {
+        match &self.teacher.url {
+            Some(u) => Some(u),
+            None if self.teacher_uses_provider() => self.provider.base_url.as_deref(),
+            None => None,
+        }
+    }
+
+    /// The teacher's model: `teacher.model`, else `provider.teacher_model`.
+    pub fn teacher_model(&self) -> Option<&str> {
+        self.teacher
+            .model
+            .as_deref()
+            .or(self.provider.teacher_model.as_deref())
+    }
+
     /// Whether anything active calls the external provider (the OPD hint judge, or the PRM with
     /// `backend = "provider"`).
     pub fn provider_in_use(&self) -> bool {

@@ -141,6 +141,14 @@ impl Settings {
     /// The teacher key: the variable named by `teacher.api_key_env` (an error if it is unset), or
     /// none when no variable is named.
     pub fn teacher_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
+        if self.teacher.api_key_env.is_none() && self.teacher_uses_provider() {
+            // The provider's one key serves every call made through it, the teacher's too.
+            return resolve_optional_secret(
+                "provider.api_key_env",
+                self.provider.api_key_env.as_deref(),
+                env,
+            );
+        }
         resolve_optional_secret(
             "teacher.api_key_env",
             self.teacher.api_key_env.as_deref(),

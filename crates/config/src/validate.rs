@@ -174,17 +174,23 @@ impl Settings {
             Some(url) => {
                 v.url("teacher.url", url, what);
             }
-            None if self.opd_active() => v.missing(
+            None if self.opd_active() && self.teacher_url().is_none() => v.missing(
                 "teacher.url",
-                &format!("{what}; required when OPD is active"),
+                &format!(
+                    "{what}; required when OPD is active (backend \"openai_completions\" also \
+                     takes provider.base_url)"
+                ),
             ),
             None => {}
         }
-        if self.opd_active() && t.backend == TeacherBackend::OpenaiCompletions && t.model.is_none()
+        if self.opd_active()
+            && t.backend == TeacherBackend::OpenaiCompletions
+            && self.teacher_model().is_none()
         {
             v.missing(
                 "teacher.model",
-                "the teacher's model name, required by backend \"openai_completions\"",
+                "the teacher's model name, required by backend \"openai_completions\" (or \
+                 provider.teacher_model)",
             );
         }
         v.var_name("teacher.api_key_env", t.api_key_env.as_deref());

@@ -218,3 +218,23 @@ fn debug_of_settings_hides_the_literal_key() {
     assert!(!debug.contains("sk-literal"), "{debug}");
     assert!(debug.contains("api_key: Some(<redacted>)"), "{debug}");
 }
+
+#[test]
+fn a_completions_teacher_without_its_own_url_uses_the_provider_root_and_key() {
+    let mut s = operators();
+    s.server.mode = ps_config::Mode::Opd;
+    s.teacher.backend = ps_config::TeacherBackend::OpenaiCompletions;
+    s.validate().unwrap();
+    assert_eq!(s.teacher_url(), Some("https://taotoken.net/api"));
+    assert_eq!(s.teacher_model(), Some("claude-sonnet-4-20250514"));
+    let e = s.check_secrets(&lookup(&[])).unwrap_err().to_string();
+    assert!(
+        e.contains("provider.api_key_env names TAOTOKEN_API_KEY"),
+        "{e}"
+    );
+    let key = s
+        .teacher_api_key(&lookup(&[("TAOTOKEN_API_KEY", "k")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(key.expose(), "k");
+}

@@ -264,7 +264,7 @@ pub fn teacher(
     env: EnvLookup<'_>,
 ) -> Result<Arc<dyn TeacherScorer>, StartupError> {
     let t = &settings.teacher;
-    let url = t.url.clone().unwrap_or_default();
+    let url = settings.teacher_url().unwrap_or_default().to_owned();
     let api_key = settings
         .teacher_api_key(env)?
         .map(|k| k.expose().to_owned());
@@ -278,7 +278,7 @@ pub fn teacher(
         TeacherBackend::OpenaiCompletions => {
             Arc::new(CompletionsTeacher::new(CompletionsTeacherConfig {
                 base_url: url,
-                model: t.model.clone().unwrap_or_default(),
+                model: settings.teacher_model().unwrap_or_default().to_owned(),
                 api_key,
                 timeout,
             })?)
