@@ -359,9 +359,11 @@ impl Default for ProviderSettings {
 impl ProviderSettings {
     /// The OpenAI-compatible chat endpoint: `<base_url>/v1/chat/completions`.
     pub fn chat_completions_url(&self) -> Option<String> {
-        self.base_url
-            .as_deref()
-            .map(|base| format!("{}/v1/chat/completions", base.trim_end_matches('/')))
+        self.base_url.as_deref().map(|base| {
+            let root = base.trim_end_matches('/');
+            let root = root.strip_suffix("/v1").unwrap_or(root);
+            format!("{root}/v1/chat/completions")
+        })
     }
 
     /// `timeout_sec` as a duration.

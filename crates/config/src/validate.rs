@@ -116,20 +116,21 @@ impl Settings {
                 "the provider root URL, such as \"https://taotoken.net/api\"",
             )
         {
+            // A root with or without a trailing /v1 reaches the same path; a full endpoint does not.
             let path = base.trim_end_matches('/');
-            if path.ends_with("/v1") {
+            if path.ends_with("/completions") {
+                let root = path
+                    .trim_end_matches("/completions")
+                    .trim_end_matches("/chat")
+                    .trim_end_matches("/v1");
                 v.fail(
                     "provider.base_url",
                     redact_url(base),
-                    "the provider root without the trailing /v1: /v1/chat/completions is \
-                     appended to it, so this would call /v1/v1/chat/completions",
-                );
-            } else if path.contains("/chat/completions") {
-                v.fail(
-                    "provider.base_url",
-                    redact_url(base),
-                    "the provider root, without /chat/completions: /v1/chat/completions is \
-                     appended to it",
+                    &format!(
+                        "the provider root, without the endpoint path: write \"{}\" \
+                         (/v1/chat/completions is appended to it)",
+                        redact_url(root)
+                    ),
                 );
             }
         }

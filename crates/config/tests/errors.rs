@@ -245,16 +245,38 @@ fn validation_errors_name_key_value_expectation_and_origin() {
 }
 
 #[test]
-fn provider_base_url_with_v1_is_rejected() {
+fn provider_base_url_with_or_without_v1_reaches_the_same_path() {
+    for base in [
+        "https://taotoken.net/api",
+        "https://taotoken.net/api/",
+        "https://taotoken.net/api/v1",
+        "https://taotoken.net/api/v1/",
+    ] {
+        let mut s = ps_config::Settings::default();
+        s.provider.base_url = Some(base.into());
+        s.validate().unwrap();
+        assert_eq!(
+            s.provider.chat_completions_url().as_deref(),
+            Some("https://taotoken.net/api/v1/chat/completions"),
+            "{base}"
+        );
+    }
+}
+
+#[test]
+fn provider_base_url_with_the_endpoint_path_is_rejected_with_what_to_write() {
     let (_, text, _) = load_error(
         "settings.json",
-        r#"{ "taotoken": { "base_url": "https://taotoken.net/api/v1" } }"#,
+        r#"{ "taotoken": { "base_url": "https://taotoken.net/api/v1/chat/completions" } }"#,
     );
     assert!(
-        text.contains("taotoken.base_url = \"https://taotoken.net/api/v1\""),
+        text.contains("taotoken.base_url = \"https://taotoken.net/api/v1/chat/completions\""),
         "{text}"
     );
-    assert!(text.contains("/v1/v1/chat/completions"), "{text}");
+    assert!(
+        text.contains("write \"https://taotoken.net/api\""),
+        "{text}"
+    );
 }
 
 #[test]

@@ -45,3 +45,23 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
             .into_response(),
     }
 }
+
+/// Unknown routes, in the OpenAI error shape.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    let body = crate::error::error_body(
+        &format!("no route {}; see the README for the endpoints", uri.path()),
+        "invalid_request_error",
+        "not_found",
+    );
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
+}
+
+/// A known route with the wrong method, in the OpenAI error shape.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let body = crate::error::error_body(
+        &format!("{method} is not allowed on {}", uri.path()),
+        "invalid_request_error",
+        "method_not_allowed",
+    );
+    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}
