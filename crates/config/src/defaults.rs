@@ -17,6 +17,10 @@ pub const SERVER_SERVED_MODEL_NAME: &str = "default";
 pub const SERVER_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
 /// `server.shutdown_grace_sec`.
 pub const SERVER_SHUTDOWN_GRACE_SEC: u64 = 30;
+/// `server.max_messages`.
+pub const SERVER_MAX_MESSAGES: usize = 4096;
+/// `server.max_turn_tokens`.
+pub const SERVER_MAX_TURN_TOKENS: usize = 131_072;
 /// `server.pause_hold_max_sec`.
 pub const SERVER_PAUSE_HOLD_MAX_SEC: u64 = 30;
 

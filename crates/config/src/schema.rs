@@ -103,6 +103,11 @@ pub struct ServerSettings {
     pub api_key_env: Option<String>,
     /// Largest accepted request body, in bytes. Default 16 MiB.
     pub max_body_bytes: u64,
+    /// Most messages one chat request may carry; more is a 400 naming this key. Default 4096.
+    pub max_messages: usize,
+    /// Most tokens (prompt + response) of a main turn used for training; a longer turn is still
+    /// answered, but not trained on (counted, logged, reason `turn_too_long`). Default 131072.
+    pub max_turn_tokens: usize,
     /// On shutdown, how long in-flight requests and background scoring may run before they are cut.
     /// Default 30.
     pub shutdown_grace_sec: u64,
@@ -152,6 +157,8 @@ impl Default for ServerSettings {
             model_dir: None,
             api_key_env: None,
             max_body_bytes: d::SERVER_MAX_BODY_BYTES,
+            max_messages: d::SERVER_MAX_MESSAGES,
+            max_turn_tokens: d::SERVER_MAX_TURN_TOKENS,
             shutdown_grace_sec: d::SERVER_SHUTDOWN_GRACE_SEC,
             pause_mode: PauseMode::default(),
             pause_hold_max_sec: d::SERVER_PAUSE_HOLD_MAX_SEC,
@@ -194,7 +201,8 @@ pub struct SglangSettings {
     /// Ask SGLang for the sampled token ids on non-streamed calls (newer SGLang builds only).
     /// Default false.
     pub return_token_ids: bool,
-    /// Cap on concurrent upstream requests; a permit is held until a streamed body ends. Default 256.
+    /// Cap on concurrent upstream chat requests; a permit is held until a streamed body ends. A
+    /// request beyond it gets 429 with Retry-After. Default 256.
     pub max_concurrency: usize,
 }
 

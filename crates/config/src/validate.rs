@@ -50,6 +50,8 @@ impl Settings {
         }
         v.var_name("server.api_key_env", s.api_key_env.as_deref());
         v.var_name("server.admin_key_env", s.admin_key_env.as_deref());
+        v.positive("server.max_messages", s.max_messages as u64);
+        v.positive("server.max_turn_tokens", s.max_turn_tokens as u64);
     }
 
     fn check_sglang(&self, v: &mut Checks) {

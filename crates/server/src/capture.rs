@@ -105,6 +105,7 @@ fn report(turn: &CapturedTurn) {
 /// The bounded queue in front of the capture workers.
 pub struct CaptureQueue {
     sink: Arc<dyn TurnSink>,
+    max_turn_tokens: Arc<std::sync::atomic::AtomicUsize>,
     tx: std::sync::Mutex<Option<SyncSender<CaptureJob>>>,
     workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
@@ -126,20 +127,30 @@ impl CaptureQueue {
     ) -> std::io::Result<Self> {
         let (tx, rx) = sync_channel::<CaptureJob>(capacity.max(1));
         let rx = Arc::new(std::sync::Mutex::new(rx));
+        let max_turn_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
-            let (rx, tok) = (rx.clone(), tokenizer.clone());
+            let (rx, tok, max) = (rx.clone(), tokenizer.clone(), max_turn_tokens.clone());
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("capture-{i}"))
-                    .spawn(move || worker(&rx, &tok, policy))?,
+                    .spawn(move || worker(&rx, &tok, policy, &max))?,
             );
         }
         Ok(Self {
             sink,
+            max_turn_tokens,
             tx: std::sync::Mutex::new(Some(tx)),
             workers: std::sync::Mutex::new(handles),
         })
+    }
+
+    /// Turns with more tokens (prompt + response) than this are not trained on (`server.max_turn_tokens`).
+    #[must_use]
+    pub fn with_max_turn_tokens(self, max: usize) -> Self {
+        self.max_turn_tokens
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+        self
     }
 
     /// The sink captured turns go to.
@@ -189,6 +200,7 @@ fn worker(
     rx: &std::sync::Mutex<Receiver<CaptureJob>>,
     tok: &ChatTokenizer,
     policy: AlignPolicy,
+    max_turn_tokens: &std::sync::atomic::AtomicUsize,
 ) -> usize {
     let mut captured = 0;
     loop {
@@ -201,6 +213,19 @@ fn worker(
         };
         let started = Instant::now();
         match capture_turn(tok, &job, policy) {
+            Ok(turn)
+                if turn.prompt_ids.len() + turn.response_ids.len()
+                    > max_turn_tokens.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "turn_too_long").increment(1);
+                tracing::warn!(
+                    session_id = %turn.session_id, turn = turn.turn,
+                    tokens = turn.prompt_ids.len() + turn.response_ids.len(),
+                    "turn longer than server.max_turn_tokens: answered, but not trained on"
+                );
+                let mut job = job;
+                job.guard.set_reason("turn_too_long");
+            }
             Ok(turn) => {
                 metrics::histogram!(m::CAPTURE_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "captured").increment(1);

@@ -104,7 +104,7 @@ async fn handle(
 ) -> Result<(Response, TurnType), ApiError> {
     let opts = app.options();
     let bytes = read_body(body, opts.max_body_bytes).await?;
-    let req = request::parse(&bytes, headers)?;
+    let req = request::parse_limited(&bytes, headers, opts.max_messages)?;
     // While the trainer has paused submission: refuse, hold, or serve without collecting.
     let mut collect = true;
     if !app.submission_enabled() {
@@ -202,14 +202,24 @@ async fn handle(
     let shape = ClientShape::of(&req.body, &forwarded);
     let session_header = HeaderValue::from_str(&session_id).ok();
 
+    // A permit per upstream request, held until the answer (or the streamed body) ends.
+    let permit = app
+        .0
+        .upstream_permits
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::Overloaded {
+            limit: opts.max_upstream,
+        })?;
     let started = Instant::now();
     let mut resp = if upstream_stream {
         let events = app.0.policy.chat_stream(&forwarded).await?;
         metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
-        let stream = ProxyStream::start(events, app.clone(), turn, shape).await?;
+        let stream = ProxyStream::start(events, app.clone(), turn, shape, permit).await?;
         sse_response(Body::from_stream(stream))
     } else {
         let mut answer = app.0.policy.chat(&forwarded).await?;
+        drop(permit);
         let upstream = started.elapsed();
         metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());
         if !answer.is_object() {

@@ -27,6 +27,10 @@ pub enum ApiError {
     Store(ps_sample_store::StoreError),
     #[error("encoding the answer failed: {0}")]
     Encode(String),
+    #[error(
+        "{limit} upstream requests are already in flight (`sglang.max_concurrency`); retry shortly"
+    )]
+    Overloaded { limit: usize },
 }
 
 impl ApiError {
@@ -49,6 +53,7 @@ impl ApiError {
             Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => "commit_ahead",
             Self::Store(_) => "store_error",
             Self::Encode(_) => "encode_failed",
+            Self::Overloaded { .. } => "too_many_requests",
             Self::Upstream(e) => match e {
                 SglangError::Connect { .. } => "upstream_unreachable",
                 SglangError::Transport { .. } => "upstream_connection_lost",
@@ -89,6 +94,7 @@ impl IntoResponse for ApiError {
             }
             Self::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
             Self::Encode(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+            Self::Overloaded { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
             Self::Upstream(SglangError::Status {
                 status,
                 content_type,
@@ -120,6 +126,10 @@ impl IntoResponse for ApiError {
             Self::Paused { retry_after_secs } => {
                 resp.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+            }
+            Self::Overloaded { .. } => {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
         }

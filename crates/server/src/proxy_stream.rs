@@ -96,6 +96,8 @@ pub struct ProxyStream {
     shape: ClientShape,
     finished: bool,
     span: tracing::Span,
+    /// The upstream permit, released when the stream ends or is dropped.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl ProxyStream {
@@ -106,6 +108,7 @@ impl ProxyStream {
         app: AppState,
         turn: Option<TurnContext>,
         shape: ClientShape,
+        permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Self, ApiError> {
         let first = match events.next().await {
             Some(Ok(ev)) => ev,
@@ -128,6 +131,7 @@ impl ProxyStream {
             shape,
             finished: false,
             span: tracing::Span::current(),
+            _permit: permit,
         })
     }
 

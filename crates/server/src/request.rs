@@ -44,13 +44,35 @@ fn wrong_type(field: &str, expected: &str, got: &Value) -> ApiError {
 }
 
 /// Parses and validates the body, and reads the session keys (headers win over body keys).
+#[cfg(test)]
 pub fn parse(bytes: &[u8], headers: &HeaderMap) -> Result<ChatRequest, ApiError> {
+    parse_limited(bytes, headers, usize::MAX)
+}
+
+/// As [`parse`], with at most `max_messages` messages (`server.max_messages`).
+pub fn parse_limited(
+    bytes: &[u8],
+    headers: &HeaderMap,
+    max_messages: usize,
+) -> Result<ChatRequest, ApiError> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let Value::Object(mut body) = value else {
         return Err(wrong_type("body", "a JSON object", &value));
     };
     validate_messages(body.get("messages"))?;
+    let count = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    if count > max_messages {
+        return Err(ApiError::invalid(
+            "too_many_messages",
+            format!(
+                "the request has {count} messages; at most {max_messages} are accepted (`server.max_messages`)"
+            ),
+        ));
+    }
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -330,5 +352,19 @@ mod tests {
         );
         assert_eq!(f["model"], "mine");
         assert_eq!(f["top_logprobs"], 1);
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn too_many_messages_names_the_setting() {
+        let body = br#"{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"user","content":"c"}]}"#;
+        let e = parse_limited(body, &HeaderMap::new(), 2).expect_err("over the limit");
+        assert_eq!(e.code(), "too_many_messages");
+        assert!(e.to_string().contains("server.max_messages"));
+        assert!(parse_limited(body, &HeaderMap::new(), 3).is_ok());
     }
 }

@@ -51,6 +51,10 @@ pub struct ServerOptions {
     pub admin_api_key: Option<String>,
     /// How long shutdown waits for scoring and submission (`server.shutdown_grace_sec`).
     pub shutdown_grace: Duration,
+    /// Most messages in one request (`server.max_messages`).
+    pub max_messages: usize,
+    /// Cap on concurrent upstream chat requests (`sglang.max_concurrency`).
+    pub max_upstream: usize,
 }
 
 /// `Retry-After` of a request refused while paused.
@@ -71,6 +75,8 @@ impl Default for ServerOptions {
             pause_hold_max: Duration::from_secs(30),
             admin_api_key: None,
             shutdown_grace: Duration::from_secs(30),
+            max_messages: 4096,
+            max_upstream: 256,
         }
     }
 }
@@ -84,6 +90,8 @@ pub(crate) struct Inner {
     /// `true` while submission is enabled; watched by held requests.
     pub submission: tokio::sync::watch::Sender<bool>,
     pub rollout: Option<crate::rollout::Rollout>,
+    /// Permits for upstream chat requests, held until a streamed body ends.
+    pub upstream_permits: Arc<tokio::sync::Semaphore>,
     warned: Mutex<HashSet<String>>,
 }
 
@@ -119,6 +127,7 @@ impl AppState {
     ) -> Self {
         Self(Arc::new(Inner {
             submission: tokio::sync::watch::Sender::new(options.submission_enabled),
+            upstream_permits: Arc::new(tokio::sync::Semaphore::new(options.max_upstream.max(1))),
             rollout,
             options,
             policy,

@@ -188,6 +188,8 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
         pause_hold_max: std::time::Duration::from_secs(s.pause_hold_max_sec),
         admin_api_key: settings.admin_api_key(env)?.map(|k| k.expose().to_owned()),
         shutdown_grace: s.shutdown_grace(),
+        max_messages: s.max_messages,
+        max_upstream: settings.sglang.max_concurrency,
     })
 }
 
@@ -381,6 +383,7 @@ pub fn build_app(
         CAPTURE_QUEUE_CAPACITY,
         workers,
     )
+    .map(|q| q.with_max_turn_tokens(settings.server.max_turn_tokens))
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
         store,

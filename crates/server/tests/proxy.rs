@@ -659,3 +659,75 @@ async fn health_and_models() {
         .unwrap();
     assert_eq!(models["data"][0]["id"], "default");
 }
+
+#[tokio::test]
+async fn requests_beyond_the_upstream_cap_get_429_and_a_stream_holds_its_permit_to_the_end() {
+    let setup = Setup {
+        options: ServerOptions {
+            max_upstream: 1,
+            default_turn_type: ps_core::TurnType::Main,
+            ..ServerOptions::default()
+        },
+        fake: Some(FakeSglang::builder().token_delay(Duration::from_millis(50))),
+        ..Setup::default()
+    };
+    let h = Harness::with(setup).await;
+    let resp = post(
+        &h,
+        json!({"messages": conversation(), "stream": true}),
+        MAIN,
+    )
+    .await;
+    let mut body = resp.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    // The stream is still open: its permit is held.
+    let r = post(&h, json!({"messages": conversation()}), MAIN).await;
+    assert_eq!(r.headers()["retry-after"], "1");
+    let m = assert_error(r, 429, "too_many_requests").await;
+    assert!(m.contains("sglang.max_concurrency"), "{m}");
+    while body.next().await.is_some() {}
+    drop(body);
+    let r = post(&h, json!({"messages": conversation()}), MAIN).await;
+    assert_eq!(
+        r.status(),
+        200,
+        "the permit came back when the stream ended"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn too_many_messages_is_a_400_naming_the_setting() {
+    let setup = Setup {
+        options: ServerOptions {
+            max_messages: 2,
+            ..ServerOptions::default()
+        },
+        ..Setup::default()
+    };
+    let h = Harness::with(setup).await;
+    let many = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]);
+    let m = assert_error(
+        post(&h, json!({"messages": many}), MAIN).await,
+        400,
+        "too_many_messages",
+    )
+    .await;
+    assert!(m.contains("server.max_messages"));
+    assert!(h.fake().requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_turn_over_the_token_limit_is_answered_but_not_captured() {
+    let setup = Setup {
+        max_turn_tokens: 10,
+        ..Setup::default()
+    };
+    let h = Harness::with(setup).await;
+    let resp = post(&h, json!({"messages": conversation()}), MAIN).await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        h.stop().await.is_empty(),
+        "abandoned with reason turn_too_long"
+    );
+}

@@ -35,6 +35,7 @@ pub struct Setup {
     pub timeout: Duration,
     pub chat_url: Option<String>,
     pub fake: Option<ps_fake_sglang::FakeBuilder>,
+    pub max_turn_tokens: usize,
 }
 
 impl Default for Setup {
@@ -47,6 +48,7 @@ impl Default for Setup {
             timeout: Duration::from_secs(10),
             chat_url: None,
             fake: Some(FakeSglang::builder()),
+            max_turn_tokens: usize::MAX,
         }
     }
 }
@@ -77,7 +79,8 @@ impl Harness {
         let sink = Arc::new(ChannelSink(Mutex::new(tx)));
         let capture =
             CaptureQueue::start(tokenizer.clone(), sink, setup.options.align_policy, 64, 1)
-                .unwrap();
+                .unwrap()
+                .with_max_turn_tokens(setup.max_turn_tokens);
         let app = AppState::new(setup.options, Arc::new(policy), capture, None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
