@@ -46,3 +46,30 @@ pub const TEACHER_MISMATCH_TOTAL: &str = "policy_serving_teacher_mismatch_total"
 pub const TURNS_DROPPED_TOTAL: &str = "policy_serving_turns_dropped_total";
 /// Time of one teacher call.
 pub const TEACHER_SECONDS: &str = "policy_serving_teacher_seconds";
+
+/// Retries of external-provider calls, labelled `reason` (`429`|`5xx`|`timeout`|`connect`|`conflict`|`transport`).
+/// HTTP 408 counts as `timeout`, 409 as `conflict`, a connection broken mid-answer as `transport`.
+pub const PROVIDER_RETRIES_TOTAL: &str = "policy_serving_provider_retries_total";
+/// HTTP 429 answers received from the external provider, labelled `code` (`rate_limit`|`insufficient_quota`).
+pub const PROVIDER_RATE_LIMITED_TOTAL: &str = "policy_serving_provider_rate_limited_total";
+/// External-provider calls that finally failed, labelled `reason` (`429`|`5xx`|`timeout`|`connect`|
+/// `conflict`|`transport`|`unauthorized`|`quota`|`rejected`|`invalid_body`).
+pub const PROVIDER_GIVE_UPS_TOTAL: &str = "policy_serving_provider_give_ups_total";
+/// External-provider answers of HTTP 401 or 403: the key is missing, wrong or not allowed.
+pub const PROVIDER_UNAUTHORIZED_TOTAL: &str = "policy_serving_provider_unauthorized_total";
+/// Time of one successful external-provider call, retries and waits included.
+pub const PROVIDER_SECONDS: &str = "policy_serving_provider_seconds";
+/// Gauge: sessions held (not closing), refreshed when `/metrics` is scraped.
+pub const LIVE_SESSIONS: &str = "policy_serving_live_sessions";
+/// Gauge: main turns not yet samples, labelled `state` (`waiting_capture`|`waiting_next_state`|`scoring`|`waiting_order`).
+pub const PENDING_TURNS: &str = "policy_serving_pending_turns";
+/// Gauge: samples kept in the store.
+pub const STORE_SAMPLES: &str = "policy_serving_store_samples";
+/// Gauge: samples stored but not yet committed by the trainer.
+pub const STORE_LAG_SAMPLES: &str = "policy_serving_store_lag_samples";
+/// Gauge: 1 while submission is enabled, 0 while the trainer has paused it.
+pub const SUBMISSION_ENABLED: &str = "policy_serving_submission_enabled";
+/// Time the proxy itself added to a non-streamed request (total minus waiting on the upstream).
+pub const PROXY_OVERHEAD_SECONDS: &str = "policy_serving_proxy_overhead_seconds";
+/// Hint-judge votes, labelled `outcome` (`1`|`-1`|`failed`).
+pub const HINT_VOTES_TOTAL: &str = "policy_serving_hint_votes_total";

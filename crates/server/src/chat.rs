@@ -59,14 +59,28 @@ pub async fn chat_completions(
     async move {
         match handle(&app, &headers, body).await {
             Ok((resp, turn_type)) => {
-                metrics::counter!(m::REQUESTS_TOTAL, "turn_type" => turn_type.as_str(), "outcome" => "ok")
-                    .increment(1);
+                metrics::counter!(
+                    m::REQUESTS_TOTAL,
+                    "turn_type" => turn_type.as_str(),
+                    "outcome" => "ok",
+                    "status" => resp.status().as_u16().to_string()
+                )
+                .increment(1);
                 resp
             }
             Err(e) => {
-                let outcome = if e.is_client_error() { "client_error" } else { "upstream_error" };
-                metrics::counter!(m::REQUESTS_TOTAL, "turn_type" => "unknown", "outcome" => outcome)
-                    .increment(1);
+                let outcome = if e.is_client_error() {
+                    "client_error"
+                } else {
+                    "upstream_error"
+                };
+                metrics::counter!(
+                    m::REQUESTS_TOTAL,
+                    "turn_type" => "unknown",
+                    "outcome" => outcome,
+                    "status" => e.status_code().as_u16().to_string()
+                )
+                .increment(1);
                 if e.is_client_error() {
                     tracing::info!(code = e.code(), error = %e, "rejected chat request");
                 } else {
@@ -102,6 +116,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Response, TurnType), ApiError> {
+    let handler_started = Instant::now();
     let opts = app.options();
     let bytes = read_body(body, opts.max_body_bytes).await?;
     let req = request::parse_limited(&bytes, headers, opts.max_messages)?;
@@ -212,6 +227,7 @@ async fn handle(
             limit: opts.max_upstream,
         })?;
     let started = Instant::now();
+    let mut overhead = None;
     let mut resp = if upstream_stream {
         let events = app.0.policy.chat_stream(&forwarded).await?;
         metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
@@ -222,6 +238,7 @@ async fn handle(
         drop(permit);
         let upstream = started.elapsed();
         metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());
+        overhead = Some(upstream);
         if !answer.is_object() {
             return Err(ps_sglang_client::SglangError::InvalidBody {
                 url: app.0.policy.chat_url().to_owned(),
@@ -256,6 +273,10 @@ async fn handle(
     };
     if let Some(v) = session_header {
         resp.headers_mut().insert("x-session-id", v);
+    }
+    if let Some(upstream) = overhead {
+        let added = handler_started.elapsed().saturating_sub(upstream);
+        metrics::histogram!(m::PROXY_OVERHEAD_SECONDS).record(added.as_secs_f64());
     }
     Ok((resp, turn_type))
 }

@@ -66,6 +66,24 @@ impl ApiError {
         }
     }
 
+    /// The HTTP status this error answers with.
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            Self::InvalidJson(_) | Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Paused { .. } | Self::RolloutDisabled => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => StatusCode::CONFLICT,
+            Self::Store(_) | Self::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Upstream(SglangError::Status { status, .. }) => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
+            }
+            Self::Upstream(SglangError::Timeout { .. }) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
     /// Whether the client (4xx) or the upstream (5xx) is at fault, for metrics.
     pub fn is_client_error(&self) -> bool {
         !matches!(self, Self::Upstream(_) | Self::Store(_) | Self::Encode(_))

@@ -31,7 +31,29 @@ pub async fn models(State(app): State<AppState>) -> Json<Value> {
     }))
 }
 
+/// Sets the gauges from the current state, so that a scrape sees fresh values.
+fn refresh_gauges(app: &AppState) {
+    use ps_core::metric_names as m;
+    metrics::gauge!(m::SUBMISSION_ENABLED).set(if app.submission_enabled() { 1.0 } else { 0.0 });
+    if let Some(r) = app.rollout() {
+        let b = r.buffer.status();
+        metrics::gauge!(m::LIVE_SESSIONS).set(b.live_sessions as f64);
+        for (state, n) in [
+            ("waiting_capture", b.pending.waiting_capture),
+            ("waiting_next_state", b.pending.waiting_next_state),
+            ("scoring", b.pending.scoring),
+            ("waiting_order", b.pending.waiting_order),
+        ] {
+            metrics::gauge!(m::PENDING_TURNS, "state" => state).set(n as f64);
+        }
+        let st = r.store.stats();
+        metrics::gauge!(m::STORE_SAMPLES).set(st.stored as f64);
+        metrics::gauge!(m::STORE_LAG_SAMPLES).set(st.lag as f64);
+    }
+}
+
 pub async fn metrics(State(app): State<AppState>) -> Response {
+    refresh_gauges(&app);
     match &app.0.metrics {
         Some(h) => (
             [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -202,6 +202,13 @@ async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
         && !bearer_matches(&req, key)
     {
         tracing::warn!(path = %req.uri().path(), "rejected a request without a valid API key");
+        metrics::counter!(
+            ps_core::metric_names::REQUESTS_TOTAL,
+            "turn_type" => "unknown",
+            "outcome" => "client_error",
+            "status" => "401"
+        )
+        .increment(1);
         return ApiError::Unauthorized.into_response();
     }
     next.run(req).await

@@ -414,9 +414,13 @@ impl SessionBuffer {
     fn dispatch(&self, jobs: Vec<Job>) {
         for job in jobs {
             let this = self.clone();
-            self.0
-                .tracker
-                .spawn_on(async move { this.judge(job).await }, &self.0.runtime);
+            // Every log line of the turn's background scoring carries its session and turn.
+            let span =
+                tracing::info_span!("score", session_id = %job.session_id, turn = job.turn_no);
+            self.0.tracker.spawn_on(
+                tracing::Instrument::instrument(async move { this.judge(job).await }, span),
+                &self.0.runtime,
+            );
         }
     }
 
@@ -592,6 +596,14 @@ impl SessionBuffer {
                 None
             }
         });
+        for v in hint.scores() {
+            let outcome = match v {
+                Some(1) => "1",
+                Some(_) => "-1",
+                None => "failed",
+            };
+            metrics::counter!(m::HINT_VOTES_TOTAL, "outcome" => outcome).increment(1);
+        }
         self.record_turn(
             &job.session_id,
             job.turn_no,
