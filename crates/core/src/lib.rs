@@ -12,6 +12,7 @@ pub mod align;
 pub mod capture;
 pub mod message;
 pub mod metric_names;
+pub mod pending;
 pub mod rollout;
 pub mod sample;
 pub mod session;
@@ -19,6 +20,7 @@ pub mod sink;
 
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, TurnGuard, TurnSink};
+pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{FinishReason, RolloutResponse, SampledToken};
 pub use session::{SessionHeaders, TurnType};
 pub use sink::{SampleSink, SinkError};

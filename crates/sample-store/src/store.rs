@@ -42,6 +42,8 @@ const CHUNK_BYTES: usize = 16_000;
 
 const SAMPLES: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("samples");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Turns persisted at shutdown before they became samples: (session id, turn) → MessagePack.
+const PENDING: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("pending");
 const META_LAST_SEQ: &str = "last_seq";
 const META_COMMITTED: &str = "committed";
 
@@ -715,6 +717,69 @@ impl Writer {
             *current = last_seq;
             changed
         });
+    }
+}
+
+#[async_trait::async_trait]
+impl ps_core::PendingStore for SampleStore {
+    async fn save_pending(
+        &self,
+        turns: Vec<ps_core::PendingTurn>,
+    ) -> Result<usize, ps_core::SinkError> {
+        let db = self.inner.db.clone();
+        let file = self.inner.file.clone();
+        let n = turns.len();
+        tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
+            let storage = |e: redb::Error| StoreError::storage(&file, e);
+            let txn = db.begin_write().map_err(|e| storage(e.into()))?;
+            {
+                let mut table = txn.open_table(PENDING).map_err(|e| storage(e.into()))?;
+                for t in &turns {
+                    let bytes = rmp_serde::to_vec_named(t).map_err(|e| StoreError::Encode {
+                        session_id: t.turn.session_id.clone(),
+                        turn: t.turn.turn,
+                        source: e,
+                    })?;
+                    table
+                        .insert((t.turn.session_id.as_str(), t.turn.turn), bytes.as_slice())
+                        .map_err(|e| storage(e.into()))?;
+                }
+            }
+            txn.commit().map_err(|e| storage(e.into()))?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| ps_core::SinkError::Store(format!("saving pending turns panicked: {e}")))?
+        .map_err(|e| ps_core::SinkError::Store(e.chain()))?;
+        Ok(n)
+    }
+
+    async fn take_pending(&self) -> Result<Vec<ps_core::PendingTurn>, ps_core::SinkError> {
+        let db = self.inner.db.clone();
+        let file = self.inner.file.clone();
+        tokio::task::spawn_blocking(move || -> Result<Vec<ps_core::PendingTurn>, StoreError> {
+            let storage = |e: redb::Error| StoreError::storage(&file, e);
+            let txn = db.begin_write().map_err(|e| storage(e.into()))?;
+            let mut out = Vec::new();
+            {
+                let mut table = txn.open_table(PENDING).map_err(|e| storage(e.into()))?;
+                for entry in table.iter().map_err(|e| storage(e.into()))? {
+                    let (_, value) = entry.map_err(|e| storage(e.into()))?;
+                    let turn: ps_core::PendingTurn =
+                        rmp_serde::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
+                            path: file.clone(),
+                            reason: format!("a pending turn does not decode: {e}"),
+                        })?;
+                    out.push(turn);
+                }
+                table.retain(|_, _| false).map_err(|e| storage(e.into()))?;
+            }
+            txn.commit().map_err(|e| storage(e.into()))?;
+            Ok(out)
+        })
+        .await
+        .map_err(|e| ps_core::SinkError::Store(format!("reading pending turns panicked: {e}")))?
+        .map_err(|e| ps_core::SinkError::Store(e.chain()))
     }
 }
 

@@ -10,7 +10,10 @@ use ps_chat_template::{ChatTemplateError, ChatTokenizer};
 use ps_config::{ConfigError, EnvLookup, Mode, PrmBackend, Settings, TeacherBackend};
 use ps_core::TurnSink;
 use ps_opd_judge::HintScorer;
-use ps_prm_client::{JudgeError, PrmScorer, SglangJudge, SglangJudgeConfig, TurnScorer};
+use ps_prm_client::{
+    JudgeBackend, JudgeError, PrmScorer, SglangJudge, SglangJudgeConfig, TurnScorer,
+};
+use ps_provider_client::{ProviderClient, ProviderConfig, ProviderError, ProviderJudge};
 use ps_records::{RecordError, RecordOptions, RecordWriter};
 use ps_sample_store::{SampleStore, StoreConfig, StoreError};
 use ps_session_buffer::{
@@ -66,6 +69,13 @@ pub enum StartupError {
     Records(#[from] RecordError),
     #[error("cannot set up the teacher: {0}")]
     Teacher(#[from] TeacherError),
+    #[error("cannot set up the external provider: {0}")]
+    Provider(#[source] Box<ProviderError>),
+    #[error("`{key}` is not set: {what}")]
+    Missing {
+        key: &'static str,
+        what: &'static str,
+    },
     #[error("`{key}` = {value:?} is not available yet: {what}")]
     NotYet {
         key: &'static str,
@@ -235,26 +245,88 @@ pub fn judge_backend(
     )?))
 }
 
-/// The PRM scorer, when `prm.enabled`.
+/// The external provider's client, when anything active calls it (`settings.provider_in_use()`):
+/// one per process, so its `provider.max_concurrency` cap is shared by every role and session. The
+/// key comes from the variable named by `provider.api_key_env`.
+pub fn provider_client(
+    settings: &Settings,
+    env: EnvLookup<'_>,
+) -> Result<Option<Arc<ProviderClient>>, StartupError> {
+    if !settings.provider_in_use() {
+        return Ok(None);
+    }
+    let p = &settings.provider;
+    let chat_url = p.chat_completions_url().ok_or(StartupError::Missing {
+        key: "provider.base_url",
+        what: "the provider root URL (such as \"https://taotoken.net/api\"), required by a \
+               judge whose backend is \"provider\"",
+    })?;
+    let client = ProviderClient::new(ProviderConfig {
+        // The loaded settings do not say whether the file called the section `taotoken`.
+        name: "provider".to_owned(),
+        chat_url,
+        api_key: settings
+            .provider_api_key(env)?
+            .map(|k| k.expose().to_owned()),
+        key_var: p.api_key_env.clone(),
+        max_concurrency: p.max_concurrency.max(1),
+        timeout: p.timeout(),
+        max_retries: p.max_retries,
+    })
+    .map_err(|e| StartupError::Provider(Box::new(e)))?;
+    Ok(Some(Arc::new(client)))
+}
+
+/// A judge backend over the provider with `model`, sampling as `[prm]` says.
+fn provider_judge(
+    settings: &Settings,
+    provider: Option<&Arc<ProviderClient>>,
+    model: Option<&str>,
+    model_key: &'static str,
+    what: &'static str,
+) -> Result<Arc<dyn JudgeBackend>, StartupError> {
+    let client = provider.ok_or(StartupError::Missing {
+        key: "provider.base_url",
+        what: "the provider root URL, required by a judge whose backend is \"provider\"",
+    })?;
+    let model = model.ok_or(StartupError::Missing {
+        key: model_key,
+        what,
+    })?;
+    Ok(Arc::new(ProviderJudge::new(
+        client.clone(),
+        model,
+        Some(settings.prm.max_new_tokens),
+        Some(settings.prm.temperature),
+    )))
+}
+
+/// The PRM scorer, when `prm.enabled`: over SGLang `/generate` (`judge`) or, with
+/// `prm.backend = "provider"`, over the provider with `prm.model` (else `provider.prm_model`).
+/// Each vote holds a `permits` slot (`prm.max_concurrency`); the provider's own cap applies too.
 pub fn scorer(
     settings: &Settings,
     judge: &Arc<SglangJudge>,
+    provider: Option<&Arc<ProviderClient>>,
     permits: &Arc<Semaphore>,
 ) -> Result<Option<Arc<dyn TurnScorer>>, StartupError> {
     let p = &settings.prm;
     if !p.enabled {
         return Ok(None);
     }
-    if p.backend == PrmBackend::Provider {
-        return Err(StartupError::NotYet {
-            key: "prm.backend",
-            value: "provider".into(),
-            what: "the provider-backed judge arrives with the operations issue; use \"sglang\"",
-        });
-    }
+    let backend: Arc<dyn JudgeBackend> = match p.backend {
+        PrmBackend::Sglang => judge.clone(),
+        PrmBackend::Provider => provider_judge(
+            settings,
+            provider,
+            settings.prm_provider_model(),
+            "prm.model",
+            "a model name when prm.backend = \"provider\" (set prm.model or provider.prm_model)",
+        )?,
+    };
     let votes = usize::try_from(p.num_votes).unwrap_or(1);
     Ok(Some(Arc::new(PrmScorer::new(
-        judge.clone(),
+        backend,
         votes,
         Some(permits.clone()),
     ))))
@@ -292,27 +364,33 @@ pub fn teacher(
     })
 }
 
-/// The hint judge and teacher, when OPD is active (`server.mode` `opd` or `combine`).
+/// The hint judge and teacher, when OPD is active (`server.mode` `opd` or `combine`). The hint
+/// judge runs on SGLang `/generate` (`judge`) or, with `opd.hint_backend = "provider"`, on the
+/// provider with `provider.hint_model`.
 pub fn opd_parts(
     settings: &Settings,
     env: EnvLookup<'_>,
     judge: &Arc<SglangJudge>,
+    provider: Option<&Arc<ProviderClient>>,
     permits: &Arc<Semaphore>,
     tokenizer: &Arc<ChatTokenizer>,
 ) -> Result<Option<OpdParts>, StartupError> {
     if !settings.opd_active() {
         return Ok(None);
     }
-    if settings.opd.hint_backend == PrmBackend::Provider {
-        return Err(StartupError::NotYet {
-            key: "opd.hint_backend",
-            value: "provider".into(),
-            what: "the provider-backed hint judge arrives with the operations issue; use \"sglang\"",
-        });
-    }
+    let backend: Arc<dyn JudgeBackend> = match settings.opd.hint_backend {
+        PrmBackend::Sglang => judge.clone(),
+        PrmBackend::Provider => provider_judge(
+            settings,
+            provider,
+            settings.provider.hint_model.as_deref(),
+            "provider.hint_model",
+            "the hint judge's model name, required when opd.hint_backend = \"provider\"",
+        )?,
+    };
     let votes = usize::try_from(settings.prm.num_votes).unwrap_or(1);
     let hint = HintScorer::new(
-        judge.clone(),
+        backend,
         votes,
         settings.opd.min_hint_chars,
         Some(permits.clone()),
@@ -364,14 +442,36 @@ pub fn build_app(
     let records = Arc::new(Records::start(settings)?);
     let judge = judge_backend(settings, &tokenizer)?;
     let judge_permits = Arc::new(Semaphore::new(settings.prm.max_concurrency.max(1)));
+    let provider = provider_client(settings, env)?;
     let buffer = SessionBuffer::with_opd(
         buffer_config(settings),
-        scorer(settings, &judge, &judge_permits)?,
-        opd_parts(settings, env, &judge, &judge_permits, &tokenizer)?,
+        scorer(settings, &judge, provider.as_ref(), &judge_permits)?,
+        opd_parts(
+            settings,
+            env,
+            &judge,
+            provider.as_ref(),
+            &judge_permits,
+            &tokenizer,
+        )?,
         Arc::new(store.clone()),
         (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
     );
+    let buffer = buffer.with_pending_store(Arc::new(store.clone()));
     buffer.spawn_sweeper(sweep_every(settings.server.session_timeout()));
+    // Turns the previous run persisted at shutdown (unfinished when its grace ran out) resume now.
+    {
+        let (buffer, store) = (buffer.clone(), store.clone());
+        tokio::spawn(async move {
+            match ps_core::PendingStore::take_pending(&store).await {
+                Ok(turns) if !turns.is_empty() => buffer.resume(turns),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "pending turns of the previous run could not be read")
+                }
+            }
+        });
+    }
     let workers = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(MAX_CAPTURE_WORKERS);

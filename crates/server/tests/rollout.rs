@@ -615,3 +615,43 @@ async fn samples_are_served_as_messagepack_on_request_and_decode_to_the_same_val
     assert_eq!(r.status(), 400);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn turns_still_judged_at_shutdown_are_persisted_and_scored_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let judge = FakeSglang::builder().spawn().await.unwrap();
+    judge.set_fault(Some(Fault::Delay(Duration::from_secs(4))));
+    let mut set = settings(&fake, dir.path());
+    set.prm.router_url = judge.generate_url();
+    set.server.shutdown_grace_sec = 1;
+    let s = start(set.clone(), fake).await;
+    two_turns(&s, "slow", "Thanks! FAKE_VOTES=1").await;
+    // Turn 1 is being judged (slowly); turn 2 closed the session and waits behind it.
+    for _ in 0..200 {
+        let st = s.status().await;
+        if st["pending"]["scoring"].as_u64() == Some(1)
+            && st["pending"]["waiting_order"].as_u64() == Some(1)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(s.status().await["samples"]["submitted"], 0);
+    let fake = s.stop().await;
+
+    judge.set_fault(None);
+    let s = start(set, fake).await;
+    let st = s.wait_submitted(2).await;
+    assert_eq!(st["samples"]["submitted"], 2);
+    let pulled = s.pull(0).await;
+    let turns: Vec<u64> = pulled["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["sample"]["turn"].as_u64().unwrap())
+        .collect();
+    assert_eq!(turns, vec![1, 2], "in turn order, each once");
+    assert_eq!(pulled["samples"][0]["sample"]["reward"]["score"], 1.0);
+    s.stop().await;
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ps_core::message::flatten_content;
 use ps_core::metric_names as m;
-use ps_core::{CapturedTurn, SampleSink, TurnSink};
+use ps_core::{CapturedTurn, PendingStore, PendingTurn, SampleSink, TurnSink};
 use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -150,6 +150,8 @@ struct Session {
     slots: BTreeMap<u64, Slot>,
     scoring: u64,
     ready: BTreeMap<u64, Ready>,
+    /// What each judged-but-unsubmitted turn was made from, to persist it if the server stops first.
+    origins: BTreeMap<u64, PendingTurn>,
     submitting: bool,
     has_effective: bool,
 }
@@ -164,6 +166,7 @@ impl Session {
             slots: BTreeMap::new(),
             scoring: 0,
             ready: BTreeMap::new(),
+            origins: BTreeMap::new(),
             submitting: false,
             has_effective: false,
         }
@@ -206,7 +209,12 @@ struct Inner {
     counters: Counters,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// Cancels judging still running once its turns were persisted at the shutdown deadline.
+    abort: CancellationToken,
     runtime: tokio::runtime::Handle,
+    /// Turns being judged, by (session, turn): what to persist if the server stops first.
+    inflight: Mutex<HashMap<(String, u64), PendingTurn>>,
+    pending_store: std::sync::OnceLock<Arc<dyn PendingStore>>,
 }
 
 /// The per-session state machine. Cheap to clone.
@@ -256,8 +264,95 @@ impl SessionBuffer {
             counters: Counters::default(),
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
+            abort: CancellationToken::new(),
             runtime: tokio::runtime::Handle::current(),
+            inflight: Mutex::new(HashMap::new()),
+            pending_store: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Where turns still unfinished when the shutdown grace runs out are persisted (and taken back
+    /// from by [`SessionBuffer::resume`] on the next start).
+    #[must_use]
+    pub fn with_pending_store(self, store: Arc<dyn PendingStore>) -> Self {
+        let _ = self.0.pending_store.set(store);
+        self
+    }
+
+    /// Takes every turn that is captured but not yet a sample (being judged, or judged and waiting
+    /// for an earlier turn): judging results that arrive afterwards are discarded, so each turn is
+    /// either submitted now or returned here, never both.
+    pub fn take_unfinished(&self) -> Vec<PendingTurn> {
+        let mut sessions = lock(&self.0.sessions);
+        let mut out: Vec<PendingTurn> = lock(&self.0.inflight).drain().map(|(_, t)| t).collect();
+        for s in sessions.values_mut() {
+            let ready = std::mem::take(&mut s.ready);
+            for (n, r) in ready {
+                if !matches!(r, Ready::Skip)
+                    && let Some(origin) = s.origins.remove(&n)
+                {
+                    out.push(origin);
+                }
+            }
+            s.origins.clear();
+        }
+        out.sort_by(|a, b| {
+            (&a.turn.session_id, a.turn.turn).cmp(&(&b.turn.session_id, b.turn.turn))
+        });
+        out
+    }
+
+    /// Resumes turns persisted by an earlier run: each is judged again (its next state, or its
+    /// absence, is known) and submitted in turn order within its session.
+    pub fn resume(&self, turns: Vec<PendingTurn>) {
+        let mut by_session: BTreeMap<String, Vec<PendingTurn>> = BTreeMap::new();
+        for t in turns {
+            by_session
+                .entry(t.turn.session_id.clone())
+                .or_default()
+                .push(t);
+        }
+        let mut jobs = Vec::new();
+        {
+            let mut sessions = lock(&self.0.sessions);
+            for (id, turns) in by_session {
+                let fresh = !sessions.contains_key(&id);
+                let s = sessions
+                    .entry(id.clone())
+                    .or_insert_with(|| Session::new(Instant::now()));
+                let numbers: Vec<u64> = turns.iter().map(|t| t.turn.turn).collect();
+                let (lo, hi) = (
+                    numbers.iter().copied().min().unwrap_or(1),
+                    numbers.iter().copied().max().unwrap_or(0),
+                );
+                if fresh {
+                    s.next_submit = lo;
+                    s.closing = true;
+                    // Turns between them that were submitted before the restart do not block.
+                    for n in lo..=hi {
+                        if !numbers.contains(&n) {
+                            s.ready.insert(n, Ready::Skip);
+                        }
+                    }
+                }
+                s.next_turn = s.next_turn.max(hi + 1);
+                for t in turns {
+                    s.slots.insert(
+                        t.turn.turn,
+                        Slot {
+                            next: t.next.map_or(Next::Missing, Next::State),
+                            captured: Some(t.turn),
+                        },
+                    );
+                }
+                self.collect_ready(&id, s, &mut jobs);
+            }
+        }
+        tracing::info!(
+            turns = jobs.len(),
+            "resuming turns persisted by the previous run"
+        );
+        self.dispatch(jobs);
     }
 
     /// Starts the task that closes idle sessions, checking every `every`.
@@ -320,8 +415,27 @@ impl SessionBuffer {
             .await
             .is_ok();
         if !done {
-            let st = self.status();
-            tracing::warn!(pending = ?st.pending, "shutdown grace elapsed with turns still pending");
+            let unfinished = self.take_unfinished();
+            match self.0.pending_store.get() {
+                Some(store) if !unfinished.is_empty() => match store.save_pending(unfinished).await
+                {
+                    Ok(n) => tracing::warn!(
+                        turns = n,
+                        "shutdown grace elapsed: unfinished turns persisted; the next start resumes them"
+                    ),
+                    Err(e) => {
+                        tracing::error!(error = %e, "unfinished turns could NOT be persisted: they are lost")
+                    }
+                },
+                Some(_) => {}
+                None => tracing::error!(
+                    turns = unfinished.len(),
+                    "shutdown grace elapsed and no pending store is configured: unfinished turns are lost"
+                ),
+            }
+            // Their judging is pointless now (the next start redoes it): stop it and let go.
+            self.0.abort.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.0.tracker.wait()).await;
         }
         done
     }
@@ -413,12 +527,26 @@ impl SessionBuffer {
 
     fn dispatch(&self, jobs: Vec<Job>) {
         for job in jobs {
+            lock(&self.0.inflight).insert(
+                (job.session_id.clone(), job.turn_no),
+                PendingTurn {
+                    turn: job.turn.clone(),
+                    next: job.next.clone(),
+                },
+            );
             let this = self.clone();
             // Every log line of the turn's background scoring carries its session and turn.
             let span =
                 tracing::info_span!("score", session_id = %job.session_id, turn = job.turn_no);
+            let abort = self.0.abort.clone();
+            let judge = async move {
+                tokio::select! {
+                    () = abort.cancelled() => {}
+                    () = this.judge(job) => {}
+                }
+            };
             self.0.tracker.spawn_on(
-                tracing::Instrument::instrument(async move { this.judge(job).await }, span),
+                tracing::Instrument::instrument(judge, span),
                 &self.0.runtime,
             );
         }
@@ -436,6 +564,13 @@ impl SessionBuffer {
                 .entry(session_id.clone())
                 .or_insert_with(|| Session::new(Instant::now()));
             s.scoring = s.scoring.saturating_sub(1);
+            let Some(origin) = lock(&self.0.inflight).remove(&(session_id.clone(), turn_no)) else {
+                // Persisted at shutdown meanwhile: the next start judges it again.
+                return;
+            };
+            if !matches!(ready, Ready::Skip) {
+                s.origins.insert(turn_no, origin);
+            }
             s.ready.insert(turn_no, ready);
             !std::mem::replace(&mut s.submitting, true)
         };
@@ -679,6 +814,7 @@ impl SessionBuffer {
                 let Some(s) = sessions.get_mut(session_id) else {
                     return;
                 };
+                s.origins.remove(&s.next_submit);
                 match s.ready.remove(&s.next_submit) {
                     None => {
                         s.submitting = false;

@@ -409,3 +409,82 @@ async fn shutdown_flushes_every_waiting_turn() {
             .all(|s| s.metadata["excluded"] == "no_next_state")
     );
 }
+
+#[derive(Default)]
+struct MemPending(Mutex<Vec<ps_core::PendingTurn>>);
+
+#[async_trait::async_trait]
+impl ps_core::PendingStore for MemPending {
+    async fn save_pending(&self, turns: Vec<ps_core::PendingTurn>) -> Result<usize, SinkError> {
+        let n = turns.len();
+        self.0.lock().unwrap().extend(turns);
+        Ok(n)
+    }
+
+    async fn take_pending(&self) -> Result<Vec<ps_core::PendingTurn>, SinkError> {
+        Ok(std::mem::take(&mut *self.0.lock().unwrap()))
+    }
+}
+
+#[tokio::test]
+async fn turns_unfinished_at_the_shutdown_deadline_are_persisted_and_resumed_in_order() {
+    let r = rig();
+    let pending = Arc::new(MemPending::default());
+    let buffer = r.buffer.clone().with_pending_store(pending.clone());
+    let t1 = buffer.begin("s", &user("a"), false);
+    buffer.accept(captured("s", t1));
+    let t2 = buffer.begin("s", &user("hold score:1"), false); // turn 1's judge hangs
+    buffer.accept(captured("s", t2));
+    let t3 = buffer.begin("s", &user("score:-1"), true); // turn 2 judged, turn 3 has no next state
+    buffer.accept(captured("s", t3));
+    wait_for("turns 2 and 3 waiting behind turn 1", || {
+        buffer.status().pending.waiting_order == 2
+    })
+    .await;
+
+    assert!(
+        !buffer.shutdown(Duration::from_millis(200)).await,
+        "turn 1 did not finish in time"
+    );
+    let saved = pending.0.lock().unwrap().clone();
+    let turns: Vec<u64> = saved.iter().map(|p| p.turn.turn).collect();
+    assert_eq!(turns, vec![1, 2, 3]);
+    assert_eq!(saved[0].next, Some(user("hold score:1")));
+    assert_eq!(saved[2].next, None);
+    // A judge result arriving after the deadline is discarded: no duplicate later.
+    r.scorer.release.notify_waiters();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(r.sink.taken().is_empty());
+
+    // The next start resumes them.
+    let r2 = rig();
+    let resumed = r2.buffer.clone().with_pending_store(pending.clone());
+    resumed.resume(
+        ps_core::PendingStore::take_pending(pending.as_ref())
+            .await
+            .unwrap(),
+    );
+    for _ in 0..2000 {
+        r2.scorer.release.notify_waiters();
+        if r2.sink.taken().len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let got: Vec<(u64, f64)> = r2
+        .sink
+        .taken()
+        .iter()
+        .map(|s| (s.turn, s.reward.score))
+        .collect();
+    assert_eq!(got, vec![(1, 1.0), (2, -1.0), (3, 0.0)]);
+    assert!(pending.0.lock().unwrap().is_empty());
+    // Resumed sessions are closed ones: once their turns are submitted, nothing is held.
+    wait_for("state released", || {
+        resumed.status() == Default::default() || {
+            let st = resumed.status();
+            st.live_sessions == 0 && st.pending == Default::default()
+        }
+    })
+    .await;
+}

@@ -1,0 +1,24 @@
+//! Turns that were captured but not yet samples when the server had to stop: persisted so that the
+//! next start resumes them instead of losing them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::capture::CapturedTurn;
+use crate::sink::SinkError;
+
+/// A captured turn and its next state (`None`: known to have none), waiting to be judged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingTurn {
+    pub turn: CapturedTurn,
+    pub next: Option<Value>,
+}
+
+/// Durable keeping of pending turns across a restart.
+#[async_trait::async_trait]
+pub trait PendingStore: Send + Sync {
+    /// Stores the turns durably; returns how many.
+    async fn save_pending(&self, turns: Vec<PendingTurn>) -> Result<usize, SinkError>;
+    /// Returns every stored pending turn and removes them.
+    async fn take_pending(&self) -> Result<Vec<PendingTurn>, SinkError>;
+}
