@@ -13,7 +13,11 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
 
-# The load-generator benchmark (see docs/benchmarks.md).
-bench:
+# The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang, then the store, the
+# pull API and OPD end to end. Extra arguments go to the load generator.
+bench *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
-    ./target/release/loadgen
+    cargo run --release -p loadgen -- --stream --rounds 5 {{ARGS}}
+    cargo bench -p ps-sample-store --bench store
+    cargo bench -p ps-server --bench pull
+    cargo bench -p ps-server --bench opd

@@ -1,0 +1,398 @@
+//! The load generator: measures what the policy-serving proxy costs, against a baseline taken in the
+//! same run on the same machine.
+//!
+//! It owns one idea: drive the built binaries as black boxes and turn what it observes into a
+//! report. It starts `fake-sglang` and `policy-serving serve` as child processes on free loopback
+//! ports (killed by a guard however the run ends), then runs the same workload of concurrent
+//! multi-turn conversations twice: straight to the fake (phase A, the baseline) and through the
+//! proxy with `X-Session-Id` / `X-Turn-Type: main` (phase B), optionally both again streamed
+//! (phase C). From the client's latencies, the proxy's `Server-Timing: upstream;dur=…` header and
+//! `/proc/<pid>` it derives the proxy's added latency, CPU time per request (background capture
+//! included) and memory, and checks them against the targets of `docs/benchmarks.md` (reported,
+//! never asserted). It talks to 127.0.0.1 only and depends on no crate of the product: what it
+//! measures is the shipped binary, not a library call.
+
+mod children;
+pub mod procfs;
+mod report;
+pub mod stats;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use report::{Config, CpuPerRequest, Machine, PhaseReport, ProxyReport, Report, TargetCheck};
+
+use procfs::Proc;
+use stats::Summary;
+use workload::{PhaseRun, PhaseSpec};
+
+/// How long a child may take to answer `/health` (each loads the Qwen3 tokenizer: ~0.3 s here).
+pub const STARTUP_BOUND: Duration = Duration::from_secs(60);
+/// Poll period and bound of the wait for the proxy's CPU time to stop increasing.
+pub const IDLE_POLL: Duration = Duration::from_millis(100);
+pub const IDLE_BOUND: Duration = Duration::from_secs(10);
+/// Warm-up: this many sessions (at most) of this many turns, per phase kind, not measured.
+pub const WARMUP_SESSIONS: usize = 8;
+pub const WARMUP_TURNS: usize = 2;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub fake_bin: PathBuf,
+    pub proxy_bin: PathBuf,
+    /// Tokenizer directory given to both children.
+    pub model_dir: PathBuf,
+    pub sessions: usize,
+    pub turns: usize,
+    /// Also run the streamed phases.
+    pub stream: bool,
+    /// Each phase runs this many times, interleaved with the others; figures pool all rounds.
+    pub rounds: usize,
+    /// The fake waits this long before each answer (0: answers at once, the run is CPU-bound).
+    pub fake_latency: Duration,
+    /// Session starts are spread over this long (0: all start at once).
+    pub ramp: Duration,
+    /// The whole run stops by itself after this long.
+    pub max_duration: Duration,
+}
+
+/// Why a run could not produce a report.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadgenError {
+    #[error(
+        "{} not found: build it with `cargo build --release -p policy-serving -p fake-sglang -p loadgen` (or pass its path)",
+        path.display()
+    )]
+    MissingBinary { path: PathBuf },
+    #[error("model directory {} has no tokenizer.json (pass --model-dir)", path.display())]
+    MissingModelDir { path: PathBuf },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("/proc/{pid}: {detail}")]
+    Proc { pid: u32, detail: String },
+    #[error("the generated proxy settings {} are rejected: {stderr}", path.display())]
+    Settings { path: PathBuf, stderr: String },
+    #[error("{name} exited ({status}) during the run; last log lines:\n{log_tail}")]
+    Exited {
+        name: &'static str,
+        status: String,
+        log_tail: String,
+    },
+    #[error("{name} did not answer {url} within {waited:?}; last log lines:\n{log_tail}")]
+    NotHealthy {
+        name: &'static str,
+        url: String,
+        waited: Duration,
+        log_tail: String,
+    },
+    #[error("interrupted by {0}; the children were stopped")]
+    Interrupted(&'static str),
+    #[error("cannot build the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error(
+        "warm-up `{phase}` failed ({errors} errors), so the measurement would be meaningless: {first}"
+    )]
+    WarmUp {
+        phase: String,
+        errors: usize,
+        first: String,
+    },
+}
+
+/// The processes whose CPU time a phase accounts for.
+struct Procs {
+    proxy: Proc,
+    fake: Proc,
+    me: Proc,
+}
+
+/// One kind of phase (`direct`, `proxy`, …) and what its rounds accumulated.
+struct Phase {
+    name: &'static str,
+    base_url: String,
+    via_proxy: bool,
+    stream: bool,
+    run: PhaseRun,
+    fake_ticks: u64,
+    me_ticks: u64,
+    proxy_ticks: u64,
+    /// Longest wait for the proxy to go idle after a round.
+    settle: Duration,
+    rounds: usize,
+}
+
+impl Phase {
+    fn new(name: &'static str, base_url: &str, via_proxy: bool, stream: bool) -> Self {
+        Self {
+            name,
+            base_url: base_url.to_owned(),
+            via_proxy,
+            stream,
+            run: PhaseRun::default(),
+            fake_ticks: 0,
+            me_ticks: 0,
+            proxy_ticks: 0,
+            settle: Duration::ZERO,
+            rounds: 0,
+        }
+    }
+
+    fn spec(&self, prefix: &str, sessions: usize, turns: usize, ramp: Duration) -> PhaseSpec {
+        PhaseSpec {
+            name: self.name.to_owned(),
+            url: format!("{}/v1/chat/completions", self.base_url),
+            via_proxy: self.via_proxy,
+            stream: self.stream,
+            sessions,
+            turns,
+            session_prefix: format!("loadgen-{prefix}-{}", self.name),
+            ramp,
+        }
+    }
+}
+
+/// Runs the benchmark; `progress` receives one line per step. Ctrl-C or SIGTERM stops it, and the
+/// children are killed as the run is dropped.
+pub async fn run(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report, LoadgenError> {
+    tokio::select! {
+        report = run_to_end(cfg, progress) => report,
+        signal = interrupted() => Err(LoadgenError::Interrupted(signal)),
+    }
+}
+
+/// Resolves with the signal's name on SIGINT or SIGTERM.
+async fn interrupted() -> &'static str {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        () = term => "SIGTERM",
+    }
+}
+
+async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report, LoadgenError> {
+    let deadline = Instant::now() + cfg.max_duration;
+    if !cfg.model_dir.join("tokenizer.json").is_file() {
+        return Err(LoadgenError::MissingModelDir {
+            path: cfg.model_dir.clone(),
+        });
+    }
+    let ticks = procfs::clock_ticks_per_second();
+    let dir = tempfile::Builder::new()
+        .prefix("ps-loadgen-")
+        .tempdir()
+        .map_err(|source| LoadgenError::Io {
+            context: "creating a temporary directory".into(),
+            source,
+        })?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(cfg.sessions + WARMUP_SESSIONS)
+        .build()
+        .map_err(LoadgenError::Client)?;
+
+    let startup_deadline = deadline.min(Instant::now() + STARTUP_BOUND);
+    let mut fake =
+        children::spawn_fake(&cfg.fake_bin, &cfg.model_dir, cfg.fake_latency, dir.path())?;
+    let waited = fake.wait_healthy(&client, startup_deadline).await?;
+    progress(&format!(
+        "fake-sglang healthy on {} after {waited:.1?}",
+        fake.base_url()
+    ));
+    let mut proxy = children::spawn_proxy(&cfg.proxy_bin, &cfg.model_dir, fake.port, dir.path())?;
+    let waited = proxy.wait_healthy(&client, startup_deadline).await?;
+    progress(&format!(
+        "policy-serving healthy on {} after {waited:.1?}",
+        proxy.base_url()
+    ));
+    let procs = Procs {
+        proxy: proxy.proc(ticks),
+        fake: fake.proc(ticks),
+        me: Proc::current(ticks),
+    };
+
+    let (fake_url, proxy_url) = (fake.base_url(), proxy.base_url());
+    let mut phases = vec![
+        Phase::new("direct", &fake_url, false, false),
+        Phase::new("proxy", &proxy_url, true, false),
+    ];
+    if cfg.stream {
+        phases.push(Phase::new("direct-stream", &fake_url, false, true));
+        phases.push(Phase::new("proxy-stream", &proxy_url, true, true));
+    }
+
+    let warm = cfg.sessions.clamp(1, WARMUP_SESSIONS);
+    for phase in &phases {
+        let spec = phase.spec("warmup", warm, WARMUP_TURNS, Duration::ZERO);
+        let run = workload::run_phase(&client, &spec, deadline).await;
+        if run.errors > 0 {
+            return Err(LoadgenError::WarmUp {
+                phase: phase.name.to_owned(),
+                errors: run.errors,
+                first: run.first_errors.first().cloned().unwrap_or_default(),
+            });
+        }
+        progress(&format!(
+            "warm-up {}: {} requests",
+            phase.name,
+            run.samples.len()
+        ));
+    }
+
+    // Rounds interleave the phases (A B [C] A B [C] …) so that a noisy neighbour hits all alike.
+    'rounds: for round in 1..=cfg.rounds {
+        for phase in &mut phases {
+            if Instant::now() >= deadline {
+                progress(&format!(
+                    "{}: stopped, the time bound is reached",
+                    phase.name
+                ));
+                break 'rounds;
+            }
+            let spec = phase.spec(&format!("r{round}"), cfg.sessions, cfg.turns, cfg.ramp);
+            measure_round(&client, &spec, deadline, &procs, phase).await?;
+            for child in [&mut fake, &mut proxy] {
+                child.ensure_running()?;
+            }
+            progress(&format!(
+                "round {round}/{} {}: {} requests, {} errors so far",
+                cfg.rounds,
+                phase.name,
+                phase.run.samples.len(),
+                phase.run.errors
+            ));
+        }
+    }
+
+    let (rss_kib, peak_rss_kib) = procs.proxy.rss_kib()?;
+    let log = proxy.log_text();
+    let proxy_report = ProxyReport {
+        rss_kib,
+        peak_rss_kib,
+        log_lines: log.lines().count(),
+        log_excerpt: log.lines().take(5).map(str::to_owned).collect(),
+    };
+    let config = Config {
+        sessions: cfg.sessions,
+        turns: cfg.turns,
+        rounds: cfg.rounds,
+        requests_per_phase: cfg.sessions * cfg.turns * cfg.rounds,
+        warmup_sessions: warm,
+        warmup_turns: WARMUP_TURNS,
+        fake_latency_ms: cfg.fake_latency.as_secs_f64() * 1e3,
+        ramp_ms: cfg.ramp.as_secs_f64() * 1e3,
+        max_seconds: cfg.max_duration.as_secs_f64(),
+        model_dir: cfg.model_dir.display().to_string(),
+    };
+    let machine = Machine {
+        cpus: std::thread::available_parallelism().map_or(0, usize::from),
+        clock_ticks_per_second: ticks,
+    };
+    drop((proxy, fake));
+    let reports = phases
+        .into_iter()
+        .filter(|p| p.rounds > 0)
+        .map(|p| phase_report(p, &procs))
+        .collect();
+    Ok(Report::new(machine, config, reports, proxy_report))
+}
+
+/// Runs one round of a phase and accounts CPU time: the proxy's from idle to idle (so its
+/// background capture work is included), the fake's and this process's over the requests.
+async fn measure_round(
+    client: &reqwest::Client,
+    spec: &PhaseSpec,
+    deadline: Instant,
+    procs: &Procs,
+    into: &mut Phase,
+) -> Result<(), LoadgenError> {
+    let proxy_before = if spec.via_proxy {
+        Some(procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?.0)
+    } else {
+        None
+    };
+    let fake_before = procs.fake.cpu_ticks()?;
+    let me_before = procs.me.cpu_ticks()?;
+    let run = workload::run_phase(client, spec, deadline).await;
+    into.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
+    into.me_ticks += procs.me.cpu_ticks()?.saturating_sub(me_before);
+    if let Some(before) = proxy_before {
+        let (after, settle) = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?;
+        into.proxy_ticks += after.saturating_sub(before);
+        into.settle = into.settle.max(settle);
+    }
+    into.rounds += 1;
+    let acc = &mut into.run;
+    acc.samples.extend(run.samples);
+    acc.errors += run.errors;
+    acc.first_errors.extend(run.first_errors);
+    acc.first_errors.truncate(5);
+    acc.wall += run.wall;
+    acc.cut_by_deadline |= run.cut_by_deadline;
+    Ok(())
+}
+
+fn phase_report(phase: Phase, procs: &Procs) -> PhaseReport {
+    let run = &phase.run;
+    let n = run.samples.len();
+    let per_request = |p: &Proc, ticks: u64| (n > 0).then(|| p.seconds(ticks) * 1e3 / n as f64);
+    let wall_s = run.wall.as_secs_f64();
+    let added = run
+        .samples
+        .iter()
+        .filter_map(|s| Some(s.total_ms - s.upstream_ms?));
+    let mean = |f: fn(&workload::Sample) -> usize| {
+        (n > 0).then(|| run.samples.iter().map(f).sum::<usize>() as f64 / n as f64)
+    };
+    PhaseReport {
+        name: phase.name.to_owned(),
+        via_proxy: phase.via_proxy,
+        stream: phase.stream,
+        rounds: phase.rounds,
+        requests: n,
+        errors: run.errors,
+        first_errors: run.first_errors.clone(),
+        cut_by_deadline: run.cut_by_deadline,
+        wall_s,
+        throughput_rps: if wall_s > 0.0 { n as f64 / wall_s } else { 0.0 },
+        latency_ms: Summary::of(run.samples.iter().map(|s| s.total_ms)),
+        ttfb_ms: phase
+            .stream
+            .then(|| Summary::of(run.samples.iter().map(|s| s.ttfb_ms)))
+            .flatten(),
+        upstream_ms: Summary::of(run.samples.iter().filter_map(|s| s.upstream_ms)),
+        added_ms: Summary::of(added),
+        missing_server_timing: if phase.via_proxy && !phase.stream {
+            run.samples
+                .iter()
+                .filter(|s| s.upstream_ms.is_none())
+                .count()
+        } else {
+            0
+        },
+        mean_request_bytes: mean(|s| s.request_bytes),
+        mean_response_bytes: mean(|s| s.response_bytes),
+        cpu_ms_per_request: CpuPerRequest {
+            proxy: phase
+                .via_proxy
+                .then(|| per_request(&procs.proxy, phase.proxy_ticks))
+                .flatten(),
+            fake: per_request(&procs.fake, phase.fake_ticks),
+            loadgen: per_request(&procs.me, phase.me_ticks),
+            resolution: per_request(&procs.me, 1),
+        },
+        proxy_settle_s: phase.via_proxy.then_some(phase.settle.as_secs_f64()),
+    }
+}

@@ -1,0 +1,361 @@
+//! The workload: concurrent multi-turn conversations, as an agent drives them. Each session sends a
+//! system prompt and a user message, appends the assistant's reply and a new user message, and sends
+//! the whole history again, `turns` times. One phase runs `sessions` such conversations at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// An agent-like system prompt (~1.6 kB), so that rendering and tokenizing a turn costs what it costs
+/// with a real agent rather than with a one-line chat.
+pub const SYSTEM_PROMPT: &str = "You are a careful software engineering agent working inside a \
+sandboxed Linux container on behalf of a user. You can read and edit files, run shell commands and \
+inspect their output. Work in small, verifiable steps: state what you are going to do, do it, then \
+check the result before moving on. Prefer reading the existing code and its tests before proposing \
+a change; follow the conventions you find there (naming, error handling, logging, formatting). \
+Never invent file names, APIs or command-line flags: look them up. When a command fails, read the \
+error message fully and explain the cause before retrying. Keep answers short and concrete; use \
+code blocks for code and shell commands. Do not expose secrets found in the environment or in \
+files, and do not send data to the network unless the user asks for it. If the task is ambiguous, \
+ask one precise question instead of guessing. When you are done, summarise what changed, which \
+files you touched, and how the user can verify the result (the exact test or command). Budget: at \
+most twenty tool calls per task; stop and report if you are stuck. The repository uses Rust 2024, \
+tokio, axum and serde; tests run with cargo test; lints with cargo clippy -D warnings. The user's \
+time zone is UTC. Today's working directory is /workspace/project.";
+
+const TOPICS: &[&str] = &[
+    "the HTTP handler that forwards chat completions upstream",
+    "the bounded queue that feeds the capture workers",
+    "the configuration loader and its validation errors",
+    "the streaming proxy and how it handles a client that disconnects",
+    "the session buffer and when a session is considered finished",
+    "the retry policy of the upstream client on 503 answers",
+    "the metrics catalogue and the labels it allows",
+    "the chat template rendering of tool calls",
+];
+
+const ASKS: &[&str] = &[
+    "Can you explain how it works and point me to the file that implements it?",
+    "Please find out why its test is flaky and propose a minimal fix.",
+    "Add a short doc comment describing its invariants, then show me the diff.",
+    "What happens there when the upstream answers with invalid JSON? Walk me through it.",
+    "Is there any blocking call on the async executor in that code path?",
+];
+
+/// The `turn`-th user message of session `session` (deterministic, varied across sessions).
+pub fn user_message(session: usize, turn: usize) -> String {
+    let topic = TOPICS[(session + turn) % TOPICS.len()];
+    let ask = ASKS[(session * 3 + turn) % ASKS.len()];
+    if turn == 0 {
+        format!(
+            "Hi! I am new to this codebase (ticket #{session}). I want to understand {topic}. {ask}"
+        )
+    } else {
+        format!("Thanks. Step {turn}: now look at {topic}. {ask} Keep the answer under ten lines.")
+    }
+}
+
+/// The request body for a history.
+pub fn request_body(messages: &[Value], stream: bool) -> Vec<u8> {
+    let mut body = json!({
+        "model": "default",
+        "messages": messages,
+        "logprobs": true,
+        // What the proxy forwards upstream anyway (it raises `top_logprobs` to at least 1), so the
+        // fake does the same work in the direct and the proxied phases.
+        "top_logprobs": 1,
+        "temperature": 0.7,
+        "max_tokens": 512,
+    });
+    if stream {
+        body["stream"] = json!(true);
+    }
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// One phase: where to send, how, and how much.
+#[derive(Debug, Clone)]
+pub struct PhaseSpec {
+    /// `direct`, `proxy`, `proxy-stream`, …
+    pub name: String,
+    /// The chat completions URL.
+    pub url: String,
+    /// Send `X-Session-Id` / `X-Turn-Type: main`.
+    pub via_proxy: bool,
+    pub stream: bool,
+    pub sessions: usize,
+    pub turns: usize,
+    /// Session ids are `{prefix}-{index}` (unique per phase, so the proxy sees new sessions).
+    pub session_prefix: String,
+    /// Session `i` starts after `i / sessions` of this, so that arrivals are spread rather than in
+    /// lock-step (matters when the upstream has a latency).
+    pub ramp: Duration,
+}
+
+/// One answered request.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// Send to last byte of the answer, as the client sees it.
+    pub total_ms: f64,
+    /// Send to the first byte of the body.
+    pub ttfb_ms: f64,
+    /// The `upstream` duration of the answer's `Server-Timing` header, if any.
+    pub upstream_ms: Option<f64>,
+    pub request_bytes: usize,
+    pub response_bytes: usize,
+}
+
+/// Why one request failed (the session stops there: its history cannot continue).
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    #[error("transport error: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("unusable answer: {0}")]
+    Body(String),
+}
+
+/// What a phase produced.
+#[derive(Debug, Default)]
+pub struct PhaseRun {
+    pub samples: Vec<Sample>,
+    pub errors: usize,
+    /// The first few error messages.
+    pub first_errors: Vec<String>,
+    /// From the first send to the last answer.
+    pub wall: Duration,
+    /// The global time bound cut the phase short.
+    pub cut_by_deadline: bool,
+}
+
+const KEPT_ERRORS: usize = 5;
+
+/// Runs `spec.sessions` conversations concurrently until all are done or `deadline` passes.
+pub async fn run_phase(client: &reqwest::Client, spec: &PhaseSpec, deadline: Instant) -> PhaseRun {
+    let spec = Arc::new(spec.clone());
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..spec.sessions)
+        .map(|i| tokio::spawn(session(client.clone(), spec.clone(), i, deadline)))
+        .collect();
+    let mut run = PhaseRun::default();
+    for task in tasks {
+        match task.await {
+            Ok(s) => {
+                run.samples.extend(s.samples);
+                run.cut_by_deadline |= s.cut;
+                for e in s.errors {
+                    run.errors += 1;
+                    if run.first_errors.len() < KEPT_ERRORS {
+                        run.first_errors.push(e);
+                    }
+                }
+            }
+            Err(e) => {
+                run.errors += 1;
+                run.first_errors.push(format!("session task failed: {e}"));
+            }
+        }
+    }
+    run.wall = started.elapsed();
+    run
+}
+
+struct SessionRun {
+    samples: Vec<Sample>,
+    errors: Vec<String>,
+    cut: bool,
+}
+
+async fn session(
+    client: reqwest::Client,
+    spec: Arc<PhaseSpec>,
+    index: usize,
+    deadline: Instant,
+) -> SessionRun {
+    let session_id = format!("{}-{index}", spec.session_prefix);
+    let mut messages = vec![
+        json!({"role": "system", "content": SYSTEM_PROMPT}),
+        json!({"role": "user", "content": user_message(index, 0)}),
+    ];
+    let mut out = SessionRun {
+        samples: Vec::with_capacity(spec.turns),
+        errors: Vec::new(),
+        cut: false,
+    };
+    let start = spec
+        .ramp
+        .mul_f64(index as f64 / spec.sessions.max(1) as f64);
+    if Instant::now() + start >= deadline {
+        out.cut = true;
+        return out;
+    }
+    tokio::time::sleep(start).await;
+    for turn in 0..spec.turns {
+        let body = request_body(&messages, spec.stream);
+        let answer = tokio::time::timeout_at(
+            tokio::time::Instant::from_std(deadline),
+            one_turn(&client, &spec, &session_id, turn + 1 == spec.turns, body),
+        )
+        .await;
+        match answer {
+            Err(_) => {
+                out.cut = true;
+                break;
+            }
+            Ok(Err(e)) => {
+                out.errors
+                    .push(format!("{} session {index} turn {turn}: {e}", spec.name));
+                break;
+            }
+            Ok(Ok((sample, reply))) => {
+                out.samples.push(sample);
+                messages.push(reply);
+                messages.push(json!({"role": "user", "content": user_message(index, turn + 1)}));
+            }
+        }
+    }
+    out
+}
+
+async fn one_turn(
+    client: &reqwest::Client,
+    spec: &PhaseSpec,
+    session_id: &str,
+    last: bool,
+    body: Vec<u8>,
+) -> Result<(Sample, Value), TurnError> {
+    let request_bytes = body.len();
+    let mut req = client
+        .post(&spec.url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if spec.via_proxy {
+        req = req
+            .header("x-session-id", session_id)
+            .header("x-turn-type", "main");
+        if last {
+            // Closes the session, so its last turn is finished (and stored) now rather than at the
+            // session timeout, inside the CPU accounting of the round.
+            req = req.header("x-session-done", "true");
+        }
+    }
+    let started = Instant::now();
+    let mut resp = req.send().await?;
+    let status = resp.status();
+    let upstream_ms = resp
+        .headers()
+        .get("server-timing")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| crate::stats::server_timing_dur(v, "upstream"));
+    let mut buf = Vec::new();
+    let mut ttfb = None;
+    while let Some(chunk) = resp.chunk().await? {
+        ttfb.get_or_insert_with(|| started.elapsed());
+        buf.extend_from_slice(&chunk);
+    }
+    let total = started.elapsed();
+    if !status.is_success() {
+        return Err(TurnError::Status {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&buf[..buf.len().min(300)]).into_owned(),
+        });
+    }
+    let reply = if spec.stream {
+        reply_from_sse(&buf)?
+    } else {
+        reply_from_json(&buf)?
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    Ok((
+        Sample {
+            total_ms: ms(total),
+            ttfb_ms: ms(ttfb.unwrap_or(total)),
+            upstream_ms,
+            request_bytes,
+            response_bytes: buf.len(),
+        },
+        reply,
+    ))
+}
+
+/// The assistant message to append to the history.
+fn assistant(content: &str, reasoning: &str) -> Value {
+    let mut m = json!({"role": "assistant", "content": content});
+    if !reasoning.is_empty() {
+        m["reasoning_content"] = json!(reasoning);
+    }
+    m
+}
+
+/// The assistant message of a non-streamed answer.
+pub fn reply_from_json(body: &[u8]) -> Result<Value, TurnError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| TurnError::Body(format!("not JSON: {e}")))?;
+    let msg = &v["choices"][0]["message"];
+    let content = msg["content"]
+        .as_str()
+        .ok_or_else(|| TurnError::Body("no choices[0].message.content string".into()))?;
+    Ok(assistant(
+        content,
+        msg["reasoning_content"].as_str().unwrap_or_default(),
+    ))
+}
+
+/// The assistant message of a streamed answer: the concatenated deltas. It must end with `[DONE]`.
+pub fn reply_from_sse(body: &[u8]) -> Result<Value, TurnError> {
+    let text = std::str::from_utf8(body).map_err(|e| TurnError::Body(e.to_string()))?;
+    let (mut content, mut reasoning, mut done) = (String::new(), String::new(), false);
+    for data in text.lines().filter_map(|l| l.strip_prefix("data:")) {
+        let data = data.trim();
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| TurnError::Body(format!("bad SSE chunk: {e}")))?;
+        if !chunk["error"].is_null() {
+            return Err(TurnError::Body(format!("error event: {}", chunk["error"])));
+        }
+        let delta = &chunk["choices"][0]["delta"];
+        content.push_str(delta["content"].as_str().unwrap_or_default());
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+    }
+    if !done {
+        return Err(TurnError::Body("the stream ended without [DONE]".into()));
+    }
+    Ok(assistant(&content, &reasoning))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_from_both_shapes() {
+        let json = br#"{"choices":[{"message":{"role":"assistant","content":"Hi","reasoning_content":"think","tool_calls":null}}]}"#;
+        assert_eq!(
+            reply_from_json(json).unwrap(),
+            json!({"role": "assistant", "content": "Hi", "reasoning_content": "think"})
+        );
+        let sse =
+            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+                    data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"th\"}}]}\n\n\
+                    data: {\"choices\":[{\"delta\":{\"content\":\"H\"}}]}\n\n\
+                    data: {\"choices\":[{\"delta\":{\"content\":\"i\"}}]}\n\n\
+                    data: [DONE]\n\n";
+        assert_eq!(
+            reply_from_sse(sse).unwrap(),
+            json!({"role": "assistant", "content": "Hi", "reasoning_content": "th"})
+        );
+        assert!(reply_from_sse(b"data: {\"choices\":[]}\n\n").is_err());
+        assert!(reply_from_json(b"{}").is_err());
+    }
+
+    #[test]
+    fn user_messages_vary() {
+        assert_ne!(user_message(0, 0), user_message(1, 0));
+        assert_ne!(user_message(0, 1), user_message(0, 2));
+    }
+}
