@@ -35,6 +35,11 @@
 //! One chunk per sampled token whose text delta is non-empty. The `<think>`/`</think>` markers and the
 //! whitespace around them, the tool-call markup and the eos send no chunk, so their logprobs are lost, as
 //! in SGLang (Gotcha 3). Concatenated `reasoning_content`/`content` deltas equal the non-streamed fields.
+//!
+//! # Hosted provider
+//! [`FakeProvider`] stands in for an external OpenAI-compatible provider (section 4): Bearer key,
+//! nested error bodies, judge-like answers, scriptable [`ProviderFault`]s (429 with `Retry-After`,
+//! 5xx, slow, garbage, rejected key) and an in-flight high-water mark for concurrency-cap tests.
 
 mod chat;
 mod completions;
@@ -44,6 +49,7 @@ mod generate;
 mod http;
 mod model;
 mod net;
+mod provider;
 mod state;
 
 use std::{
@@ -66,6 +72,9 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 pub use det::{policy_logprob, teacher_logprob};
 pub use fault::{Fault, FaultParseError};
 pub use generate::teacher_top_logprobs;
+pub use provider::{
+    FakeProvider, FakeProviderBuilder, FakeProviderHandle, ProviderFault, ProviderRequest,
+};
 pub use state::{FakeState, RecordedRequest};
 
 use crate::{

@@ -67,6 +67,10 @@ pub enum JudgeError {
         detail: String,
         config_key: &'static str,
     },
+    /// A call to an external OpenAI-compatible provider failed; `message` names the provider, its
+    /// URL and, for a rejected key, the variable holding it (never the key).
+    #[error("{message}")]
+    Provider { message: String },
 }
 
 /// `e` and its causes joined with `": "`, so a vote's failure reason says "Connection refused".
