@@ -8,6 +8,11 @@ use clap::{Args, Parser, Subcommand};
 use ps_chat_template::ChatTokenizer;
 use ps_config::{LogFormat, Overrides, Settings};
 
+/// mimalloc: the proxy allocates many short-lived buffers (JSON values, token vectors); with the
+/// system allocator malloc/free were 43% of its CPU samples under load (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "policy-serving",
@@ -23,6 +28,10 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI-compatible proxy.
     Serve(ServeArgs),
+    /// Run the operator checklist against the configured services: one line per check (ok, FAIL,
+    /// skip) with its latency, and the cause and fix of each failure. Exit code 0 when no check
+    /// failed, 1 when one did, 2 on a configuration error.
+    Check(ServeArgs),
     /// Run the self-contained demo: fake SGLang, proxy and a scripted conversation on loopback.
     Demo {
         /// `rl`, `opd` or `combine`.
@@ -74,6 +83,18 @@ struct ServeArgs {
     port: Option<u16>,
 }
 
+impl ServeArgs {
+    /// The settings file and the command-line overrides.
+    fn into_parts(self) -> (Option<PathBuf>, Overrides) {
+        let overrides = Overrides {
+            host: self.host,
+            port: self.port,
+            model_dir: self.model_dir,
+        };
+        (self.config, overrides)
+    }
+}
+
 fn parse_mode(s: &str) -> Result<ps_config::Mode, String> {
     match s {
         "rl" => Ok(ps_config::Mode::Rl),
@@ -122,12 +143,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), ExitCode> {
     match cli.command {
         Command::Serve(args) => {
-            let overrides = Overrides {
-                host: args.host,
-                port: args.port,
-                model_dir: args.model_dir,
-            };
-            let settings = load(args.config.as_deref(), &overrides)?;
+            let (config, overrides) = args.into_parts();
+            let settings = load(config.as_deref(), &overrides)?;
             init_tracing(&settings.logging.level, settings.logging.format);
             for (var, instead) in ps_config::ignored_legacy_env(&ps_config::process_env) {
                 tracing::warn!("{var} is set but not honoured: {instead}");
@@ -147,6 +164,20 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
                     eprintln!("policy-serving: {e}");
                     ExitCode::FAILURE
                 })
+        }
+        Command::Check(args) => {
+            let (config, overrides) = args.into_parts();
+            let settings = load(config.as_deref(), &overrides)?;
+            init_tracing("warn", LogFormat::Text);
+            let report =
+                runtime()?.block_on(ps_check::run_checks(&settings, &ps_config::process_env));
+            print!("{}", report.render());
+            println!("{}", report.summary());
+            if report.all_passed() {
+                Ok(())
+            } else {
+                Err(ExitCode::FAILURE)
+            }
         }
         Command::Demo { mode } => {
             init_tracing("warn", LogFormat::Text);

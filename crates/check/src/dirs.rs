@@ -1,0 +1,122 @@
+//! Check 7: `store.path` and every configured record directory exist (created when missing) and
+//! accept a new file (a probe file is created and removed).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use ps_config::Settings;
+
+use crate::report::Outcome;
+
+/// The directories the server writes, with the key that sets each.
+fn dirs(s: &Settings) -> Vec<(&'static str, PathBuf)> {
+    let l = &s.logging;
+    let mut out = vec![("store.path", s.store.path.clone())];
+    if let Some(d) = l.conversation_records() {
+        out.push(("logging.record_dir", d));
+    }
+    if let Some(d) = l.prm_records() {
+        let key = if l.prm_record_dir.is_some() {
+            "logging.prm_record_dir"
+        } else {
+            "logging.record_dir"
+        };
+        out.push((key, d));
+    }
+    if let Some(d) = l.opd_records() {
+        let key = if l.opd_record_dir.is_some() {
+            "logging.opd_record_dir"
+        } else {
+            "logging.record_dir"
+        };
+        out.push((key, d));
+    }
+    out
+}
+
+/// Creates `dir` if missing, then creates, writes and removes a probe file in it.
+fn probe(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let file = dir.join(format!(".policy-serving-check-{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&file)
+        .and_then(|mut f| f.write_all(b"policy-serving check\n"));
+    let removed = std::fs::remove_file(&file);
+    written?;
+    removed
+}
+
+fn run(s: &Settings) -> Outcome {
+    let mut ok = Vec::new();
+    let mut failed = Vec::new();
+    for (key, dir) in dirs(s) {
+        match probe(&dir) {
+            Ok(()) => ok.push(format!("{key} {}", dir.display())),
+            Err(e) => failed.push((key, format!("{key} = {}: {e}", dir.display()))),
+        }
+    }
+    match failed.as_slice() {
+        [] => Outcome::ok(ok.join(", ")),
+        [(key, cause)] => Outcome::fail(
+            format!("cannot write in {cause}"),
+            format!("make it a directory the server's user can write, or set {key} to one"),
+        ),
+        many => Outcome::fail(
+            format!(
+                "cannot write in {}",
+                many.iter()
+                    .map(|(_, c)| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            format!(
+                "make them directories the server's user can write, or set {} to such directories",
+                many.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+    }
+}
+
+pub(crate) async fn check(s: &Settings) -> Outcome {
+    let owned = s.clone();
+    match tokio::task::spawn_blocking(move || run(&owned)).await {
+        Ok(outcome) => outcome,
+        Err(e) => Outcome::fail(
+            format!("the directory probe failed: {e}"),
+            "check store.path and the logging.*record_dir keys",
+        ),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_dirs_are_named_by_the_key_that_sets_them() {
+        let mut s = Settings::default();
+        s.logging.record_dir = Some(PathBuf::from("/r"));
+        s.logging.opd_record_dir = Some(PathBuf::from("/o"));
+        let keys: Vec<&str> = dirs(&s).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            [
+                "store.path",
+                "logging.record_dir",
+                "logging.record_dir",
+                "logging.opd_record_dir"
+            ]
+        );
+    }
+
+    #[test]
+    fn probes_leave_nothing_behind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b");
+        probe(&dir).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,134 @@
+//! `policy-serving check`: runs the operator checklist against the services a configuration names
+//! and reports one line per check — `ok`, `FAIL` or `skip`, the measured latency — and, for each
+//! failure, the likely cause and the fix, naming the configuration key or environment variable.
+//!
+//! The checks, in order ([`CheckId`]): key variables present; provider reachable and key accepted
+//! (one one-token chat call); SGLang `/health`; a chat round trip with log-probs (and token ids when
+//! `sglang.return_token_ids`); the PRM judge's `/generate` answering a parseable `\boxed{}`; the
+//! teacher's log-probs whose echoed ids match the policy tokenizer's (a tokenizer mismatch is found
+//! before training starts); record and store directories writable; the submission state of a running
+//! proxy. A check whose feature is off is skipped with the reason. Each check has its own time
+//! limit, derived from the configured timeout ([`CHECK_TIMEOUT_CAP`], [`JUDGE_TIMEOUT_CAP`]).
+//!
+//! This crate owns the checks and their wording only. The policy client, judge, teacher and tokenizer
+//! are built by `ps_server::wiring`, exactly as `serve` builds them, so a check exercises the same
+//! URL, key, template and tokenizer. The provider probe is one plain chat call without retries: a
+//! check must show the first 401 or 429, not hide it behind back-off. Secrets are never printed:
+//! variables are named, values are not, and error bodies are scrubbed of the key. Nothing but the
+//! binary depends on this crate.
+
+mod dirs;
+mod judge;
+mod keys;
+mod provider;
+mod report;
+mod sglang;
+mod submission;
+mod teacher;
+mod util;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ps_chat_template::ChatTokenizer;
+use ps_config::{EnvLookup, Settings};
+
+pub use report::{CheckId, CheckReport, CheckResult, Outcome};
+pub use teacher::TEACHER_PROBE_TOKENS;
+
+/// Upper bound of each check's time limit: a check waits `min(configured timeout, this)`.
+pub const CHECK_TIMEOUT_CAP: Duration = Duration::from_secs(10);
+
+/// Upper bound of the judge check's time limit: `min(prm.timeout_sec, this)`. Longer than
+/// [`CHECK_TIMEOUT_CAP`] because a judge generates up to `prm.max_new_tokens` before its box.
+pub const JUDGE_TIMEOUT_CAP: Duration = Duration::from_secs(60);
+
+/// `min(configured, CHECK_TIMEOUT_CAP)`.
+pub(crate) fn limit(configured: Duration) -> Duration {
+    configured.min(CHECK_TIMEOUT_CAP)
+}
+
+/// Runs every check in order against the services `settings` names, resolving secrets with `env`
+/// (use [`ps_config::process_env`] for the real environment). Never fails: every problem is a
+/// [`Outcome::Fail`] line of the report.
+pub async fn run_checks(settings: &Settings, env: EnvLookup<'_>) -> CheckReport {
+    let mut checks = Vec::with_capacity(CheckId::ALL.len());
+    let mut timed = |id: CheckId, start: Instant, outcome: Outcome| {
+        let latency = (!matches!(outcome, Outcome::Skip { .. })).then(|| start.elapsed());
+        checks.push(CheckResult {
+            id,
+            outcome,
+            latency,
+        });
+    };
+
+    let t = Instant::now();
+    timed(CheckId::KeyVariables, t, keys::check(settings, env));
+
+    let t = Instant::now();
+    let outcome = provider::check(settings, env).await;
+    timed(CheckId::Provider, t, outcome);
+
+    let policy = sglang::client(settings, env);
+    let t = Instant::now();
+    let outcome = sglang::health(settings, &policy).await;
+    timed(CheckId::SglangHealth, t, outcome);
+
+    let t = Instant::now();
+    let outcome = sglang::chat(settings, env, &policy).await;
+    timed(CheckId::ChatLogprobs, t, outcome);
+
+    // Loaded once, outside both checks' latencies (loading a tokenizer is not a round trip).
+    let tokenizer = if judge::active(settings).is_ok() || settings.opd_active() {
+        Some(policy_tokenizer(settings).await)
+    } else {
+        None
+    };
+
+    let t = Instant::now();
+    let outcome = judge::check(settings, tokenizer.as_ref()).await;
+    timed(CheckId::PrmGenerate, t, outcome);
+
+    let t = Instant::now();
+    let outcome = teacher::check(settings, env, tokenizer.as_ref()).await;
+    timed(CheckId::Teacher, t, outcome);
+
+    let t = Instant::now();
+    let outcome = dirs::check(settings).await;
+    timed(CheckId::Directories, t, outcome);
+
+    let t = Instant::now();
+    let outcome = submission::check(settings).await;
+    timed(CheckId::Submission, t, outcome);
+
+    CheckReport { checks }
+}
+
+/// The policy tokenizer as `serve` loads it (`server.model_dir`, else the embedded demo model), on
+/// the blocking pool; a failure is the outcome of every check that needs it.
+pub(crate) type TokenizerResult = Result<Arc<ChatTokenizer>, Outcome>;
+
+async fn policy_tokenizer(settings: &Settings) -> TokenizerResult {
+    let owned = settings.clone();
+    let loaded = tokio::task::spawn_blocking(move || ps_server::wiring::tokenizer(&owned)).await;
+    let dir = settings
+        .server
+        .model_dir
+        .as_ref()
+        .map_or_else(String::new, |d| d.display().to_string());
+    match loaded {
+        Ok(Ok(tok)) => Ok(tok),
+        Ok(Err(e)) => Err(Outcome::fail(
+            format!(
+                "cannot load the policy tokenizer from {dir}: {}",
+                util::error_chain(&e)
+            ),
+            "set server.model_dir to the policy's tokenizer directory (tokenizer.json and \
+             tokenizer_config.json)",
+        )),
+        Err(e) => Err(Outcome::fail(
+            format!("loading the policy tokenizer from {dir} failed: {e}"),
+            "check server.model_dir",
+        )),
+    }
+}
