@@ -10,6 +10,7 @@
 
 pub mod align;
 pub mod capture;
+pub mod errors;
 pub mod message;
 pub mod metric_names;
 pub mod pending;
@@ -20,6 +21,7 @@ pub mod sink;
 
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, TurnGuard, TurnSink};
+pub use errors::error_chain;
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{FinishReason, RolloutResponse, SampledToken};
 pub use session::{SessionHeaders, TurnType};

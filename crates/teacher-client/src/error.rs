@@ -173,17 +173,5 @@ fn key_phrase(key_sent: &bool) -> &'static str {
     }
 }
 
-/// `e` and its causes joined with `": "`, so a failure reason says "Connection refused".
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
-}
+/// `e` and its causes, joined (one definition for the product, in `ps-core`).
+pub(crate) use ps_core::error_chain;
