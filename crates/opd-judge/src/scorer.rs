@@ -3,14 +3,10 @@
 use std::{fmt, sync::Arc};
 
 use async_trait::async_trait;
-use ps_prm_client::{JudgeBackend, JudgeInput};
-use serde_json::Value;
+use ps_prm_client::{JudgeBackend, JudgeInput, answer_tail, ask_votes};
 use tokio::sync::Semaphore;
 
 use crate::{HintJudge, HintOutcome, HintVote, hint_messages, parse_hint_vote, select_best_hint};
-
-/// Longest tail of an unparseable judge answer quoted in the vote's failure reason.
-const TAIL_CHARS: usize = 120;
 
 /// [`HintJudge`] of OPD: sends `votes` hint-judge calls at once (each holding one permit of the
 /// judge-concurrency semaphore when one is given), parses each answer with [`parse_hint_vote`] and
@@ -72,21 +68,9 @@ impl HintScorer {
         self.min_hint_chars
     }
 
-    async fn vote(&self, index: usize, messages: &[Value]) -> Vote {
-        let _permit = match &self.semaphore {
-            Some(sem) => match sem.acquire().await {
-                Ok(p) => Some(p),
-                Err(_) => {
-                    return self.failed(
-                        index,
-                        HintVote::failed(),
-                        "the judge concurrency limiter is closed".to_owned(),
-                    );
-                }
-            },
-            None => None,
-        };
-        match self.backend.complete(messages).await {
+    /// One vote from the judge's answer (or the call's failure).
+    fn vote(&self, index: usize, answer: Result<String, String>) -> Vote {
+        match answer {
             Ok(text) => {
                 let vote = parse_hint_vote(&text);
                 if vote.score.is_some() {
@@ -99,11 +83,11 @@ impl HintScorer {
                 let reason = format!(
                     "the hint-judge answer of {} does not end on a \\boxed{{1}} or \\boxed{{-1}} (its last boxed value is missing or invalid; it ends with {:?})",
                     self.backend.describe(),
-                    tail(&text)
+                    answer_tail(&text)
                 );
                 self.failed(index, vote, reason)
             }
-            Err(e) => self.failed(index, HintVote::failed(), e.to_string()),
+            Err(reason) => self.failed(index, HintVote::failed(), reason),
         }
     }
 
@@ -117,17 +101,22 @@ impl HintScorer {
     }
 }
 
-fn tail(text: &str) -> String {
-    let n = text.chars().count();
-    text.chars().skip(n.saturating_sub(TAIL_CHARS)).collect()
-}
-
 #[async_trait]
 impl HintJudge for HintScorer {
     async fn judge(&self, input: &JudgeInput) -> HintOutcome {
         let messages = hint_messages(input);
-        let outcomes =
-            futures::future::join_all((0..self.votes).map(|i| self.vote(i, &messages))).await;
+        let answers = ask_votes(
+            self.backend.as_ref(),
+            &messages,
+            self.votes,
+            self.semaphore.as_deref(),
+        )
+        .await;
+        let outcomes: Vec<Vote> = answers
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| self.vote(i, a))
+            .collect();
         let votes: Vec<HintVote> = outcomes.iter().map(|v| v.vote.clone()).collect();
         let best = select_best_hint(&votes, self.min_hint_chars);
         let representative = best
@@ -152,6 +141,7 @@ mod tests {
     use ps_prm_client::{JudgeError, MockJudgeBackend, TIMEOUT_KEY};
 
     use super::*;
+    use serde_json::Value;
 
     fn input() -> JudgeInput {
         JudgeInput {

@@ -13,6 +13,7 @@ mod error;
 mod parse;
 mod prompt;
 mod scorer;
+mod votes;
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,7 @@ pub use error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY};
 pub use parse::{last_boxed_digit, majority_vote, parse_boxed_score};
 pub use prompt::judge_messages;
 pub use scorer::PrmScorer;
+pub use votes::{answer_tail, ask_votes};
 
 /// What the judge sees of one turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,16 +3,12 @@
 use std::{fmt, sync::Arc};
 
 use async_trait::async_trait;
-use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use crate::{
-    JudgeBackend, JudgeInput, PrmScore, TurnScorer, judge_messages, majority_vote,
-    parse_boxed_score,
+    JudgeBackend, JudgeInput, PrmScore, TurnScorer, answer_tail, ask_votes, judge_messages,
+    majority_vote, parse_boxed_score,
 };
-
-/// Longest tail of an unparseable judge answer quoted in the vote's failure reason.
-const TAIL_CHARS: usize = 120;
 
 /// [`TurnScorer`] of binary RL: sends `votes` judge calls at once (each holding one permit of the
 /// judge-concurrency semaphore when one is given) and takes their majority. A call that fails or an
@@ -64,18 +60,9 @@ impl PrmScorer {
         self.votes
     }
 
-    async fn vote(&self, index: usize, messages: &[Value]) -> Vote {
-        let _permit = match &self.semaphore {
-            Some(sem) => match sem.acquire().await {
-                Ok(p) => Some(p),
-                Err(_) => {
-                    return self
-                        .failed(index, "the judge concurrency limiter is closed".to_owned());
-                }
-            },
-            None => None,
-        };
-        match self.backend.complete(messages).await {
+    /// One vote from the judge's answer (or the call's failure).
+    fn vote(&self, index: usize, answer: Result<String, String>) -> Vote {
+        match answer {
             Ok(text) => match parse_boxed_score(&text) {
                 Some(v) => Vote {
                     value: Some(v),
@@ -86,12 +73,12 @@ impl PrmScorer {
                     let reason = format!(
                         "the answer of {} does not end on a \\boxed{{1}}, \\boxed{{-1}} or \\boxed{{0}} (its last boxed value is missing or invalid; it ends with {:?})",
                         self.backend.describe(),
-                        tail(&text)
+                        answer_tail(&text)
                     );
                     self.failed(index, reason)
                 }
             },
-            Err(e) => self.failed(index, e.to_string()),
+            Err(reason) => self.failed(index, reason),
         }
     }
 
@@ -105,17 +92,22 @@ impl PrmScorer {
     }
 }
 
-fn tail(text: &str) -> String {
-    let n = text.chars().count();
-    text.chars().skip(n.saturating_sub(TAIL_CHARS)).collect()
-}
-
 #[async_trait]
 impl TurnScorer for PrmScorer {
     async fn score(&self, input: &JudgeInput) -> PrmScore {
         let messages = judge_messages(input);
-        let outcomes =
-            futures::future::join_all((0..self.votes).map(|i| self.vote(i, &messages))).await;
+        let answers = ask_votes(
+            self.backend.as_ref(),
+            &messages,
+            self.votes,
+            self.semaphore.as_deref(),
+        )
+        .await;
+        let outcomes: Vec<Vote> = answers
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| self.vote(i, a))
+            .collect();
         let votes: Vec<Option<i8>> = outcomes.iter().map(|v| v.value).collect();
         let score = majority_vote(&votes);
         let agreeing = outcomes
@@ -140,6 +132,7 @@ mod tests {
 
     use super::*;
     use crate::{JudgeError, MockJudgeBackend, TIMEOUT_KEY};
+    use serde_json::Value;
 
     fn input() -> JudgeInput {
         JudgeInput {
