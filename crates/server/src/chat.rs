@@ -94,7 +94,20 @@ pub async fn chat_completions(
     .await
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads a request body of at most `limit` bytes: a `Content-Length` over the limit is refused at
+/// once, without waiting for bytes that may never come; a body that grows past it is cut off.
+pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let inner = e.into_inner();
         if inner
@@ -118,7 +131,7 @@ async fn handle(
 ) -> Result<(Response, TurnType), ApiError> {
     let handler_started = Instant::now();
     let opts = app.options();
-    let bytes = read_body(body, opts.max_body_bytes).await?;
+    let bytes = read_body(headers, body, opts.max_body_bytes).await?;
     let req = request::parse_limited(&bytes, headers, opts.max_messages)?;
     // While the trainer has paused submission: refuse, hold, or serve without collecting.
     let mut collect = true;

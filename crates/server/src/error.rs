@@ -13,7 +13,9 @@ pub enum ApiError {
     InvalidJson(String),
     #[error("{message}")]
     InvalidRequest { code: &'static str, message: String },
-    #[error("the request body is larger than {limit} bytes (raise `server.max_body_bytes`)")]
+    #[error(
+        "the request body is larger than {limit} bytes (the chat routes' limit is `server.max_body_bytes`)"
+    )]
     PayloadTooLarge { limit: usize },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
     Unauthorized,

@@ -17,7 +17,6 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use ps_sample_store::{SampleStore, StoreError};
 use ps_session_buffer::SessionBuffer;
 use serde_json::{Value, json};
@@ -151,8 +150,16 @@ pub async fn samples(
     Ok(Json(page).into_response())
 }
 
-pub async fn commit(State(app): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+/// Largest body of a rollout admin request (`{"through": SEQ}` is a few bytes).
+pub const MAX_ADMIN_BODY_BYTES: usize = 64 * 1024;
+
+pub async fn commit(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Value>, ApiError> {
     let r = rollout(&app)?;
+    let body = crate::chat::read_body(&headers, body, MAX_ADMIN_BODY_BYTES).await?;
     let v: Value =
         serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let through = v.get("through").and_then(Value::as_u64).ok_or_else(|| {

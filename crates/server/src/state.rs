@@ -247,10 +247,11 @@ pub fn build_router(app: AppState) -> Router {
     Router::new()
         .merge(v1)
         .merge(rollout)
-        .fallback(crate::health::not_found)
-        .method_not_allowed_fallback(crate::health::method_not_allowed)
         .route("/health", get(crate::health::health))
         .route("/healthz", get(crate::health::health))
         .route("/metrics", get(crate::health::metrics))
+        // Last, so that they cover every route above.
+        .fallback(crate::health::not_found)
+        .method_not_allowed_fallback(crate::health::method_not_allowed)
         .with_state(app)
 }

@@ -174,7 +174,7 @@ impl PolicyClient for SglangClient {
         let resp = self.send(body).await?;
         let url = self.config.chat_url.clone();
         let idle = self.config.timeout;
-        let events = resp.bytes_stream().eventsource();
+        let events = strip_bom(resp.bytes_stream()).eventsource();
         let stream = futures::stream::unfold(
             (Box::pin(events), false, url),
             move |(mut events, finished, url)| async move {
@@ -232,6 +232,51 @@ impl PolicyClient for SglangClient {
     }
 }
 
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Drops a UTF-8 byte-order mark at the start of a body (the SSE format says to ignore it), even when
+/// it arrives split across chunks. `eventsource-stream` 0.2.3 panics on one.
+fn strip_bom<S, E>(body: S) -> impl Stream<Item = Result<bytes::Bytes, E>> + Send
+where
+    S: Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
+    E: Send + 'static,
+{
+    futures::stream::unfold(
+        (Box::pin(body), Some(Vec::new())),
+        |(mut body, mut head)| async move {
+            loop {
+                match body.next().await {
+                    Some(Ok(chunk)) => {
+                        let Some(mut h) = head.take() else {
+                            return Some((Ok(chunk), (body, None)));
+                        };
+                        h.extend_from_slice(&chunk);
+                        if h.len() < BOM.len() && BOM.starts_with(&h) {
+                            head = Some(h); // could still be a BOM: wait for more
+                            continue;
+                        }
+                        let rest = if h.starts_with(BOM) {
+                            h.split_off(BOM.len())
+                        } else {
+                            h
+                        };
+                        if rest.is_empty() {
+                            continue;
+                        }
+                        return Some((Ok(bytes::Bytes::from(rest)), (body, None)));
+                    }
+                    Some(Err(e)) => return Some((Err(e), (body, head))),
+                    None => {
+                        return head
+                            .filter(|h| !h.is_empty() && !BOM.starts_with(h))
+                            .map(|h| (Ok(bytes::Bytes::from(h)), (body, None)));
+                    }
+                }
+            }
+        },
+    )
+}
+
 fn snippet(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into_owned()
 }
@@ -239,6 +284,23 @@ fn snippet(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_leading_bom_is_dropped_even_when_split() {
+        let chunks: Vec<Result<bytes::Bytes, ()>> = vec![
+            Ok(bytes::Bytes::from_static(b"\xEF")),
+            Ok(bytes::Bytes::from_static(b"\xBB\xBFdata: x\n\n")),
+        ];
+        let out: Vec<_> = strip_bom(futures::stream::iter(chunks)).collect().await;
+        assert_eq!(out, vec![Ok(bytes::Bytes::from_static(b"data: x\n\n"))]);
+        let plain: Vec<Result<bytes::Bytes, ()>> =
+            vec![Ok(bytes::Bytes::from_static(b"data: y\n\n"))];
+        let out: Vec<_> = strip_bom(futures::stream::iter(plain)).collect().await;
+        assert_eq!(out, vec![Ok(bytes::Bytes::from_static(b"data: y\n\n"))]);
+        let short: Vec<Result<bytes::Bytes, ()>> = vec![Ok(bytes::Bytes::from_static(b"d"))];
+        let out: Vec<_> = strip_bom(futures::stream::iter(short)).collect().await;
+        assert_eq!(out, vec![Ok(bytes::Bytes::from_static(b"d"))]);
+    }
 
     #[test]
     fn health_url_replaces_path() {
