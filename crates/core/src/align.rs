@@ -10,7 +10,12 @@
 //! none, with the reason.
 
 use serde::{Deserialize, Serialize};
-use similar::{Algorithm, DiffOp, capture_diff_slices};
+use similar::{Algorithm, DiffOp, capture_diff_slices_deadline};
+
+/// Longest time one alignment may search for the minimal diff. Similar sequences take microseconds;
+/// two unrelated long ones (a teacher or template that tokenizes differently) could take seconds.
+/// Past it the diff is still order-preserving and only pairs equal tokens, just not minimal.
+pub const ALIGN_DEADLINE: std::time::Duration = std::time::Duration::from_millis(200);
 
 use crate::rollout::{FinishReason, SampledToken};
 
@@ -86,16 +91,17 @@ pub fn align_logprobs(
     eos_id: Option<u32>,
     policy: AlignPolicy,
 ) -> Alignment {
+    let deadline = std::time::Instant::now() + ALIGN_DEADLINE;
     let by_ids = !upstream.is_empty() && upstream.iter().all(|t| t.id.is_some());
     let ops = if by_ids {
         let ours: Vec<u32> = response_ids.to_vec();
         let theirs: Vec<u32> = upstream.iter().filter_map(|t| t.id).collect();
-        capture_diff_slices(Algorithm::Myers, &ours, &theirs)
+        capture_diff_slices_deadline(Algorithm::Myers, &ours, &theirs, Some(deadline))
     } else {
         let ours: Vec<String> = response_ids.iter().map(|&id| token_text(id)).collect();
         let theirs: Vec<&str> = upstream.iter().map(|t| t.token.as_str()).collect();
         let ours_ref: Vec<&str> = ours.iter().map(String::as_str).collect();
-        capture_diff_slices(Algorithm::Myers, &ours_ref, &theirs)
+        capture_diff_slices_deadline(Algorithm::Myers, &ours_ref, &theirs, Some(deadline))
     };
 
     let n = response_ids.len();
@@ -313,6 +319,34 @@ mod tests {
         assert_eq!(a.logprobs, vec![None, None, None]);
         assert_eq!(a.loss_mask, vec![0, 0, 1]);
         assert_eq!(a.unmatched_upstream, 0);
+    }
+
+    #[test]
+    fn unrelated_long_sequences_are_aligned_within_the_deadline() {
+        // A tokenizer mismatch: two long sequences with almost nothing in common.
+        let n = 20_000u32;
+        let response: Vec<u32> = (0..n).map(|i| i % 7).collect();
+        let upstream: Vec<SampledToken> = (0..n)
+            .map(|i| SampledToken {
+                token: String::new(),
+                id: Some(7 + i % 5),
+                logprob: -1.0,
+            })
+            .collect();
+        let a = align_logprobs(
+            &response,
+            |_| String::new(),
+            &upstream,
+            &stop(),
+            Some(EOS),
+            AlignPolicy::default(),
+        );
+        assert_eq!(a.logprobs.len(), response.len());
+        assert_eq!(
+            a.unmatched_upstream,
+            upstream.len(),
+            "nothing in common, nothing matched"
+        );
     }
 
     #[test]

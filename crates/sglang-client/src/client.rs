@@ -11,6 +11,9 @@ use crate::error::SglangError;
 /// The configuration key named in errors about the chat URL.
 const CHAT_URL_KEY: &str = "sglang.chat_url";
 const TIMEOUT_KEY: &str = "sglang.timeout_sec";
+/// Largest non-streamed answer read from the upstream (a 4,096-token answer with 20 top log-probs
+/// per token is about 10 MB).
+pub const MAX_ANSWER_BYTES: usize = 128 * 1024 * 1024;
 
 /// One server-sent event of a streamed chat completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,14 +159,34 @@ fn health_url(chat_url: &str) -> Option<String> {
 #[async_trait]
 impl PolicyClient for SglangClient {
     async fn chat(&self, body: &Value) -> Result<Value, SglangError> {
-        let resp = self.send(body).await?;
-        let bytes = tokio::time::timeout(self.config.timeout, resp.bytes())
-            .await
-            .map_err(|_| self.timeout_error())?
-            .map_err(|e| SglangError::InvalidBody {
-                url: self.config.chat_url.clone(),
+        let mut resp = self.send(body).await?;
+        let url = &self.config.chat_url;
+        let too_large = || SglangError::InvalidBody {
+            url: url.clone(),
+            detail: format!("the answer is larger than {MAX_ANSWER_BYTES} bytes"),
+        };
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let read = async {
+            let mut bytes = Vec::new();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| SglangError::InvalidBody {
+                url: url.clone(),
                 detail: format!("reading the body failed: {e}"),
-            })?;
+            })? {
+                if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
+                    return Err(too_large());
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(bytes)
+        };
+        let bytes = tokio::time::timeout(self.config.timeout, read)
+            .await
+            .map_err(|_| self.timeout_error())??;
         serde_json::from_slice(&bytes).map_err(|e| SglangError::InvalidBody {
             url: self.config.chat_url.clone(),
             detail: format!("{e} (body starts with {:?})", snippet(&bytes)),
@@ -234,42 +257,51 @@ impl PolicyClient for SglangClient {
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
-/// Drops a UTF-8 byte-order mark at the start of a body (the SSE format says to ignore it), even when
-/// it arrives split across chunks. `eventsource-stream` 0.2.3 panics on one.
+/// Normalises an SSE body for `eventsource-stream` 0.2.3: drops the UTF-8 byte-order marks at its
+/// start (the format says to ignore one; the parser panics on them), even split across chunks, and
+/// ends the body with a line feed, so that a last event terminated by a bare CR (legal SSE) is
+/// dispatched too.
 fn strip_bom<S, E>(body: S) -> impl Stream<Item = Result<bytes::Bytes, E>> + Send
 where
     S: Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
     E: Send + 'static,
 {
+    struct State<S> {
+        body: std::pin::Pin<Box<S>>,
+        /// The start of the body, while it may still be byte-order marks.
+        head: Option<Vec<u8>>,
+        ended: bool,
+    }
     futures::stream::unfold(
-        (Box::pin(body), Some(Vec::new())),
-        |(mut body, mut head)| async move {
+        State {
+            body: Box::pin(body),
+            head: Some(Vec::new()),
+            ended: false,
+        },
+        |mut st| async move {
+            if st.ended {
+                return None;
+            }
             loop {
-                match body.next().await {
+                match st.body.next().await {
                     Some(Ok(chunk)) => {
-                        let Some(mut h) = head.take() else {
-                            return Some((Ok(chunk), (body, None)));
+                        let Some(mut h) = st.head.take() else {
+                            return Some((Ok(chunk), st));
                         };
                         h.extend_from_slice(&chunk);
-                        if h.len() < BOM.len() && BOM.starts_with(&h) {
-                            head = Some(h); // could still be a BOM: wait for more
+                        while h.starts_with(BOM) {
+                            h.drain(..BOM.len());
+                        }
+                        if BOM.starts_with(&h) {
+                            st.head = Some(h); // empty, or a partial mark: wait for more
                             continue;
                         }
-                        let rest = if h.starts_with(BOM) {
-                            h.split_off(BOM.len())
-                        } else {
-                            h
-                        };
-                        if rest.is_empty() {
-                            continue;
-                        }
-                        return Some((Ok(bytes::Bytes::from(rest)), (body, None)));
+                        return Some((Ok(bytes::Bytes::from(h)), st));
                     }
-                    Some(Err(e)) => return Some((Err(e), (body, head))),
+                    Some(Err(e)) => return Some((Err(e), st)),
                     None => {
-                        return head
-                            .filter(|h| !h.is_empty() && !BOM.starts_with(h))
-                            .map(|h| (Ok(bytes::Bytes::from(h)), (body, None)));
+                        st.ended = true;
+                        return Some((Ok(bytes::Bytes::from_static(b"\n")), st));
                     }
                 }
             }
@@ -285,21 +317,29 @@ fn snippet(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_leading_bom_is_dropped_even_when_split() {
-        let chunks: Vec<Result<bytes::Bytes, ()>> = vec![
-            Ok(bytes::Bytes::from_static(b"\xEF")),
-            Ok(bytes::Bytes::from_static(b"\xBB\xBFdata: x\n\n")),
-        ];
+    async fn normalised(chunks: Vec<&'static [u8]>) -> Vec<u8> {
+        let chunks: Vec<Result<bytes::Bytes, ()>> = chunks
+            .into_iter()
+            .map(|c| Ok(bytes::Bytes::from_static(c)))
+            .collect();
         let out: Vec<_> = strip_bom(futures::stream::iter(chunks)).collect().await;
-        assert_eq!(out, vec![Ok(bytes::Bytes::from_static(b"data: x\n\n"))]);
-        let plain: Vec<Result<bytes::Bytes, ()>> =
-            vec![Ok(bytes::Bytes::from_static(b"data: y\n\n"))];
-        let out: Vec<_> = strip_bom(futures::stream::iter(plain)).collect().await;
-        assert_eq!(out, vec![Ok(bytes::Bytes::from_static(b"data: y\n\n"))]);
-        let short: Vec<Result<bytes::Bytes, ()>> = vec![Ok(bytes::Bytes::from_static(b"d"))];
-        let out: Vec<_> = strip_bom(futures::stream::iter(short)).collect().await;
-        assert_eq!(out, vec![Ok(bytes::Bytes::from_static(b"d"))]);
+        out.into_iter()
+            .flat_map(|c| c.expect("no error").to_vec())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn leading_boms_are_dropped_even_when_split_and_the_body_ends_with_a_line_feed() {
+        assert_eq!(
+            normalised(vec![b"\xEF", b"\xBB\xBFdata: x\n\n"]).await,
+            b"data: x\n\n\n"
+        );
+        assert_eq!(
+            normalised(vec![b"\xEF\xBB\xBF\xEF\xBB\xBFdata: y\r\r"]).await,
+            b"data: y\r\r\n"
+        );
+        assert_eq!(normalised(vec![b"d"]).await, b"d\n");
+        assert_eq!(normalised(vec![b"data: z\n\n"]).await, b"data: z\n\n\n");
     }
 
     #[test]
