@@ -76,15 +76,9 @@ pub enum StartupError {
         key: &'static str,
         what: &'static str,
     },
-    #[error("`{key}` = {value:?} is not available yet: {what}")]
-    NotYet {
-        key: &'static str,
-        value: String,
-        what: &'static str,
-    },
 }
 
-/// Pause and resume interval of the idle-session sweeper: a quarter of the timeout, within bounds.
+/// How often the idle-session sweeper runs: a quarter of the session timeout, within bounds.
 fn sweep_every(timeout: std::time::Duration) -> std::time::Duration {
     (timeout / 4).clamp(
         std::time::Duration::from_millis(100),

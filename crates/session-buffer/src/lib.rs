@@ -1,4 +1,4 @@
-//! Per-session turn buffering for binary RL.
+//! Per-session turn buffering: from captured main turns to training samples (RL, OPD, Combine).
 //!
 //! Each main turn is numbered when its request arrives ([`ps_core::TurnSink::begin`]); the next main
 //! request of the same session brings its *next state* (that request's last message). Once a turn is
