@@ -3,9 +3,11 @@
 //! This crate owns the HTTP surface: the OpenAI-compatible `POST /v1/chat/completions` proxy (streamed
 //! and not), the session keys of each request, the hand-off of every main turn to the capture workers
 //! (rendering, tokenizing and log-prob alignment run on their own threads, never on the executor),
-//! health and model routes, client authentication, and the one place where errors become HTTP
-//! responses ([`error::ApiError`]). It depends on the client crates and `ps-core` through their
-//! traits; concrete implementations are injected by the binary.
+//! the trainer-facing rollout API ([`rollout`]: pull, commit, pause/resume with the chat path's pause
+//! modes, status, eval scores), health, model and metrics routes, client and admin authentication,
+//! request limits, and the one place where errors become HTTP responses ([`error::ApiError`]).
+//! [`wiring`] builds the concrete clients, store and session buffer from the settings for `serve`,
+//! `demo` and `check`; everything else works through the client crates' traits.
 
 pub mod capture;
 mod chat;
