@@ -1,0 +1,25 @@
+"""Client and Slime rollout bridge for the policy-serving rollout API (docs/rollout-api.md)."""
+
+from .client import RolloutAPIError, RolloutClient, RolloutConnectionError, RolloutError
+from .convert import sample_to_slime, to_slime_groups
+from .slime_rollout import (
+    RolloutBridge,
+    RolloutOutput,
+    generate_rollout,
+    get_bridge,
+    reset_bridges,
+)
+
+__all__ = [
+    "RolloutAPIError",
+    "RolloutBridge",
+    "RolloutClient",
+    "RolloutConnectionError",
+    "RolloutError",
+    "RolloutOutput",
+    "generate_rollout",
+    "get_bridge",
+    "reset_bridges",
+    "sample_to_slime",
+    "to_slime_groups",
+]

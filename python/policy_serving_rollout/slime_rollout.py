@@ -1,0 +1,208 @@
+"""Slime rollout function: ``--rollout-function-path policy_serving_rollout.generate_rollout``.
+
+Each call: resume submission, pull (long-poll) until ``args.rollout_batch_size`` groups, skip
+aborted samples, commit through the highest seq consumed, pause submission, convert, and return
+the groups with the ``rollout/prm_eval_score`` metric.
+
+Nothing pulled is lost: samples pulled beyond the batch size stay in the bridge's carry-over
+buffer (uncommitted on the server) and are returned first by the next call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .client import PulledSample, RolloutClient
+from .convert import to_slime_groups
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:30000"
+URL_ENV = "POLICY_SERVING_URL"
+ADMIN_KEY_ENV = "POLICY_SERVING_ADMIN_KEY"
+METRIC = "rollout/prm_eval_score"
+MAX_PAGE = 1024
+
+
+@dataclass
+class RolloutOutput:
+    """Stand-in for Slime's ``RolloutFnTrainOutput`` when Slime is not importable."""
+
+    samples: List[List[Any]]
+    metrics: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class Batch:
+    """What :meth:`RolloutBridge.next_batch` consumed."""
+
+    samples: List[PulledSample]  # returned, in seq order
+    skipped: List[PulledSample] = field(default_factory=list)  # aborted, consumed, not returned
+    committed_seq: Optional[int] = None
+
+
+class RolloutBridge:
+    """Pull cursor plus carry-over buffer over one :class:`RolloutClient`.
+
+    ``cursor`` is the highest seq pulled so far (``None``: start from the server's
+    ``committed_seq``). ``carry`` holds pulled samples not yet returned; they are never committed
+    until returned, so a crashed trainer gets them again from the server.
+    """
+
+    def __init__(
+        self, client: RolloutClient, page_size: int = 64, wait_ms: int = 5000
+    ) -> None:
+        self.client = client
+        self.page_size = page_size
+        self.wait_ms = wait_ms
+        self.cursor: Optional[int] = None
+        self.carry: List[PulledSample] = []
+        self._lock = threading.Lock()
+
+    def next_batch(self, n: int, timeout_sec: Optional[float] = None) -> Batch:
+        """Consume ``n`` non-aborted samples (carry-over first) and commit through the last one.
+
+        ``timeout_sec`` (``None``: wait forever, like the reference) bounds the wait; on time-out
+        a ``TimeoutError`` is raised and everything consumed so far goes back to the carry-over.
+        """
+        with self._lock:
+            return self._next_batch(n, timeout_sec)
+
+    def _next_batch(self, n: int, timeout_sec: Optional[float]) -> Batch:
+        if self.cursor is None:
+            self.cursor = int(self.client.status().get("committed_seq") or 0)
+        consumed: List[PulledSample] = []
+        taken: List[PulledSample] = []
+        skipped: List[PulledSample] = []
+        start = last_progress = time.monotonic()
+        try:
+            while len(taken) < n:
+                if not self.carry:
+                    want = min(MAX_PAGE, max(self.page_size, n - len(taken)))
+                    wait = self.wait_ms
+                    if timeout_sec is not None:
+                        left = timeout_sec - (time.monotonic() - start)
+                        if left <= 0:
+                            raise TimeoutError(
+                                f"{self.client.base_url}: only {len(taken)} of {n} samples "
+                                f"after {timeout_sec:.1f}s"
+                            )
+                        wait = max(0, min(wait, int(left * 1000)))
+                    page, _ = self.client.pull(self.cursor, max=want, wait_ms=wait)
+                    for item in page:
+                        seq = int(item["seq"])
+                        if seq > self.cursor:  # a server never repeats, but be safe
+                            self.carry.append(item)
+                            self.cursor = seq
+                    if page:
+                        last_progress = time.monotonic()
+                    elif time.monotonic() - last_progress > 30:
+                        log.info("policy-serving: waiting for samples, %d/%d so far", len(taken), n)
+                        last_progress = time.monotonic()
+                    continue
+                item = self.carry.pop(0)
+                consumed.append(item)
+                if (item.get("sample") or {}).get("status") == "aborted":
+                    skipped.append(item)
+                    continue
+                taken.append(item)
+            committed: Optional[int] = None
+            if consumed:
+                through = max(int(c["seq"]) for c in consumed)
+                reply = self.client.commit(through)
+                committed = int(reply.get("committed_seq", through))
+        except BaseException:
+            # Nothing is lost: what was consumed goes back in front of the carry-over.
+            self.carry[:0] = consumed
+            raise
+        return Batch(samples=taken, skipped=skipped, committed_seq=committed)
+
+
+_BRIDGES: Dict[Tuple[str, Optional[str]], RolloutBridge] = {}
+_BRIDGES_LOCK = threading.Lock()
+
+
+def get_bridge(
+    base_url: str, admin_key: Optional[str] = None, **kwargs: Any
+) -> RolloutBridge:
+    """The process-wide bridge of ``base_url`` (its carry-over survives between rollout calls)."""
+    key = (base_url.rstrip("/"), admin_key)
+    with _BRIDGES_LOCK:
+        bridge = _BRIDGES.get(key)
+        if bridge is None:
+            bridge = RolloutBridge(RolloutClient(base_url, admin_key=admin_key), **kwargs)
+            _BRIDGES[key] = bridge
+        return bridge
+
+
+def reset_bridges() -> None:
+    """Forget every bridge (cursor and carry-over), as a restarted trainer would."""
+    with _BRIDGES_LOCK:
+        _BRIDGES.clear()
+
+
+def _server_url(args: Any) -> str:
+    return (
+        getattr(args, "policy_serving_url", None)
+        or os.environ.get(URL_ENV)
+        or DEFAULT_URL
+    )
+
+
+def _output(groups: List[List[Any]], metrics: Optional[Dict[str, Any]]) -> Any:
+    try:
+        from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore
+    except ImportError:
+        return RolloutOutput(samples=groups, metrics=metrics)
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+
+
+def generate_rollout(
+    args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False
+) -> Any:
+    """Slime rollout function backed by a policy-serving server.
+
+    Reads ``args.rollout_batch_size``; optional ``args.policy_serving_url`` (else env
+    ``POLICY_SERVING_URL``, else ``http://127.0.0.1:30000``), ``args.policy_serving_wait_ms``
+    (long-poll per request, default 5000), ``args.policy_serving_timeout_sec`` (default: wait
+    forever). The admin key comes from env ``POLICY_SERVING_ADMIN_KEY``.
+
+    Returns Slime's ``RolloutFnTrainOutput`` (or :class:`RolloutOutput` without Slime) with
+    ``samples`` a list of groups of one and ``metrics`` ``{"rollout/prm_eval_score": mean}`` when
+    eval scores were drained, else ``None``.
+    """
+    if evaluation:
+        raise NotImplementedError(
+            "policy_serving_rollout.generate_rollout serves training rollouts only; "
+            "evaluation samples come from live agent traffic and have no eval dataset. "
+            "Use Slime's own eval rollout (e.g. --eval-function-path) for evaluation."
+        )
+    n = int(args.rollout_batch_size)
+    bridge = get_bridge(
+        _server_url(args),
+        os.environ.get(ADMIN_KEY_ENV) or None,
+        wait_ms=int(getattr(args, "policy_serving_wait_ms", None) or 5000),
+    )
+    timeout = getattr(args, "policy_serving_timeout_sec", None)
+    client = bridge.client
+    client.resume()
+    try:
+        batch = bridge.next_batch(n, timeout_sec=timeout)
+    finally:
+        try:
+            client.pause()
+        except Exception:  # do not hide the original error
+            log.exception("policy-serving: pause failed")
+    scores = client.drain_eval_scores()
+    metrics: Optional[Dict[str, Any]] = None
+    if int(scores.get("count") or 0) > 0 and scores.get("mean") is not None:
+        metrics = {METRIC: float(scores["mean"])}
+    if batch.skipped:
+        log.info("policy-serving: skipped %d aborted samples", len(batch.skipped))
+    groups = to_slime_groups([item["sample"] for item in batch.samples])
+    return _output(groups, metrics)

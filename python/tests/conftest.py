@@ -1,0 +1,219 @@
+"""Fixtures that run the real `policy-serving` and `fake-sglang` binaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import sys
+
+import pytest
+
+# Run from a checkout without `pip install -e python` too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from policy_serving_rollout import RolloutClient, reset_bridges  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+BIN_DIR = Path(os.environ.get("POLICY_SERVING_BIN_DIR") or REPO / "target" / "debug")
+SERVER_BIN = BIN_DIR / "policy-serving"
+FAKE_BIN = BIN_DIR / "fake-sglang"
+
+needs_binaries = pytest.mark.skipif(
+    not (SERVER_BIN.is_file() and FAKE_BIN.is_file()),
+    reason=f"policy-serving / fake-sglang binaries not found in {BIN_DIR} "
+    "(build them with `cargo build -p policy-serving -p fake-sglang` or set POLICY_SERVING_BIN_DIR)",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_health(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url}/health not ready after {timeout}s:\n{log.read_text()}")
+
+
+class Proc:
+    def __init__(
+        self, args: List[str], url: str, log: Path, env: Optional[Dict[str, str]] = None
+    ) -> None:
+        self.url = url
+        self.log = log
+        self._fh = open(log, "wb")
+        self.proc = subprocess.Popen(
+            args, stdout=self._fh, stderr=subprocess.STDOUT, env=env
+        )
+        try:
+            wait_health(url, self.proc, log)
+        except Exception:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._fh.close()
+
+
+class Stack:
+    """A fake SGLang plus a policy-serving server using it, and helpers to drive them."""
+
+    def __init__(self, tmp: Path, mode: str = "rl", admin_key: Optional[str] = None) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        fport = free_port()
+        self.fake = Proc(
+            [str(FAKE_BIN), "--port", str(fport)], f"http://127.0.0.1:{fport}", tmp / "fake.log"
+        )
+        self.tmp = tmp
+        self.mode = mode
+        self.admin_key = admin_key
+        self.store = tmp / "store"
+        self.server: Optional[Proc] = None
+        try:
+            self.start_server()
+        except Exception:
+            self.fake.stop()
+            raise
+
+    def start_server(self) -> None:
+        port = free_port()
+        fake = self.fake.url
+        lines = [
+            "[server]",
+            'host = "127.0.0.1"',
+            f"port = {port}",
+            f'mode = "{self.mode}"',
+            'default_turn_type = "main"',
+            *(['admin_key_env = "PS_TEST_ADMIN_KEY"'] if self.admin_key else []),
+            "[sglang]",
+            f'chat_url = "{fake}/v1/chat/completions"',
+            "[prm]",
+            f'router_url = "{fake}/generate"',
+            "timeout_sec = 5",
+            "[logging]",
+            f'prm_record_dir = "{self.tmp}/records/prm"',
+            f'opd_record_dir = "{self.tmp}/records/opd"',
+            "[store]",
+            f'path = "{self.store}"',
+        ]
+        if self.mode != "rl":
+            lines += ["[teacher]", f'url = "{fake}/generate"', "timeout_sec = 5"]
+        cfg = self.tmp / "settings.toml"
+        cfg.write_text("\n".join(lines) + "\n")
+        env = dict(os.environ)
+        for k in list(env):
+            if k.startswith("POLICY_SERVING_") or k in ("OPENCLAW_PORT", "PORT", "HOST"):
+                env.pop(k)
+        if self.admin_key:
+            env["PS_TEST_ADMIN_KEY"] = self.admin_key
+        self.server = Proc(
+            [str(SERVER_BIN), "serve", "--config", str(cfg)],
+            f"http://127.0.0.1:{port}",
+            self.tmp / f"server-{port}.log",
+            env=env,
+        )
+
+    def restart_server(self) -> None:
+        assert self.server is not None
+        self.server.stop()
+        self.start_server()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return self.server.url
+
+    def client(self) -> RolloutClient:
+        return RolloutClient(self.url, admin_key=self.admin_key)
+
+    def chat(self, session: str, messages: List[Dict[str, Any]], done: bool) -> Dict[str, Any]:
+        headers = {"Content-Type": "application/json", "X-Session-Id": session}
+        if done:
+            headers["X-Session-Done"] = "1"
+        body = json.dumps({"model": "default", "messages": messages}).encode()
+        req = urllib.request.Request(
+            self.url + "/v1/chat/completions", data=body, headers=headers, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def two_turns(self, session: str, next_state: str) -> None:
+        first = [{"role": "user", "content": "Plan a weekend in Rome."}]
+        a = self.chat(session, first, done=False)
+        msg = a["choices"][0]["message"]
+        history = first + [
+            {"role": "assistant", "content": msg.get("content") or ""},
+            {"role": "user", "content": next_state},
+        ]
+        self.chat(session, history, done=True)
+
+    def wait_for(self, pred: Callable[[Dict[str, Any]], bool], timeout: float = 20.0) -> Dict[str, Any]:
+        c = self.client()
+        deadline = time.monotonic() + timeout
+        st: Dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            st = c.status()
+            if pred(st):
+                return st
+            time.sleep(0.05)
+        raise AssertionError(f"condition not met; last status: {st}")
+
+    def settled(self, min_last_seq: int) -> Dict[str, Any]:
+        """Wait until at least `min_last_seq` samples are stored and nothing is pending."""
+        return self.wait_for(
+            lambda st: int(st["last_seq"]) >= min_last_seq
+            and int(st["live_sessions"]) == 0
+            and all(int(v) == 0 for v in st["pending"].values())
+        )
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.fake.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_bridges() -> Iterator[None]:
+    reset_bridges()
+    yield
+    reset_bridges()
+
+
+@pytest.fixture
+def rl_stack(tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path / "rl", "rl")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def opd_stack(tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path / "opd", "opd")
+    yield s
+    s.stop()

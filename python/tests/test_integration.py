@@ -1,0 +1,178 @@
+"""Round trips against the real policy-serving binary and fake SGLang."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from typing import Any, List
+
+import pytest
+
+from conftest import Stack, needs_binaries
+from policy_serving_rollout import (
+    RolloutAPIError,
+    RolloutClient,
+    RolloutConnectionError,
+    generate_rollout,
+    reset_bridges,
+)
+
+pytestmark = needs_binaries
+
+
+@pytest.fixture(autouse=True)
+def _no_slime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the plain-dict form; hide a real Slime if one is installed."""
+    monkeypatch.setitem(sys.modules, "slime", None)
+
+
+def args_for(stack: Stack, batch: int) -> Any:
+    return types.SimpleNamespace(
+        rollout_batch_size=batch,
+        policy_serving_url=stack.url,
+        policy_serving_wait_ms=500,
+        policy_serving_timeout_sec=20,
+    )
+
+
+def seqs(out: Any) -> List[int]:
+    return [g[0]["index"] for g in out.samples]
+
+
+def test_rl_round_trip(rl_stack: Stack) -> None:
+    rl_stack.two_turns("s1", "Great, that worked. FAKE_VOTES=1")
+    rl_stack.settled(2)
+    out = generate_rollout(args_for(rl_stack, 2), 0, None)
+    assert [len(g) for g in out.samples] == [1, 1]
+    first, second = out.samples[0][0], out.samples[1][0]
+    assert isinstance(first, dict), "plain dicts without slime"
+    assert first["index"] == first["group_index"] == 1 and second["index"] == 2
+    assert first["session_id"] == "s1" and first["turn"] == 1
+    assert first["reward"] == {"score": 1.0}
+    assert first["status"] == "completed"
+    t = first["response_length"]
+    assert t > 0 and len(first["loss_mask"]) == t and len(first["rollout_log_probs"]) == t
+    assert any(first["loss_mask"])
+    assert len(first["tokens"]) > t
+    assert out.metrics == {"rollout/prm_eval_score": 1.0}
+    st = rl_stack.client().status()
+    assert st["committed_seq"] == 2
+    assert st["submission_enabled"] is False, "the rollout pauses submission at the end"
+    # the next call resumes submission again
+    rl_stack.client().resume()
+    rl_stack.two_turns("s2", "Thanks. FAKE_VOTES=1")
+    rl_stack.settled(4)
+    out2 = generate_rollout(args_for(rl_stack, 2), 1, None)
+    assert seqs(out2) == [3, 4]
+
+
+def test_no_eval_scores_means_no_metric(rl_stack: Stack) -> None:
+    rl_stack.two_turns("s1", "FAKE_VOTES=1")
+    rl_stack.settled(2)
+    rl_stack.client().drain_eval_scores()
+    out = generate_rollout(args_for(rl_stack, 1), 0, None)
+    assert out.metrics is None
+
+
+def test_json_and_msgpack_pages_agree(rl_stack: Stack) -> None:
+    pytest.importorskip("msgpack")
+    rl_stack.two_turns("s1", "FAKE_VOTES=1")
+    rl_stack.settled(2)
+    a, last_a = RolloutClient(rl_stack.url, use_msgpack=False).pull(0)
+    b, last_b = RolloutClient(rl_stack.url, use_msgpack=True).pull(0)
+    assert last_a == last_b == 2
+    assert a == b
+
+
+def test_opd_round_trip(opd_stack: Stack) -> None:
+    opd_stack.two_turns("o1", "I wanted museums, not food. FAKE_VOTES=1,1,1")
+    opd_stack.settled(1)
+    out = generate_rollout(args_for(opd_stack, 1), 0, None)
+    (sample,) = [g[0] for g in out.samples]
+    t = sample["response_length"]
+    assert len(sample["teacher_log_probs"]) == t
+    assert all(isinstance(x, float) and math.isfinite(x) and x <= 0 for x in sample["teacher_log_probs"])
+    assert sample["metadata"]["mode"] == "opd"
+    assert sample["reward"] == {"score": 1.0}
+    assert opd_stack.client().status()["committed_seq"] == 1
+
+
+def test_restart_resumes_from_committed_point(rl_stack: Stack) -> None:
+    for i in range(3):
+        rl_stack.two_turns(f"s{i}", "FAKE_VOTES=1")
+    rl_stack.settled(6)
+    out = generate_rollout(args_for(rl_stack, 2), 0, None)
+    assert seqs(out) == [1, 2]
+    # Seqs 3..6 were pulled into the carry-over but never committed. The trainer "crashes":
+    # its carry-over is gone, and the server restarts too (durable store).
+    reset_bridges()
+    rl_stack.restart_server()
+    st = rl_stack.client().status()
+    assert st["committed_seq"] == 2 and st["last_seq"] == 6
+    out = generate_rollout(args_for(rl_stack, 4), 1, None)
+    assert seqs(out) == [3, 4, 5, 6]
+    # and with a plain client: nothing left after the committed point
+    samples, last = RolloutClient(rl_stack.url).pull(rl_stack.client().status()["committed_seq"])
+    assert samples == [] and last == 6
+
+
+def test_carry_over_loses_nothing_and_duplicates_nothing(rl_stack: Stack) -> None:
+    for i in range(3):
+        rl_stack.two_turns(f"s{i}", "FAKE_VOTES=1")
+    rl_stack.settled(6)
+    first = generate_rollout(args_for(rl_stack, 4), 0, None)
+    assert seqs(first) == [1, 2, 3, 4]
+    assert rl_stack.client().status()["committed_seq"] == 4, "carried-over samples stay uncommitted"
+    # new samples arrive while the carry-over holds 5 and 6
+    rl_stack.client().resume()
+    rl_stack.two_turns("s9", "FAKE_VOTES=1")
+    rl_stack.settled(8)
+    second = generate_rollout(args_for(rl_stack, 4), 1, None)
+    assert seqs(second) == [5, 6, 7, 8]
+    assert sorted(seqs(first) + seqs(second)) == list(range(1, 9))
+    assert rl_stack.client().status()["committed_seq"] == 8
+
+
+def test_timeout_keeps_consumed_samples(rl_stack: Stack) -> None:
+    rl_stack.two_turns("s1", "FAKE_VOTES=1")
+    rl_stack.settled(2)
+    a = args_for(rl_stack, 3)
+    a.policy_serving_timeout_sec = 1
+    with pytest.raises(TimeoutError):
+        generate_rollout(a, 0, None)
+    assert rl_stack.client().status()["committed_seq"] == 0
+    a.policy_serving_timeout_sec = 20
+    rl_stack.client().resume()
+    rl_stack.two_turns("s2", "FAKE_VOTES=1")
+    out = generate_rollout(a, 1, None)
+    assert seqs(out) == [1, 2, 3]
+
+
+def test_errors_name_url_status_and_code(rl_stack: Stack) -> None:
+    c = rl_stack.client()
+    with pytest.raises(RolloutAPIError) as e:
+        c.commit(99)
+    assert e.value.status == 409 and e.value.code == "commit_ahead"
+    assert rl_stack.url + "/v1/rollout/commit" in str(e.value) and "409" in str(e.value)
+    dead = RolloutClient("http://127.0.0.1:1", timeout=2)
+    with pytest.raises(RolloutConnectionError) as e2:
+        dead.status()
+    assert "http://127.0.0.1:1/v1/rollout/status" in str(e2.value)
+
+
+def test_admin_key_from_env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = Stack(tmp_path / "admin", "rl", admin_key="admin-secret")
+    try:
+        with pytest.raises(RolloutAPIError) as e:
+            RolloutClient(stack.url).status()
+        assert e.value.status == 401
+        stack.two_turns("s1", "FAKE_VOTES=1")
+        stack.settled(2)
+        monkeypatch.setenv("POLICY_SERVING_ADMIN_KEY", "admin-secret")
+        monkeypatch.setenv("POLICY_SERVING_URL", stack.url)
+        a = types.SimpleNamespace(rollout_batch_size=2, policy_serving_timeout_sec=20)
+        out = generate_rollout(a, 0, None)
+        assert seqs(out) == [1, 2]
+    finally:
+        stack.stop()
