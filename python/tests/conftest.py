@@ -22,7 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from policy_serving_rollout import RolloutClient, reset_bridges  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-BIN_DIR = Path(os.environ.get("POLICY_SERVING_BIN_DIR") or REPO / "target" / "debug")
+BIN_DIR = Path(
+    os.environ.get("POLICY_SERVING_BIN_DIR")
+    or Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "debug"
+)
 SERVER_BIN = BIN_DIR / "policy-serving"
 FAKE_BIN = BIN_DIR / "fake-sglang"
 
@@ -217,3 +220,9 @@ def opd_stack(tmp_path: Path) -> Iterator[Stack]:
     s = Stack(tmp_path / "opd", "opd")
     yield s
     s.stop()
+
+
+def pytest_configure(config):  # noqa: D103 - pytest hook
+    # In CI the binaries are built first: a missing one is a failure, never a silent skip.
+    if os.environ.get("CI") and not (SERVER_BIN.exists() and FAKE_BIN.exists()):
+        raise pytest.UsageError(f"CI: policy-serving / fake-sglang binaries missing in {BIN_DIR}")
