@@ -46,6 +46,10 @@ pub struct ChatTokenizer {
     eos_token: Option<String>,
     eos_token_id: Option<u32>,
     clean_up_tokenization_spaces: bool,
+    /// The added tokens (id → text), when every one of them is split out exactly (no whitespace
+    /// stripping, not word-bound): then a text can be encoded piecewise at their boundaries.
+    /// `None` disables [`ChatTokenizer::encode_incremental`]'s reuse.
+    split_tokens: Option<std::collections::HashMap<u32, String>>,
 }
 
 impl fmt::Debug for ChatTokenizer {
@@ -188,6 +192,18 @@ impl ChatTokenizer {
             .eos_token
             .as_deref()
             .and_then(|t| tokenizer.token_to_id(t));
+        let split_tokens = {
+            let added = tokenizer.get_added_tokens_decoder();
+            added
+                .values()
+                .all(|t| !t.lstrip && !t.rstrip && !t.single_word)
+                .then(|| {
+                    added
+                        .iter()
+                        .map(|(id, t)| (*id, t.content.clone()))
+                        .collect()
+                })
+        };
         Ok(Self {
             tokenizer,
             templates,
@@ -195,6 +211,7 @@ impl ChatTokenizer {
             eos_token: cfg.eos_token,
             eos_token_id,
             clean_up_tokenization_spaces: cfg.clean_up_tokenization_spaces,
+            split_tokens,
         })
     }
 
@@ -238,6 +255,42 @@ impl ChatTokenizer {
         self.templates.render(name, ctx)
     }
 
+    /// The ids of `text`, reusing `prev` (an earlier text of the same conversation with its ids) up to
+    /// the last added-token boundary inside their common prefix, and the state to reuse next time.
+    ///
+    /// The tokenizer splits added tokens (such as `<|im_start|>`) out of a text before normalising
+    /// and pre-tokenizing the pieces between them, so for a prefix that ends right after one,
+    /// `encode(prefix + rest) == encode(prefix) ++ encode(rest)`. A conversation's next prompt
+    /// repeats the previous prompt's history, so only what a turn adds (and what the template
+    /// re-renders differently, back to the last boundary before it) is encoded again. The result is
+    /// always exactly [`ChatTokenizer::encode`]'s.
+    pub fn encode_incremental(
+        &self,
+        text: &str,
+        prev: Option<&EncodedPrefix>,
+    ) -> Result<(Vec<u32>, Option<EncodedPrefix>), ChatTemplateError> {
+        let Some(added) = &self.split_tokens else {
+            return Ok((self.encode(text)?, None));
+        };
+        let ids = match prev.and_then(|p| p.reusable(text).map(|r| (p, r))) {
+            Some((p, (end, n))) => {
+                let mut ids = p.ids[..n].to_vec();
+                ids.extend(self.encode(&text[end..])?);
+                ids
+            }
+            None => self.encode(text)?,
+        };
+        let boundaries = added_token_boundaries(text, &ids, added);
+        Ok((
+            ids.clone(),
+            Some(EncodedPrefix {
+                text: text.to_owned(),
+                ids,
+                boundaries,
+            }),
+        ))
+    }
+
     /// Token ids of `text`, as `tokenizer(text, add_special_tokens=False)["input_ids"]`.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ChatTemplateError> {
         self.tokenizer
@@ -277,6 +330,16 @@ impl ChatTokenizer {
     /// prompt (all of the full text when the prompt is not a prefix of it), and prompt and response
     /// are tokenized separately.
     pub fn split_turn(&self, input: &TurnInput<'_>) -> Result<TurnTokens, ChatTemplateError> {
+        self.split_turn_incremental(input, None).map(|(t, _)| t)
+    }
+
+    /// [`ChatTokenizer::split_turn`], encoding the prompt with [`ChatTokenizer::encode_incremental`]
+    /// from the previous turn's prefix; returns the prefix for the next turn too. Same result.
+    pub fn split_turn_incremental(
+        &self,
+        input: &TurnInput<'_>,
+        prev: Option<&EncodedPrefix>,
+    ) -> Result<(TurnTokens, Option<EncodedPrefix>), ChatTemplateError> {
         let prepared = Prepared::new(input.tools, input.template_kwargs);
         let mut messages: Vec<MjValue> = normalize_messages(input.messages)
             .iter()
@@ -292,17 +355,69 @@ impl ChatTokenizer {
             Some(rest) => (true, rest.to_owned()),
             None => (false, full_text.clone()),
         };
-        let prompt_ids = self.encode(&prompt_text)?;
+        let (prompt_ids, next) = self.encode_incremental(&prompt_text, prev)?;
         let response_ids = self.encode(&response_text)?;
-        Ok(TurnTokens {
-            prompt_text,
-            full_text,
-            response_text,
-            prompt_is_prefix,
-            prompt_ids,
-            response_ids,
-        })
+        Ok((
+            TurnTokens {
+                prompt_text,
+                full_text,
+                response_text,
+                prompt_is_prefix,
+                prompt_ids,
+                response_ids,
+            },
+            next,
+        ))
     }
+}
+
+/// A rendered text with its token ids and the places right after each added token (byte end in the
+/// text, ids up to there), for [`ChatTokenizer::encode_incremental`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncodedPrefix {
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// `(byte end, id count)` after each added token, in text order.
+    pub boundaries: Vec<(usize, usize)>,
+}
+
+impl EncodedPrefix {
+    /// The last boundary inside the common prefix of `self.text` and `text`, if any.
+    fn reusable(&self, text: &str) -> Option<(usize, usize)> {
+        let common = self
+            .text
+            .bytes()
+            .zip(text.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let k = self.boundaries.partition_point(|(end, _)| *end <= common);
+        k.checked_sub(1).map(|k| self.boundaries[k])
+    }
+}
+
+/// Where each added token of `ids` ends in `text`: the k-th added-token id is the k-th added-token
+/// match of the text (the tokenizer extracts them left to right).
+fn added_token_boundaries(
+    text: &str,
+    ids: &[u32],
+    added: &std::collections::HashMap<u32, String>,
+) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut cursor = 0;
+    for (i, id) in ids.iter().enumerate() {
+        let Some(content) = added.get(id).filter(|c| !c.is_empty()) else {
+            continue;
+        };
+        match text[cursor..].find(content.as_str()) {
+            Some(pos) => {
+                cursor += pos + content.len();
+                out.push((cursor, i + 1));
+            }
+            // The text and ids disagree (should not happen): keep only the boundaries found so far.
+            None => break,
+        }
+    }
+    out
 }
 
 /// The per-request part of the template context, converted once for both renders of a turn.

@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use ps_chat_template::{ChatTemplateError, ChatTokenizer, TurnInput};
+use ps_chat_template::{ChatTemplateError, ChatTokenizer, EncodedPrefix, TurnInput};
 use ps_core::{
     AlignPolicy, CapturedTurn, PositionSource, RolloutResponse, TurnGuard, TurnSink, align_logprobs,
 };
@@ -27,18 +27,62 @@ pub struct CaptureJob {
     pub rollout: RolloutResponse,
 }
 
+/// Sessions whose last prompt is kept for incremental tokenization; past it the cache starts over.
+pub const PREFIX_CACHE_SESSIONS: usize = 1024;
+
+/// Each session's last encoded prompt, so that the next turn encodes only what it adds
+/// ([`ChatTokenizer::encode_incremental`]; the result is the same as a full encode).
+#[derive(Default)]
+pub struct PrefixCache(std::sync::Mutex<std::collections::HashMap<String, Arc<EncodedPrefix>>>);
+
+impl PrefixCache {
+    fn get(&self, session_id: &str) -> Option<Arc<EncodedPrefix>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session_id)
+            .cloned()
+    }
+
+    fn put(&self, session_id: &str, prefix: EncodedPrefix) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= PREFIX_CACHE_SESSIONS && !map.contains_key(session_id) {
+            map.clear();
+        }
+        map.insert(session_id.to_owned(), Arc::new(prefix));
+    }
+}
+
 /// Renders, tokenizes and aligns one turn.
 pub fn capture_turn(
     tok: &ChatTokenizer,
     job: &CaptureJob,
     policy: AlignPolicy,
 ) -> Result<CapturedTurn, ChatTemplateError> {
-    let tokens = tok.split_turn(&TurnInput {
-        messages: &job.messages,
-        tools: job.tools.as_ref(),
-        response_message: &job.rollout.message,
-        template_kwargs: job.template_kwargs.as_ref(),
-    })?;
+    capture_turn_with(tok, job, policy, None)
+}
+
+/// [`capture_turn`], encoding the prompt incrementally from the session's previous prompt.
+pub fn capture_turn_with(
+    tok: &ChatTokenizer,
+    job: &CaptureJob,
+    policy: AlignPolicy,
+    cache: Option<&PrefixCache>,
+) -> Result<CapturedTurn, ChatTemplateError> {
+    let session_id = job.guard.session_id();
+    let prev = cache.and_then(|c| c.get(session_id));
+    let (tokens, next) = tok.split_turn_incremental(
+        &TurnInput {
+            messages: &job.messages,
+            tools: job.tools.as_ref(),
+            response_message: &job.rollout.message,
+            template_kwargs: job.template_kwargs.as_ref(),
+        },
+        prev.as_deref(),
+    )?;
+    if let (Some(cache), Some(next)) = (cache, next) {
+        cache.put(session_id, next);
+    }
     let alignment = align_logprobs(
         &tokens.response_ids,
         |id| tok.token_text(id),
@@ -128,13 +172,19 @@ impl CaptureQueue {
         let (tx, rx) = sync_channel::<CaptureJob>(capacity.max(1));
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let max_turn_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let prefixes = Arc::new(PrefixCache::default());
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
-            let (rx, tok, max) = (rx.clone(), tokenizer.clone(), max_turn_tokens.clone());
+            let (rx, tok, max, prefixes) = (
+                rx.clone(),
+                tokenizer.clone(),
+                max_turn_tokens.clone(),
+                prefixes.clone(),
+            );
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("capture-{i}"))
-                    .spawn(move || worker(&rx, &tok, policy, &max))?,
+                    .spawn(move || worker(&rx, &tok, policy, &max, &prefixes))?,
             );
         }
         Ok(Self {
@@ -201,6 +251,7 @@ fn worker(
     tok: &ChatTokenizer,
     policy: AlignPolicy,
     max_turn_tokens: &std::sync::atomic::AtomicUsize,
+    prefixes: &PrefixCache,
 ) -> usize {
     let mut captured = 0;
     loop {
@@ -212,7 +263,7 @@ fn worker(
             }
         };
         let started = Instant::now();
-        match capture_turn(tok, &job, policy) {
+        match capture_turn_with(tok, &job, policy, Some(prefixes)) {
             Ok(turn)
                 if turn.prompt_ids.len() + turn.response_ids.len()
                     > max_turn_tokens.load(std::sync::atomic::Ordering::Relaxed) =>

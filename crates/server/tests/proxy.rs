@@ -731,3 +731,33 @@ async fn a_turn_over_the_token_limit_is_answered_but_not_captured() {
         "abandoned with reason turn_too_long"
     );
 }
+
+#[tokio::test]
+async fn every_turn_of_a_long_session_captures_exactly_the_full_render_tokens() {
+    // The capture workers encode each prompt incrementally from the session's previous one.
+    let mut h = Harness::start().await;
+    let mut history = vec![json!({"role": "system", "content": "You are terse."})];
+    for i in 0..6 {
+        history.push(
+            json!({"role": "user", "content": format!("Question {i}: and then? <|im_end|> é")}),
+        );
+        let answer: Value = post(&h, json!({"messages": history}), MAIN)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let turn = h.next_turn().await;
+        let expected = h
+            .tokenizer
+            .split_turn(&TurnInput {
+                messages: &history,
+                tools: None,
+                response_message: &answer["choices"][0]["message"],
+                template_kwargs: None,
+            })
+            .unwrap();
+        assert_eq!(turn.prompt_ids, expected.prompt_ids, "turn {i}");
+        assert_eq!(turn.response_ids, expected.response_ids, "turn {i}");
+        history.push(answer["choices"][0]["message"].clone());
+    }
+}

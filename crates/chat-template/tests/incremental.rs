@@ -1,0 +1,178 @@
+//! Incremental tokenization gives exactly the full encode: on multi-turn conversations with the
+//! mini model and (when the fixtures are there) the real Qwen3 tokenizer and both templates, and on
+//! random contents that try to break the split (special-token text inside messages, combining
+//! characters that NFC composes, think tags, tool messages).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+use ps_chat_template::{ChatTokenizer, EncodedPrefix, TurnInput};
+use serde_json::{Value, json};
+
+fn qwen3() -> Vec<ChatTokenizer> {
+    let shared = std::env::var_os("POLICY_SERVING_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let dir = shared.join("fixtures/qwen3");
+    if !dir.join("tokenizer.json").is_file() {
+        let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
+            dir.display()
+        );
+        eprintln!(
+            "SKIPPED (Qwen3 part): fixtures not found at {}",
+            dir.display()
+        );
+        return Vec::new();
+    }
+    [
+        "tokenizer_config.json",
+        "tokenizer_config.qwen3-4b-thinking-2507.json",
+    ]
+    .iter()
+    .map(|c| ChatTokenizer::from_files(&dir.join("tokenizer.json"), &dir.join(c)).unwrap())
+    .collect()
+}
+
+/// Plays a conversation turn by turn (each turn: `user[i]`, then the assistant's answer) and checks
+/// that the incremental split equals the full one at every turn. Returns how many turns reused.
+fn check_conversation(
+    tok: &ChatTokenizer,
+    users: &[String],
+    answers: &[Value],
+    tools: Option<&Value>,
+) -> usize {
+    let mut messages: Vec<Value> =
+        vec![json!({"role": "system", "content": "You are a careful agent."})];
+    let mut prev: Option<EncodedPrefix> = None;
+    let mut reused = 0;
+    for (user, answer) in users.iter().zip(answers) {
+        messages.push(json!({"role": if user.starts_with("tool:") { "tool" } else { "user" }, "content": user}));
+        let input = TurnInput {
+            messages: &messages,
+            tools,
+            response_message: answer,
+            template_kwargs: None,
+        };
+        let full = tok.split_turn(&input).unwrap();
+        // Reuse happens when the common prefix with the previous prompt reaches past an added-token
+        // boundary that covers most of this prompt's ids.
+        if prev.as_ref().is_some_and(|p| {
+            let common = p
+                .text
+                .bytes()
+                .zip(full.prompt_text.bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            p.boundaries
+                .iter()
+                .any(|(end, n)| *end <= common && *n * 2 > full.prompt_ids.len())
+        }) {
+            reused += 1;
+        }
+        let (inc, next) = tok.split_turn_incremental(&input, prev.as_ref()).unwrap();
+        assert_eq!(inc, full, "turn {} differs", messages.len());
+        if let Some(p) = &next {
+            assert_eq!(
+                p.ids,
+                tok.encode(&p.text).unwrap(),
+                "the kept ids are the text's own"
+            );
+            for (end, n) in &p.boundaries {
+                let expected = tok.encode(&p.text[..*end]).unwrap();
+                assert_eq!(&p.ids[..*n], expected.as_slice(), "boundary {end}");
+            }
+        }
+        prev = next;
+        messages.push(answer.clone());
+    }
+    reused
+}
+
+fn answers(n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| match i % 3 {
+            0 => json!({"role": "assistant", "content": format!("Step {i} done."), "reasoning_content": "Think first."}),
+            1 => json!({"role": "assistant", "content": "", "tool_calls": [{"id": format!("call_{i}"), "type": "function",
+                        "function": {"name": "search", "arguments": "{\"q\": \"paris\"}"}}]}),
+            _ => json!({"role": "assistant", "content": format!("Answer {i} with <think>inline</think> text")}),
+        })
+        .collect()
+}
+
+#[test]
+fn a_long_conversation_reuses_every_prefix_and_equals_the_full_encode() {
+    let users: Vec<String> = (0..40)
+        .map(|i| {
+            if i % 3 == 2 {
+                format!("tool:{{\"result\": {i}}}")
+            } else {
+                format!("Request number {i}: go on.")
+            }
+        })
+        .collect();
+    let tools = json!([{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]);
+    let mut tokenizers = vec![ChatTokenizer::mini()];
+    tokenizers.extend(qwen3());
+    for tok in &tokenizers {
+        let reused = check_conversation(tok, &users, &answers(users.len()), Some(&tools));
+        assert!(
+            reused >= users.len() / 2,
+            "the incremental path ran on most turns ({reused}) for {tok:?}"
+        );
+    }
+}
+
+fn content() -> impl Strategy<Value = String> {
+    let pieces = prop::sample::select(vec![
+        "hello",
+        " world",
+        "\n",
+        "\n\n",
+        "<|im_end|>",
+        "<|im_start|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "e\u{301}",
+        "\u{1100}\u{1161}",
+        "é",
+        "数字123",
+        "🙂",
+        " ",
+        "\t",
+        "\\boxed{1}",
+        "assistant",
+    ]);
+    prop::collection::vec(pieces, 0..12).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_contents_encode_incrementally_exactly(users in prop::collection::vec(content(), 1..6),
+                                                    replies in prop::collection::vec(content(), 6)) {
+        let answers: Vec<Value> = replies.iter().map(|r| json!({"role": "assistant", "content": r})).collect();
+        let mut tokenizers = vec![ChatTokenizer::mini()];
+        tokenizers.extend(qwen3());
+        for tok in &tokenizers {
+            check_conversation(tok, &users, &answers[..users.len()], None);
+        }
+    }
+
+    #[test]
+    fn encode_incremental_equals_encode_for_any_prefix_history(a in content(), b in content()) {
+        let tok = ChatTokenizer::mini();
+        let first = format!("<|im_start|>user\n{a}<|im_end|>\n<|im_start|>assistant\n");
+        let (ids1, prefix) = tok.encode_incremental(&first, None).unwrap();
+        prop_assert_eq!(&ids1, &tok.encode(&first).unwrap());
+        // The next text shares a prefix, then differs (as a re-rendered history can).
+        let second = format!("<|im_start|>user\n{a}<|im_end|>\n<|im_start|>assistant\n{b}<|im_end|>\n<|im_start|>user\n{a}{b}<|im_end|>\n");
+        let (ids2, _) = tok.encode_incremental(&second, prefix.as_ref()).unwrap();
+        prop_assert_eq!(ids2, tok.encode(&second).unwrap());
+    }
+}
