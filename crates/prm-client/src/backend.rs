@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 use crate::error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY, error_chain};
 
-/// Longest error-body excerpt kept in [`JudgeError::Status`] and [`JudgeError::InvalidBody`].
-const SNIPPET_CHARS: usize = 200;
+/// Error-body excerpts and messages, shared by every client crate.
+use ps_core::errors::{error_message, snippet};
 
 /// Sends one judge prompt and returns the judge's answer text.
 #[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
@@ -213,31 +213,6 @@ fn join_contents(messages: &[Value]) -> String {
         .join("\n")
 }
 
-fn snippet(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes)
-        .chars()
-        .take(SNIPPET_CHARS)
-        .collect()
-}
-
-/// The message of an error body: SGLang `/generate`'s `{"error":{"message"}}`, the OpenAI routes'
-/// flat `{"message"}`, `{"error":"…"}`, FastAPI's `{"detail"}`; else the start of the body.
-fn error_message(bytes: &[u8]) -> String {
-    let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
-    let message = parsed.as_ref().and_then(|v| {
-        v.pointer("/error/message")
-            .or_else(|| v.get("message"))
-            .or_else(|| v.get("error"))
-            .or_else(|| v.get("detail"))
-            .and_then(Value::as_str)
-    });
-    match message {
-        Some(m) => m.chars().take(SNIPPET_CHARS).collect(),
-        None if bytes.is_empty() => "(empty body)".to_owned(),
-        None => snippet(bytes),
-    }
-}
-
 /// The judge's text from a `/generate` answer: `text`, or its first element when it is a list; a
 /// batch answer (a list of results) gives its first result's text.
 fn reply_text(bytes: &[u8]) -> Result<String, String> {
@@ -275,26 +250,6 @@ mod tests {
         assert!(reply_text(br#"{"output_ids":[]}"#).is_err());
         assert!(reply_text(br#"{"text":[]}"#).is_err());
         assert!(reply_text(b"[]").is_err());
-    }
-
-    #[test]
-    fn error_message_shapes() {
-        assert_eq!(error_message(br#"{"error":{"message":"bad"}}"#), "bad");
-        assert_eq!(
-            error_message(br#"{"object":"error","message":"flat"}"#),
-            "flat"
-        );
-        assert_eq!(
-            error_message(br#"{"error":"Unauthorized"}"#),
-            "Unauthorized"
-        );
-        assert_eq!(error_message(br#"{"detail":"Not Found"}"#), "Not Found");
-        assert_eq!(error_message(b"oops"), "oops");
-        assert_eq!(error_message(b""), "(empty body)");
-        assert_eq!(
-            error_message("x".repeat(1000).as_bytes()).len(),
-            SNIPPET_CHARS
-        );
     }
 
     #[test]

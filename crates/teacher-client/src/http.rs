@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::error::{API_KEY_ENV_KEY, TIMEOUT_KEY, TeacherError, URL_KEY, error_chain};
 
-/// Longest error-body excerpt kept in an error.
-pub(crate) const SNIPPET_CHARS: usize = 200;
+/// Error-body excerpts and messages, shared by every client crate.
+pub(crate) use ps_core::errors::{error_message, snippet};
 
 /// Where and how to call one teacher. `Debug` never shows the key.
 #[derive(Clone)]
@@ -135,57 +134,10 @@ impl Endpoint {
     }
 }
 
-/// The start of `bytes` as text, for error messages.
-pub(crate) fn snippet(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(&bytes[..bytes.len().min(4 * SNIPPET_CHARS)])
-        .chars()
-        .take(SNIPPET_CHARS)
-        .collect()
-}
-
-/// The message of an error body: the nested `{"error":{"message"}}` (SGLang `/generate`, vLLM, hosted
-/// providers), the flat `{"message"}` (SGLang's OpenAI routes, older vLLM), `{"error":"…"}`,
-/// FastAPI's `{"detail"}`; else the start of the body.
-pub(crate) fn error_message(bytes: &[u8]) -> String {
-    let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
-    let message = parsed.as_ref().and_then(|v| {
-        v.pointer("/error/message")
-            .or_else(|| v.get("message"))
-            .or_else(|| v.get("error"))
-            .or_else(|| v.get("detail"))
-            .and_then(Value::as_str)
-    });
-    match message {
-        Some(m) => m.chars().take(SNIPPET_CHARS).collect(),
-        None if bytes.is_empty() => "(empty body)".to_owned(),
-        None => snippet(bytes),
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn error_message_shapes() {
-        assert_eq!(error_message(br#"{"error":{"message":"bad"}}"#), "bad");
-        assert_eq!(
-            error_message(br#"{"object":"error","message":"flat"}"#),
-            "flat"
-        );
-        assert_eq!(
-            error_message(br#"{"error":"Unauthorized"}"#),
-            "Unauthorized"
-        );
-        assert_eq!(error_message(br#"{"detail":"Not Found"}"#), "Not Found");
-        assert_eq!(error_message(b"oops"), "oops");
-        assert_eq!(error_message(b""), "(empty body)");
-        assert_eq!(
-            error_message("x".repeat(1000).as_bytes()).len(),
-            SNIPPET_CHARS
-        );
-    }
 
     #[test]
     fn debug_hides_the_key() {
