@@ -179,27 +179,8 @@ impl TeacherScorer for CompletionsTeacher {
             }
             other => other?,
         };
-        parse_completions(&bytes, input_ids, response_len, top_k).map_err(|e| match e {
-            ParseError::Invalid(detail) => self.endpoint.invalid_body(detail),
-            ParseError::Missing {
-                field,
-                position,
-                input_position,
-            } => TeacherError::MissingValue {
-                url: self.url().to_owned(),
-                field,
-                position,
-                input_position,
-                config_key: URL_KEY,
-            },
-            ParseError::ShortTopK { position, got } => TeacherError::ShortTopK {
-                url: self.url().to_owned(),
-                position,
-                got,
-                k: top_k,
-                config_key: URL_KEY,
-            },
-        })
+        parse_completions(&bytes, input_ids, response_len, top_k)
+            .map_err(|e| self.endpoint.parse_error(e, top_k))
     }
 
     fn describe(&self) -> String {

@@ -132,6 +132,32 @@ impl Endpoint {
             config_key: URL_KEY,
         }
     }
+
+    /// The error for an answer that did not hold what was asked (`top_k` = K of the request).
+    pub(crate) fn parse_error(&self, e: crate::sglang::ParseError, top_k: usize) -> TeacherError {
+        use crate::sglang::ParseError;
+        match e {
+            ParseError::Invalid(detail) => self.invalid_body(detail),
+            ParseError::Missing {
+                field,
+                position,
+                input_position,
+            } => TeacherError::MissingValue {
+                url: self.url.clone(),
+                field,
+                position,
+                input_position,
+                config_key: URL_KEY,
+            },
+            ParseError::ShortTopK { position, got } => TeacherError::ShortTopK {
+                url: self.url.clone(),
+                position,
+                got,
+                k: top_k,
+                config_key: URL_KEY,
+            },
+        }
+    }
 }
 
 #[cfg(test)]

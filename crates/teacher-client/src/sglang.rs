@@ -187,27 +187,8 @@ impl TeacherScorer for SglangTeacher {
             .endpoint
             .post(&GenerateBody::new(input_ids, start, top_k))
             .await?;
-        parse_generate(&bytes, start, response_len, top_k).map_err(|e| match e {
-            ParseError::Invalid(detail) => self.endpoint.invalid_body(detail),
-            ParseError::Missing {
-                field,
-                position,
-                input_position,
-            } => TeacherError::MissingValue {
-                url: self.url().to_owned(),
-                field,
-                position,
-                input_position,
-                config_key: URL_KEY,
-            },
-            ParseError::ShortTopK { position, got } => TeacherError::ShortTopK {
-                url: self.url().to_owned(),
-                position,
-                got,
-                k: top_k,
-                config_key: URL_KEY,
-            },
-        })
+        parse_generate(&bytes, start, response_len, top_k)
+            .map_err(|e| self.endpoint.parse_error(e, top_k))
     }
 
     fn describe(&self) -> String {
