@@ -12,6 +12,16 @@ use std::time::Duration;
 use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
 
+/// Kills the child when dropped, so a failing assertion never leaves a server running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -83,7 +93,7 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
     )
     .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let mut server = spawn_server(&config);
+    let mut server = KillOnDrop(spawn_server(&config));
     wait_healthy(&base).await;
 
     // Load: 8 agents, each running two-turn sessions back to back.
@@ -128,14 +138,14 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(seen.len() >= 40, "only {} samples under load", seen.len());
-    server.kill().unwrap(); // SIGKILL
-    server.wait().unwrap();
+    server.0.kill().unwrap(); // SIGKILL
+    server.0.wait().unwrap();
     stop.store(true, Ordering::Relaxed);
     for a in agents {
         let _ = a.await;
     }
 
-    let mut server = spawn_server(&config);
+    let mut server = KillOnDrop(spawn_server(&config));
     wait_healthy(&base).await;
     let after_restart = pull_all(&base, 0).await;
     for (seq, sample) in &seen {
@@ -167,6 +177,6 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
     }
     assert!(newer.keys().all(|s| *s > last), "seqs are never reused");
     assert!(!newer.is_empty());
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
 }

@@ -12,6 +12,16 @@ const CLIENT_KEY: &str = "client-key-5b1f0c9e";
 const ADMIN_KEY: &str = "admin-key-77aa01d3";
 const UPSTREAM_KEY: &str = "upstream-key-c0ffee42";
 
+/// Kills the child when dropped, so a failing assertion never leaves a server running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -42,17 +52,19 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
         ),
     )
     .unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_policy-serving"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("T_CLIENT_KEY", CLIENT_KEY)
-        .env("T_ADMIN_KEY", ADMIN_KEY)
-        .env("T_UPSTREAM_KEY", UPSTREAM_KEY)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_policy-serving"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("T_CLIENT_KEY", CLIENT_KEY)
+            .env("T_ADMIN_KEY", ADMIN_KEY)
+            .env("T_UPSTREAM_KEY", UPSTREAM_KEY)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     for _ in 0..200 {
@@ -128,10 +140,11 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
         "session ids are never labels"
     );
 
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
     let mut logs = String::new();
     server
+        .0
         .stderr
         .take()
         .unwrap()
