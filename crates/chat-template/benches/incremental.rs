@@ -87,4 +87,33 @@ fn main() {
         "  turn {turns}, incremental vs full: {:.1}x faster",
         full_50 / inc_50
     );
+
+    // The whole conversation, turn after turn, as the capture workers see it: tokens per second
+    // (prompt + response tokens of every turn), to compare with
+    // `benches/transformers_compare.py` on the same conversation.
+    let tokens: usize = (0..turns)
+        .map(|k| {
+            let t = tok.split_turn(&input(k)).unwrap();
+            t.prompt_ids.len() + t.response_ids.len()
+        })
+        .sum();
+    let full_all = time(&mut || {
+        for k in 0..turns {
+            tok.split_turn(&input(k)).unwrap();
+        }
+    });
+    let inc_all = time(&mut || {
+        let mut prev: Option<EncodedPrefix> = None;
+        for k in 0..turns {
+            prev = tok
+                .split_turn_incremental(&input(k), prev.as_ref())
+                .unwrap()
+                .1;
+        }
+    });
+    println!(
+        "  whole conversation ({tokens} tokens): full {full_all:.1} ms ({:.0} tokens/s), incremental {inc_all:.1} ms ({:.0} tokens/s)",
+        tokens as f64 / (full_all / 1e3),
+        tokens as f64 / (inc_all / 1e3)
+    );
 }
