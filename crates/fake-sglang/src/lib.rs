@@ -50,6 +50,7 @@ mod http;
 mod model;
 mod net;
 mod provider;
+mod server_task;
 mod state;
 
 use std::{
@@ -67,7 +68,7 @@ use axum::{
 };
 use ps_chat_template::ChatTokenizer;
 use serde_json::json;
-use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio::{net::TcpListener, sync::oneshot};
 
 pub use det::{policy_logprob, teacher_logprob};
 pub use fault::{Fault, FaultParseError};
@@ -77,6 +78,7 @@ pub use provider::{
 };
 pub use state::{FakeState, RecordedRequest};
 
+use crate::server_task::ServerTask;
 use crate::{
     http::json_response,
     net::{ConnKill, FakeListener},
@@ -204,8 +206,7 @@ impl FakeBuilder {
         Ok(FakeHandle {
             state,
             addr,
-            stop: Some(stop_tx),
-            task: Some(task),
+            server: ServerTask::new("fake-sglang", stop_tx, task),
         })
     }
 }
@@ -214,8 +215,7 @@ impl FakeBuilder {
 pub struct FakeHandle {
     state: FakeState,
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<std::io::Result<()>>>,
+    server: ServerTask,
 }
 
 impl std::fmt::Debug for FakeHandle {
@@ -305,28 +305,14 @@ impl FakeHandle {
     /// Stops accepting, releases the gate and waits for in-flight requests to finish.
     pub async fn shutdown(mut self) {
         self.state.release();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            match task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "fake-sglang server failed"),
-                Err(e) => tracing::warn!(error = %e, "fake-sglang server task failed"),
-            }
-        }
+        self.server.shutdown().await;
     }
 }
 
 impl Drop for FakeHandle {
     fn drop(&mut self) {
         self.state.release();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        // Dropping `server` stops and aborts the serving task.
     }
 }
 

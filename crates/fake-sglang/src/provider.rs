@@ -27,9 +27,10 @@ use axum::{
     routing::{get, post},
 };
 use serde_json::{Value, json};
-use tokio::{net::TcpListener, sync::oneshot, sync::watch, task::JoinHandle};
+use tokio::{net::TcpListener, sync::oneshot, sync::watch};
 
 use crate::model::{content_text, default_vote, judge_text, scripted_votes};
+use crate::server_task::ServerTask;
 
 /// Largest request body the fake accepts.
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -225,8 +226,7 @@ impl FakeProviderBuilder {
         Ok(FakeProviderHandle {
             state,
             addr,
-            stop: Some(stop_tx),
-            task: Some(task),
+            server: ServerTask::new("fake provider", stop_tx, task),
         })
     }
 }
@@ -336,8 +336,7 @@ impl Drop for InFlight {
 pub struct FakeProviderHandle {
     state: ProviderState,
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<std::io::Result<()>>>,
+    server: ServerTask,
 }
 
 impl std::fmt::Debug for FakeProviderHandle {
@@ -437,28 +436,14 @@ impl FakeProviderHandle {
     /// Stops accepting, releases the gate and waits for in-flight requests to finish.
     pub async fn shutdown(mut self) {
         self.release();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            match task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "fake provider failed"),
-                Err(e) => tracing::warn!(error = %e, "fake provider task failed"),
-            }
-        }
+        self.server.shutdown().await;
     }
 }
 
 impl Drop for FakeProviderHandle {
     fn drop(&mut self) {
         self.release();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        // Dropping `server` stops and aborts the serving task.
     }
 }
 
