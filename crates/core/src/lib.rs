@@ -3,7 +3,8 @@
 //! This crate owns the vocabulary every other crate speaks: chat messages and their normalisation
 //! ([`message`]), session and turn identities ([`session`]), the tokens an upstream reported for a
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
-//! the captured main turn ([`capture`]) and the trainer's [`sample::Sample`].
+//! the captured main turn ([`capture`]), the trainer's [`sample::Sample`] and the traits of where
+//! samples go ([`sink`], [`log`]).
 //!
 //! It must not depend on a web framework, an async runtime or any other crate of this workspace:
 //! the dependency arrows of the workspace all point here.
@@ -11,6 +12,7 @@
 pub mod align;
 pub mod capture;
 pub mod errors;
+pub mod log;
 pub mod message;
 pub mod metric_names;
 pub mod pending;
@@ -22,6 +24,7 @@ pub mod sink;
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, TurnGuard, TurnSink};
 pub use errors::error_chain;
+pub use log::{LogError, SampleLog, StoreStats, StoredSample};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{FinishReason, RolloutResponse, SampledToken};
 pub use session::{SessionHeaders, TurnType};

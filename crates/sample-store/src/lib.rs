@@ -12,7 +12,7 @@
 //! people embedding the crates in their own trainer.
 //!
 //! It depends only on `ps-core` and must not depend on a web framework: the HTTP routes of the
-//! trainer protocol live in the server crate, on top of [`SampleStore`].
+//! trainer protocol live in the server crate, on top of [`ps_core::SampleLog`], which [`SampleStore`] implements.
 
 mod channel;
 mod codec;
@@ -21,7 +21,7 @@ mod store;
 
 pub use channel::{ChannelSink, channel_sink};
 pub use error::StoreError;
+pub use ps_core::{StoreStats, StoredSample};
 pub use store::{
     DB_FILE_NAME, DEFAULT_MAX_BATCH, DEFAULT_RETAIN_COMMITTED, SampleStore, StoreConfig,
-    StoreStats, StoredSample,
 };

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use ps_core::sample::Sample;
 use ps_core::sink::{SampleSink, SinkError};
+use ps_core::{LogError, StoreStats, StoredSample};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -69,27 +70,6 @@ impl StoreConfig {
             max_batch: DEFAULT_MAX_BATCH,
         }
     }
-}
-
-/// A sample as the trainer receives it, with the sequence number it was stored under
-/// (`sample.index == sample.group_index == seq`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StoredSample {
-    pub seq: u64,
-    pub sample: Sample,
-}
-
-/// A snapshot of the store's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct StoreStats {
-    /// The highest seq handed out; 0 = none yet.
-    pub last_seq: u64,
-    /// The trainer's commit point: every seq up to it has been consumed.
-    pub committed: u64,
-    /// Samples currently kept (uncommitted ones plus the retained committed ones).
-    pub stored: u64,
-    /// `last_seq - committed`: samples the trainer has not committed yet.
-    pub lag: u64,
 }
 
 /// The durable sample store. Cheap to clone (all clones share one database and one writer);
@@ -403,6 +383,47 @@ impl SampleStore {
         StoreError::Closed {
             path: self.inner.file.clone(),
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl ps_core::SampleLog for SampleStore {
+    async fn read(
+        &self,
+        after: u64,
+        max: usize,
+        _consumer: &str,
+    ) -> Result<Vec<StoredSample>, LogError> {
+        SampleStore::read(self, after, max).await.map_err(into_log)
+    }
+
+    async fn wait_newer(&self, after: u64, timeout: Duration) -> Result<u64, LogError> {
+        Ok(SampleStore::wait_newer(self, after, timeout).await)
+    }
+
+    async fn commit(&self, through: u64) -> Result<(), LogError> {
+        SampleStore::commit(self, through).await.map_err(into_log)
+    }
+
+    async fn stats(&self) -> Result<StoreStats, LogError> {
+        Ok(SampleStore::stats(self))
+    }
+
+    async fn close(&self) -> Result<(), LogError> {
+        SampleStore::close(self.clone()).await.map_err(into_log)
+    }
+
+    fn describe(&self) -> String {
+        format!("embedded store {}", self.inner.file.display())
+    }
+}
+
+fn into_log(err: StoreError) -> LogError {
+    match err {
+        StoreError::CommitAhead { through, last_seq } => {
+            LogError::CommitAhead { through, last_seq }
+        }
+        other => LogError::store(other.chain()),
     }
 }
 

@@ -78,7 +78,7 @@ async fn main() {
     let started = Instant::now();
     let (mut after, mut read) = (0u64, 0usize);
     while read < n {
-        let got = store.read(after, page).await.unwrap();
+        let got = store.read(after, page, "bench").await.unwrap();
         read += got.len();
         after = got.last().unwrap().seq;
     }

@@ -26,7 +26,7 @@ pub enum ApiError {
     #[error("the rollout API is not enabled in this server (no sample store)")]
     RolloutDisabled,
     #[error(transparent)]
-    Store(ps_sample_store::StoreError),
+    Store(ps_core::LogError),
     #[error("encoding the answer failed: {0}")]
     Encode(String),
     #[error(
@@ -52,7 +52,7 @@ impl ApiError {
             Self::Unauthorized => "invalid_api_key",
             Self::Paused { .. } => "submission_paused",
             Self::RolloutDisabled => "rollout_disabled",
-            Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => "commit_ahead",
+            Self::Store(ps_core::LogError::CommitAhead { .. }) => "commit_ahead",
             Self::Store(_) => "store_error",
             Self::Encode(_) => "encode_failed",
             Self::Overloaded { .. } => "too_many_requests",
@@ -75,7 +75,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Paused { .. } | Self::RolloutDisabled => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => StatusCode::CONFLICT,
+            Self::Store(ps_core::LogError::CommitAhead { .. }) => StatusCode::CONFLICT,
             Self::Store(_) | Self::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(SglangError::Status { status, .. }) => {
@@ -109,7 +109,7 @@ impl IntoResponse for ApiError {
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
             Self::Paused { .. } => (StatusCode::SERVICE_UNAVAILABLE, "submission_paused"),
             Self::RolloutDisabled => (StatusCode::SERVICE_UNAVAILABLE, "rollout_disabled"),
-            Self::Store(ps_sample_store::StoreError::CommitAhead { .. }) => {
+            Self::Store(ps_core::LogError::CommitAhead { .. }) => {
                 (StatusCode::CONFLICT, "invalid_request_error")
             }
             Self::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),

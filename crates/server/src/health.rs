@@ -32,7 +32,7 @@ pub async fn models(State(app): State<AppState>) -> Json<Value> {
 }
 
 /// Sets the gauges from the current state, so that a scrape sees fresh values.
-fn refresh_gauges(app: &AppState) {
+async fn refresh_gauges(app: &AppState) {
     use ps_core::metric_names as m;
     metrics::gauge!(m::SUBMISSION_ENABLED).set(if app.submission_enabled() { 1.0 } else { 0.0 });
     if let Some(r) = app.rollout() {
@@ -46,14 +46,17 @@ fn refresh_gauges(app: &AppState) {
         ] {
             metrics::gauge!(m::PENDING_TURNS, "state" => state).set(n as f64);
         }
-        let st = r.store.stats();
-        metrics::gauge!(m::STORE_SAMPLES).set(st.stored as f64);
-        metrics::gauge!(m::STORE_LAG_SAMPLES).set(st.lag as f64);
+        // An unreachable store keeps the last values; the failure is logged where it matters
+        // (submission and the rollout routes).
+        if let Ok(st) = r.store.stats().await {
+            metrics::gauge!(m::STORE_SAMPLES).set(st.stored as f64);
+            metrics::gauge!(m::STORE_LAG_SAMPLES).set(st.lag as f64);
+        }
     }
 }
 
 pub async fn metrics(State(app): State<AppState>) -> Response {
-    refresh_gauges(&app);
+    refresh_gauges(&app).await;
     match &app.0.metrics {
         Some(h) => (
             [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],

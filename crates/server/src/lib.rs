@@ -58,17 +58,20 @@ pub async fn serve(
                 "scoring and submission did not finish within server.shutdown_grace_sec"
             );
         }
-        let st = r.store.stats();
-        // Stops the store's writer now, so the database is closed when the last handle goes
-        // (a restarted server can open it at once).
-        if let Err(e) = r.store.clone().close().await {
+        match r.store.stats().await {
+            Ok(st) => tracing::info!(
+                last_seq = st.last_seq,
+                committed = st.committed,
+                store = %r.store.describe(),
+                "closing the sample store"
+            ),
+            Err(e) => tracing::warn!(error = %e, "sample store counters unavailable at shutdown"),
+        }
+        // Stops the embedded store's writer now, so the database is closed when the last handle
+        // goes (a restarted server can open it at once).
+        if let Err(e) = r.store.close().await {
             tracing::error!(error = %e, "closing the sample store failed");
         }
-        tracing::info!(
-            last_seq = st.last_seq,
-            committed = st.committed,
-            "sample store flushed and closed"
-        );
     }
     Ok(())
 }

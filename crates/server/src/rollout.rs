@@ -3,7 +3,7 @@
 //!
 //! | route | |
 //! |---|---|
-//! | `GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS[&format=msgpack]` | `{"samples": [{"seq", "sample"}], "last_seq"}`; waits up to `wait_ms` when nothing is newer than `after`; JSON, or MessagePack (named fields) with `format=msgpack` or `Accept: application/msgpack` |
+//! | `GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS[&format=msgpack][&consumer=NAME]` | `{"samples": [{"seq", "sample"}], "last_seq"}`; waits up to `wait_ms` when nothing is newer than `after`; JSON, or MessagePack (named fields) with `format=msgpack` or `Accept: application/msgpack`; `consumer` names the reader in a Redis consumer group (default `trainer`) |
 //! | `POST /v1/rollout/commit` `{"through": SEQ}` | records what the trainer consumed |
 //! | `POST /v1/rollout/pause`, `POST /v1/rollout/resume` | submission state |
 //! | `GET /v1/rollout/status` | submission state, seqs, pending turns by reason, sessions, eval scores |
@@ -17,7 +17,7 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use ps_sample_store::{SampleStore, StoreError};
+use ps_core::{LogError, SampleLog, StoredSample};
 use ps_session_buffer::SessionBuffer;
 use serde_json::{Value, json};
 
@@ -38,7 +38,7 @@ pub trait PauseHook: Send + Sync {
 /// What the rollout routes work on.
 #[derive(Clone)]
 pub struct Rollout {
-    pub store: SampleStore,
+    pub store: Arc<dyn SampleLog>,
     pub buffer: SessionBuffer,
     pub on_pause: Option<Arc<dyn PauseHook>>,
 }
@@ -46,7 +46,7 @@ pub struct Rollout {
 impl std::fmt::Debug for Rollout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rollout")
-            .field("store", &self.store.path())
+            .field("store", &self.store.describe())
             .finish_non_exhaustive()
     }
 }
@@ -78,6 +78,15 @@ fn parse_param<T: std::str::FromStr>(
     }
 }
 
+/// Longest trainer consumer name (`consumer=` of a pull).
+pub const MAX_CONSUMER_LEN: usize = 64;
+
+fn valid_consumer(c: &str) -> bool {
+    (1..=MAX_CONSUMER_LEN).contains(&c.len())
+        && c.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
 /// MessagePack's media type.
 pub const MSGPACK: &str = "application/msgpack";
 
@@ -102,7 +111,7 @@ fn wants_msgpack(q: &HashMap<String, String>, headers: &HeaderMap) -> Result<boo
 
 #[derive(serde::Serialize)]
 struct Page<'a> {
-    samples: &'a [ps_sample_store::StoredSample],
+    samples: &'a [StoredSample],
     last_seq: u64,
 }
 
@@ -128,15 +137,27 @@ pub async fn samples(
         |w| *w <= MAX_WAIT_MS,
         &format!("milliseconds from 0 to {MAX_WAIT_MS}"),
     )?;
-    if wait_ms > 0 && r.store.stats().last_seq <= after {
+    let consumer = match q.get("consumer") {
+        None => ps_core::log::DEFAULT_CONSUMER,
+        Some(c) if valid_consumer(c) => c.as_str(),
+        Some(c) => {
+            return Err(ApiError::invalid(
+                "invalid_query",
+                format!(
+                    "query parameter `consumer` = {c:?}: expected 1 to {MAX_CONSUMER_LEN} of A-Z a-z 0-9 _ . : -"
+                ),
+            ));
+        }
+    };
+    if wait_ms > 0 && r.store.stats().await?.last_seq <= after {
         r.store
             .wait_newer(after, Duration::from_millis(wait_ms))
-            .await;
+            .await?;
     }
-    let samples = r.store.read(after, max).await?;
+    let samples = r.store.read(after, max, consumer).await?;
     let page = Page {
         samples: &samples,
-        last_seq: r.store.stats().last_seq,
+        last_seq: r.store.stats().await?.last_seq,
     };
     if msgpack {
         // Named fields: the trainer decodes it with `msgpack.unpackb` into the same dicts as JSON,
@@ -172,7 +193,7 @@ pub async fn commit(
         )
     })?;
     r.store.commit(through).await?;
-    let st = r.store.stats();
+    let st = r.store.stats().await?;
     Ok(Json(
         json!({"committed_seq": st.committed, "last_seq": st.last_seq}),
     ))
@@ -197,7 +218,7 @@ pub async fn resume(State(app): State<AppState>) -> Result<Json<Value>, ApiError
 
 pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
     let r = rollout(&app)?;
-    let st = r.store.stats();
+    let st = r.store.stats().await?;
     let b = r.buffer.status();
     Ok(Json(json!({
         "submission_enabled": app.submission_enabled(),
@@ -233,8 +254,8 @@ pub async fn drain_eval_scores(State(app): State<AppState>) -> Result<Json<Value
     ))
 }
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
+impl From<LogError> for ApiError {
+    fn from(e: LogError) -> Self {
         ApiError::Store(e)
     }
 }

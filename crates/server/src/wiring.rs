@@ -480,7 +480,7 @@ pub fn build_app(
     .map(|q| q.with_max_turn_tokens(settings.server.max_turn_tokens))
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
-        store,
+        store: Arc::new(store),
         buffer,
         on_pause: Some(records as Arc<dyn PauseHook>),
     };

@@ -1,0 +1,87 @@
+//! The trainer's side of the sample hand-off: a log of samples under strictly increasing sequence
+//! numbers, read in order, committed by the trainer, and kept durably until then.
+//!
+//! Two stores implement [`SampleLog`]: the embedded redb store (one proxy beside one trainer) and
+//! the Redis Streams store (many proxies feeding one trainer). The rollout HTTP API is written
+//! against this trait only, so a trainer does not see which one is in use.
+
+use std::time::Duration;
+
+use crate::pending::PendingStore;
+use crate::sample::Sample;
+use crate::sink::SampleSink;
+
+/// A sample as the trainer receives it, with the sequence number it was stored under
+/// (`sample.index == sample.group_index == seq`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredSample {
+    pub seq: u64,
+    pub sample: Sample,
+}
+
+/// A snapshot of a store's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStats {
+    /// The highest seq handed out; 0 = none yet.
+    pub last_seq: u64,
+    /// The trainer's commit point: every seq up to it has been consumed.
+    pub committed: u64,
+    /// Samples currently kept (uncommitted ones plus the retained committed ones).
+    pub stored: u64,
+    /// `last_seq - committed`: samples the trainer has not committed yet.
+    pub lag: u64,
+}
+
+/// Why a log operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The trainer tried to commit samples that do not exist yet.
+    #[error("cannot commit through sample {through}: the last stored sample is {last_seq}")]
+    CommitAhead { through: u64, last_seq: u64 },
+    /// The store could not do it; `message` names the store (file or URL) and the cause.
+    #[error("{message}")]
+    Store { message: String },
+}
+
+impl LogError {
+    pub fn store(message: impl Into<String>) -> Self {
+        Self::Store {
+            message: message.into(),
+        }
+    }
+}
+
+/// Who reads when the trainer does not say: the consumer name of the default trainer.
+pub const DEFAULT_CONSUMER: &str = "trainer";
+
+/// A durable, ordered log of samples that the trainer pulls and commits. Appends go through
+/// [`SampleSink::submit`]; turns unfinished at shutdown through [`PendingStore`].
+#[async_trait::async_trait]
+pub trait SampleLog: SampleSink + PendingStore {
+    /// Up to `max` samples with `seq > after` that are not committed yet (the embedded store also
+    /// returns retained committed ones), ascending. `consumer` names the reader for stores that
+    /// track delivery per reader (Redis consumer groups); others ignore it.
+    async fn read(
+        &self,
+        after: u64,
+        max: usize,
+        consumer: &str,
+    ) -> Result<Vec<StoredSample>, LogError>;
+
+    /// Waits until a sample with `seq > after` exists or `timeout` passed; returns the last seq.
+    async fn wait_newer(&self, after: u64, timeout: Duration) -> Result<u64, LogError>;
+
+    /// Records that every sample up to `through` was consumed. Below the commit point: no-op;
+    /// beyond the last seq: [`LogError::CommitAhead`].
+    async fn commit(&self, through: u64) -> Result<(), LogError>;
+
+    /// The current counters.
+    async fn stats(&self) -> Result<StoreStats, LogError>;
+
+    /// Finishes what was accepted and releases the store (the embedded store stops its writer so
+    /// that a restarted server can open the file at once). Other handles fail afterwards.
+    async fn close(&self) -> Result<(), LogError>;
+
+    /// Where the samples are, for logs and errors (a file path, or a URL without its password).
+    fn describe(&self) -> String;
+}
