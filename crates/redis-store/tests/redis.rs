@@ -1,0 +1,389 @@
+//! The Redis store's contract against a real redis-server (skipped when it is not installed,
+//! required in CI).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ps_core::sample::{Reward, Sample, SampleStatus};
+use ps_core::{PendingStore, StoreStats};
+use ps_redis_store::testing::RedisServer;
+use ps_redis_store::{Durability, RedisConfig, RedisStore, RedisStoreError};
+
+fn sample(tag: &str) -> Sample {
+    Sample {
+        prompt: format!("prompt {tag}"),
+        response: format!("response {tag}"),
+        tokens: vec![1, 2, 3, 4],
+        response_length: 2,
+        loss_mask: vec![1, 1],
+        rollout_log_probs: vec![-0.5, -1.25],
+        reward: Reward { score: 1.0 },
+        status: SampleStatus::Completed,
+        session_id: tag.to_owned(),
+        turn: 1,
+        ..Sample::default()
+    }
+}
+
+fn config(server: &RedisServer, deployment: &str) -> RedisConfig {
+    RedisConfig {
+        deployment: deployment.into(),
+        ..RedisConfig::new(server.url())
+    }
+}
+
+async fn open(server: &RedisServer) -> RedisStore {
+    RedisStore::open(config(server, "t")).await.unwrap()
+}
+
+fn seqs(v: &[ps_core::StoredSample]) -> Vec<u64> {
+    v.iter().map(|s| s.seq).collect()
+}
+
+async fn append_n(store: &RedisStore, prefix: &str, n: usize) -> Vec<u64> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(
+            store
+                .append(&sample(&format!("{prefix}{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn appends_read_redeliver_until_committed_like_the_embedded_store() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = open(&server).await;
+    assert_eq!(store.durability(), &Durability::EveryWrite);
+    assert_eq!(append_n(&store, "s", 5).await, vec![1, 2, 3, 4, 5]);
+
+    let read = store.read(0, 100, "trainer").await.unwrap();
+    assert_eq!(seqs(&read), vec![1, 2, 3, 4, 5]);
+    for (i, item) in read.iter().enumerate() {
+        assert_eq!(item.sample.index, item.seq);
+        assert_eq!(item.sample.group_index, item.seq);
+        assert_eq!(item.sample.session_id, format!("s{i}"));
+        assert_eq!(item.sample.rollout_log_probs, vec![-0.5, -1.25]);
+    }
+    // Delivered but not committed: a trainer restarting from its commit point gets them again.
+    assert_eq!(
+        seqs(&store.read(0, 100, "trainer").await.unwrap()),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert_eq!(
+        seqs(&store.read(2, 2, "trainer").await.unwrap()),
+        vec![3, 4]
+    );
+
+    store.commit(3).await.unwrap();
+    assert_eq!(
+        seqs(&store.read(0, 100, "trainer").await.unwrap()),
+        vec![4, 5]
+    );
+    assert_eq!(
+        store.stats().await.unwrap(),
+        StoreStats {
+            last_seq: 5,
+            committed: 3,
+            stored: 2,
+            lag: 2
+        }
+    );
+    // The commit point never moves back; committing ahead is refused and changes nothing.
+    store.commit(1).await.unwrap();
+    let e = store.commit(9).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RedisStoreError::CommitAhead {
+                through: 9,
+                last_seq: 5
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(store.stats().await.unwrap().committed, 3);
+    assert_eq!(
+        seqs(&store.read(0, 100, "trainer").await.unwrap()),
+        vec![4, 5]
+    );
+}
+
+#[tokio::test]
+async fn a_commit_ahead_of_delivery_skips_the_committed_samples() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = open(&server).await;
+    append_n(&store, "s", 6).await;
+    store.commit(4).await.unwrap();
+    assert_eq!(
+        seqs(&store.read(0, 100, "trainer").await.unwrap()),
+        vec![5, 6]
+    );
+}
+
+#[tokio::test]
+async fn two_replicas_appending_at_once_give_unique_contiguous_seqs_and_no_loss() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let a = open(&server).await;
+    let b = open(&server).await;
+    let n = 150;
+    let (sa, sb) = tokio::join!(
+        async {
+            let mut v = Vec::new();
+            for i in 0..n {
+                v.push(a.append(&sample(&format!("a{i}"))).await.unwrap());
+            }
+            v
+        },
+        async {
+            let mut v = Vec::new();
+            for i in 0..n {
+                v.push(b.append(&sample(&format!("b{i}"))).await.unwrap());
+            }
+            v
+        }
+    );
+    let all: BTreeSet<u64> = sa.iter().chain(&sb).copied().collect();
+    assert_eq!(all, (1..=2 * n as u64).collect());
+    // The trainer drains through either replica, commits, and sees each sample exactly once.
+    let mut tags = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = b.read(after, 64, "trainer").await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        tags.extend(page.into_iter().map(|s| s.sample.session_id));
+        a.commit(after).await.unwrap();
+    }
+    let unique: BTreeSet<&String> = tags.iter().collect();
+    assert_eq!(tags.len(), 2 * n);
+    assert_eq!(unique.len(), 2 * n);
+    assert!(a.read(0, 64, "trainer").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn entries_of_a_dead_consumer_are_reclaimed_by_the_next_one() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut cfg = config(&server, "t");
+    cfg.claim_idle = Duration::from_millis(200);
+    let store = RedisStore::open(cfg).await.unwrap();
+    append_n(&store, "s", 4).await;
+    // Worker 1 takes 1..=3 and dies without committing.
+    assert_eq!(
+        seqs(&store.read(0, 3, "worker-1").await.unwrap()),
+        vec![1, 2, 3]
+    );
+    // Worker 2 right away: only what nobody holds.
+    assert_eq!(seqs(&store.read(0, 10, "worker-2").await.unwrap()), vec![4]);
+    // Once worker 1's entries have been idle long enough, worker 2 gets them.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        seqs(&store.read(0, 10, "worker-2").await.unwrap()),
+        vec![1, 2, 3, 4]
+    );
+    store.commit(4).await.unwrap();
+    assert!(store.read(0, 10, "worker-1").await.unwrap().is_empty());
+    assert!(store.read(0, 10, "worker-2").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn retention_keeps_the_configured_committed_entries_and_never_an_uncommitted_one() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut cfg = config(&server, "t");
+    cfg.retain_committed = 2;
+    let store = RedisStore::open(cfg).await.unwrap();
+    append_n(&store, "s", 10).await;
+    store.commit(6).await.unwrap();
+    let kept = store.read_all(0, 100).await.unwrap();
+    assert_eq!(seqs(&kept), vec![5, 6, 7, 8, 9, 10]);
+    assert_eq!(store.stats().await.unwrap().stored, 6);
+    // Reads give the uncommitted ones only.
+    assert_eq!(
+        seqs(&store.read(0, 100, "trainer").await.unwrap()),
+        vec![7, 8, 9, 10]
+    );
+}
+
+#[tokio::test]
+async fn a_retried_append_whose_answer_was_lost_is_not_stored_twice() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = open(&server).await;
+    let first = store
+        .append_with_token(&sample("x"), "tok-1")
+        .await
+        .unwrap();
+    let again = store
+        .append_with_token(&sample("x"), "tok-1")
+        .await
+        .unwrap();
+    let other = store
+        .append_with_token(&sample("y"), "tok-2")
+        .await
+        .unwrap();
+    assert_eq!((first, again, other), (1, 1, 2));
+    assert_eq!(store.stats().await.unwrap().stored, 2);
+}
+
+#[tokio::test]
+async fn a_long_poll_wakes_when_another_replica_appends() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let reader = open(&server).await;
+    let writer = open(&server).await;
+    assert_eq!(reader.wait_newer(0, Duration::ZERO).await.unwrap(), 0);
+    let appending = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        writer.append(&sample("late")).await.unwrap()
+    });
+    // Bounded by 30 s only so that a broken wake-up fails instead of hanging.
+    let last = reader.wait_newer(0, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(last, appending.await.unwrap());
+}
+
+#[tokio::test]
+async fn a_deleted_stream_gets_its_group_back_and_seqs_are_not_reused() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = open(&server).await;
+    append_n(&store, "s", 2).await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(store.stream_key())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(store.read(0, 10, "trainer").await.unwrap().is_empty());
+    assert_eq!(store.append(&sample("n")).await.unwrap(), 3);
+    assert_eq!(seqs(&store.read(0, 10, "trainer").await.unwrap()), vec![3]);
+}
+
+#[tokio::test]
+async fn pending_turns_are_kept_per_replica_and_taken_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut one = config(&server, "t");
+    one.replica = "one".into();
+    let mut two = config(&server, "t");
+    two.replica = "two".into();
+    let (one, two) = (
+        RedisStore::open(one).await.unwrap(),
+        RedisStore::open(two).await.unwrap(),
+    );
+    let turn = |s: &str, t: u64| ps_core::PendingTurn {
+        turn: ps_core::CapturedTurn {
+            session_id: s.into(),
+            turn: t,
+            arrival_seq: t,
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
+            tools: None,
+            template_kwargs: None,
+            response_message: serde_json::json!({"role": "assistant", "content": "yo"}),
+            prompt_text: "p".into(),
+            response_text: "yo".into(),
+            prompt_is_prefix: true,
+            prompt_ids: vec![1, 2],
+            response_ids: vec![3],
+            alignment: ps_core::Alignment {
+                logprobs: vec![Some(-0.25)],
+                sources: vec![ps_core::PositionSource::Sampled],
+                loss_mask: vec![1],
+                matched_by_ids: true,
+                unmatched_upstream: 0,
+                first_unmatched_upstream: None,
+            },
+            finish_reason: Some("stop".into()),
+            streamed: false,
+        },
+        next: Some(serde_json::json!({"role": "user", "content": "next"})),
+    };
+    assert_eq!(
+        one.save_pending(vec![turn("a", 2), turn("a", 1)])
+            .await
+            .unwrap(),
+        2
+    );
+    assert!(two.take_pending().await.unwrap().is_empty());
+    let taken = one.take_pending().await.unwrap();
+    assert_eq!(taken, vec![turn("a", 1), turn("a", 2)]);
+    assert!(one.take_pending().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unreachable_redis_at_start_is_a_clear_error_naming_the_url_without_its_password() {
+    let port = ps_redis_store::testing::free_port();
+    let mut cfg = RedisConfig::new(format!("redis://user:hunter2@127.0.0.1:{port}"));
+    cfg.timeout = Duration::from_secs(2);
+    let e = RedisStore::open(cfg).await.unwrap_err();
+    let text = e.chain();
+    assert!(matches!(e, RedisStoreError::Unreachable { .. }), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(text.contains("store.redis.url"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+}
+
+#[tokio::test]
+async fn a_redis_restart_mid_run_loses_no_accepted_sample_and_duplicates_none() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let mut cfg = config(&server, "t");
+    cfg.retry_for = Duration::from_secs(60);
+    cfg.timeout = Duration::from_secs(2);
+    let store = RedisStore::open(cfg).await.unwrap();
+    let n = 1000usize;
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            for i in 0..n {
+                let seq = store.append(&sample(&format!("r{i}"))).await.unwrap();
+                accepted.push((seq, format!("r{i}")));
+            }
+            accepted
+        })
+    };
+    // Restart (SIGKILL: only the fsynced append-only file survives) once appends are flowing.
+    while store.stats().await.map(|s| s.last_seq).unwrap_or(0) < 50 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let accepted = writer.await.unwrap();
+    let stored = store.read_all(0, 10_000).await.unwrap();
+    let by_seq: std::collections::BTreeMap<u64, String> = stored
+        .iter()
+        .map(|s| (s.seq, s.sample.session_id.clone()))
+        .collect();
+    // Every accepted append is there under the seq it was given, and nothing else is.
+    for (seq, tag) in &accepted {
+        assert_eq!(by_seq.get(seq), Some(tag), "sample {tag} (seq {seq}) lost");
+    }
+    assert_eq!(stored.len(), n, "duplicates or strays in {by_seq:?}");
+    // The restart did hit appends in flight (else this test proved nothing).
+    assert!(store.append_retries() > 0);
+    drop(server);
+}
