@@ -1,17 +1,22 @@
-//! Check 7: `store.path` and every configured record directory exist (created when missing) and
-//! accept a new file (a probe file is created and removed).
+//! Check 7: the sample store and every configured record directory: `store.path` (embedded store)
+//! and the record directories exist (created when missing) and accept a new file (a probe file is
+//! created and removed); with `store.kind = "redis"`, Redis answers at `store.redis.url` and its
+//! persistence is reported.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use ps_config::Settings;
+use ps_config::{Settings, StoreKind};
 
 use crate::report::Outcome;
 
 /// The directories the server writes, with the key that sets each.
 fn dirs(s: &Settings) -> Vec<(&'static str, PathBuf)> {
     let l = &s.logging;
-    let mut out = vec![("store.path", s.store.path.clone())];
+    let mut out = Vec::new();
+    if s.store.kind == StoreKind::Embedded {
+        out.push(("store.path", s.store.path.clone()));
+    }
     if let Some(d) = l.conversation_records() {
         out.push(("logging.record_dir", d));
     }
@@ -81,11 +86,37 @@ fn run(s: &Settings) -> Outcome {
 
 pub(crate) async fn check(s: &Settings) -> Outcome {
     let owned = s.clone();
-    match tokio::task::spawn_blocking(move || run(&owned)).await {
+    let dirs = match tokio::task::spawn_blocking(move || run(&owned)).await {
         Ok(outcome) => outcome,
         Err(e) => Outcome::fail(
             format!("the directory probe failed: {e}"),
             "check store.path and the logging.*record_dir keys",
+        ),
+    };
+    match (s.store.kind, dirs) {
+        (StoreKind::Redis, Outcome::Ok { detail }) => redis(s, detail).await,
+        (_, dirs) => dirs,
+    }
+}
+
+/// Opens the Redis store as `serve` would; `dirs` is what the directory probe found.
+async fn redis(s: &Settings, dirs: String) -> Outcome {
+    match ps_server::wiring::open_store(s).await {
+        Ok(store) => {
+            let mut detail = store.describe();
+            if let Ok(st) = store.stats().await {
+                detail.push_str(&format!(" (last seq {}, lag {})", st.last_seq, st.lag));
+            }
+            if !dirs.is_empty() {
+                detail.push_str(", ");
+                detail.push_str(&dirs);
+            }
+            Outcome::ok(detail)
+        }
+        Err(e) => Outcome::fail(
+            e.to_string(),
+            "start redis-server, or set store.redis.url to a Redis this machine reaches \
+             (or store.kind = \"embedded\")",
         ),
     }
 }
@@ -110,6 +141,41 @@ mod tests {
                 "logging.opd_record_dir"
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_redis_store_is_probed_instead_of_store_path() {
+        let mut s = Settings::default();
+        s.store.kind = StoreKind::Redis;
+        s.store.path = PathBuf::from("/proc/not-writable");
+        s.store.redis.timeout_sec = 2;
+        s.store.redis.url = format!("redis://127.0.0.1:{}", ps_redis_store::testing::free_port());
+        match check(&s).await {
+            Outcome::Fail { cause, fix } => {
+                assert!(cause.contains("store.redis.url"), "{cause}");
+                assert!(cause.contains(&s.store.redis.url), "{cause}");
+                assert!(fix.contains("store.redis.url"), "{fix}");
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        let Some(redis) = ps_redis_store::testing::TestRedis::shared_or_start() else {
+            return;
+        };
+        s.store.redis.url = redis.url();
+        s.store.redis.deployment = redis.deployment().into();
+        match check(&s).await {
+            Outcome::Ok { detail } => {
+                assert!(
+                    detail.contains(&format!(
+                        "Redis stream ps:{{{}}}:samples",
+                        redis.deployment()
+                    )),
+                    "{detail}"
+                );
+                assert!(!detail.contains("store.path"), "{detail}");
+            }
+            other => panic!("expected ok, got {other:?}"),
+        }
     }
 
     #[test]

@@ -87,3 +87,15 @@ pub const CAPTURE_TRAIN_UNSAMPLED: bool = false;
 pub const STORE_PATH: &str = "./data/samples";
 /// `store.retain_committed`.
 pub const STORE_RETAIN_COMMITTED: u64 = 10_000;
+/// `store.redis.url`.
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// `store.redis.deployment`.
+pub const REDIS_DEPLOYMENT: &str = "default";
+/// `store.redis.group`.
+pub const REDIS_GROUP: &str = "trainer";
+/// `store.redis.claim_idle_sec`.
+pub const REDIS_CLAIM_IDLE_SEC: u64 = 300;
+/// `store.redis.timeout_sec`.
+pub const REDIS_TIMEOUT_SEC: u64 = 5;
+/// `store.redis.retry_for_sec`.
+pub const REDIS_RETRY_FOR_SEC: u64 = 60;

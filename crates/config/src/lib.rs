@@ -33,8 +33,8 @@ pub use ps_core::TurnType;
 pub use redact::REDACTED;
 pub use schema::{
     CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PauseMode,
-    PrmBackend, PrmSettings, ProviderSettings, ServerSettings, Settings, SglangSettings, StoreKind,
-    StoreSettings, TeacherBackend, TeacherSettings,
+    PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings, Settings,
+    SglangSettings, StoreKind, StoreSettings, TeacherBackend, TeacherSettings,
 };
 pub use secret::{
     EnvLookup, LEGACY_CLIENT_KEY_ENV, Secret, process_env, resolve_optional_secret, resolve_secret,

@@ -42,6 +42,13 @@ impl Settings {
                 *url = redact_url(url);
             }
         }
+        if let Some(Value::String(url)) = json
+            .get_mut("store")
+            .and_then(|s| s.get_mut("redis"))
+            .and_then(|r| r.get_mut("url"))
+        {
+            *url = redact_url(url);
+        }
         for (section, name) in VAR_NAME_KEYS {
             if let Some(v) = field(&mut json, section, name)
                 && v.as_str().is_some_and(|s| !is_var_name(s))

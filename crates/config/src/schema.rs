@@ -715,9 +715,59 @@ impl From<CaptureSettings> for AlignPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreKind {
-    /// An embedded on-disk store in `store.path`.
+    /// An embedded on-disk store in `store.path`: one proxy beside one trainer.
     #[default]
     Embedded,
+    /// A Redis stream (`store.redis`): several proxy replicas feeding one trainer.
+    Redis,
+}
+
+impl StoreKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Embedded => "embedded",
+            Self::Redis => "redis",
+        }
+    }
+}
+
+/// `[store.redis]`: the Redis Streams store, used when `store.kind` is `redis`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisStoreSettings {
+    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS). Default
+    /// `redis://127.0.0.1:6379`. Printed with its password redacted.
+    pub url: String,
+    /// Names the stream `ps:{<deployment>}:samples`: every replica feeding one trainer uses the
+    /// same value. Default `default`.
+    pub deployment: String,
+    /// The consumer group trainers read in. Default `trainer`.
+    pub group: String,
+    /// This replica's name, under which its unfinished turns are kept across a restart; must be
+    /// unique per replica. Default: the host name and `server.port` (`gpu-node-3-30000`).
+    pub replica: Option<String>,
+    /// Entries a consumer has left unacknowledged this long are handed to the next consumer that
+    /// pulls (a dead trainer worker loses nothing). Default 300.
+    pub claim_idle_sec: u64,
+    /// Timeout of one Redis command, connecting included. Default 5.
+    pub timeout_sec: u64,
+    /// How long an append keeps retrying while Redis is unreachable (restarting) before the
+    /// session buffer's own retries take over. Default 60.
+    pub retry_for_sec: u64,
+}
+
+impl Default for RedisStoreSettings {
+    fn default() -> Self {
+        Self {
+            url: d::REDIS_URL.into(),
+            deployment: d::REDIS_DEPLOYMENT.into(),
+            group: d::REDIS_GROUP.into(),
+            replica: None,
+            claim_idle_sec: d::REDIS_CLAIM_IDLE_SEC,
+            timeout_sec: d::REDIS_TIMEOUT_SEC,
+            retry_for_sec: d::REDIS_RETRY_FOR_SEC,
+        }
+    }
 }
 
 /// `[store]`: where finished samples are persisted.
@@ -726,11 +776,13 @@ pub enum StoreKind {
 pub struct StoreSettings {
     /// Directory of the store. Default `./data/samples`.
     pub path: PathBuf,
-    /// `embedded` (the only kind so far).
+    /// `embedded` (default) or `redis` (see `store.redis`).
     pub kind: StoreKind,
     /// Committed samples kept before compaction deletes the oldest of them (0: delete as soon as the
     /// trainer commits them). Uncommitted samples are never deleted. Default 10000.
     pub retain_committed: u64,
+    /// The Redis Streams store.
+    pub redis: RedisStoreSettings,
 }
 
 impl Default for StoreSettings {
@@ -739,6 +791,7 @@ impl Default for StoreSettings {
             path: PathBuf::from(d::STORE_PATH),
             kind: StoreKind::default(),
             retain_committed: d::STORE_RETAIN_COMMITTED,
+            redis: RedisStoreSettings::default(),
         }
     }
 }

@@ -26,7 +26,40 @@ impl Settings {
                 "a directory path, not empty",
             );
         }
+        self.check_redis(&mut v);
         ConfigError::from_list(v.errors)
+    }
+
+    fn check_redis(&self, v: &mut Checks) {
+        let r = &self.store.redis;
+        if self.store.kind == crate::schema::StoreKind::Redis {
+            let scheme = url::Url::parse(&r.url).ok().map(|u| u.scheme().to_owned());
+            if !matches!(scheme.as_deref(), Some("redis" | "rediss")) {
+                v.fail(
+                    "store.redis.url",
+                    redact_url(&r.url),
+                    "a redis:// or rediss:// URL, such as \"redis://127.0.0.1:6379\"",
+                );
+            }
+        }
+        let name_ok = |s: &str| {
+            (1..=128).contains(&s.len())
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b':'))
+        };
+        for (key, value) in [
+            ("store.redis.deployment", Some(&r.deployment)),
+            ("store.redis.group", Some(&r.group)),
+            ("store.redis.replica", r.replica.as_ref()),
+        ] {
+            if let Some(value) = value
+                && !name_ok(value)
+            {
+                v.fail(key, value, "1 to 128 of A-Z a-z 0-9 _ . - :");
+            }
+        }
+        v.positive("store.redis.claim_idle_sec", r.claim_idle_sec);
+        v.positive("store.redis.timeout_sec", r.timeout_sec);
     }
 
     fn check_server(&self, v: &mut Checks) {

@@ -342,3 +342,25 @@ fn combine_mode_refuses_top_k_and_a_disabled_prm() {
     );
     assert!(text.contains("prm.enabled = false"), "{text}");
 }
+
+#[test]
+fn redis_store_settings_are_checked_naming_each_key() {
+    let (_, text, _) = load_error(
+        "settings.json",
+        r#"{ "store": { "kind": "redis", "redis": {
+            "url": "http://127.0.0.1:6379", "deployment": "a b", "group": "",
+            "replica": "x{y}", "claim_idle_sec": 0, "timeout_sec": 0 } } }"#,
+    );
+    for key in [
+        "store.redis.url",
+        "store.redis.deployment",
+        "store.redis.group",
+        "store.redis.replica",
+        "store.redis.claim_idle_sec",
+        "store.redis.timeout_sec",
+    ] {
+        assert!(text.contains(key), "{key} missing from: {text}");
+    }
+    let (_, text, _) = load_error("settings.json", r#"{ "store": { "kind": "kafka" } }"#);
+    assert!(text.contains("store.kind"), "{text}");
+}

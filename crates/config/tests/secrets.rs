@@ -166,6 +166,7 @@ fn redacted_json_never_contains_a_literal_secret() {
     s.sglang.chat_url = "http://user:url-password@127.0.0.1:30001/v1/chat/completions".to_owned();
     s.prm.router_url = "http://judge:judge-password@127.0.0.1:30002/generate".to_owned();
     s.teacher.api_key_env = Some("sk-pasted-key-by-mistake".to_owned());
+    s.store.redis.url = "redis://:redis-password@10.0.0.9:6379/1".to_owned();
 
     let printed = s.redacted_json().to_string();
     for secret in [
@@ -173,6 +174,7 @@ fn redacted_json_never_contains_a_literal_secret() {
         "url-password",
         "judge-password",
         "sk-pasted-key-by-mistake",
+        "redis-password",
     ] {
         assert!(!printed.contains(secret), "{secret} leaked: {printed}");
     }
@@ -186,6 +188,10 @@ fn redacted_json_never_contains_a_literal_secret() {
         "http://user:redacted@127.0.0.1:30001/v1/chat/completions"
     );
     assert!(!s.redacted_json_pretty().contains("sk-literal"));
+    assert_eq!(
+        json["store"]["redis"]["url"],
+        "redis://:redacted@10.0.0.9:6379/1"
+    );
 
     // Secrets resolved from the environment never enter the settings at all.
     let env = vec![("TAOTOKEN_API_KEY".to_owned(), "sk-env-secret".to_owned())];

@@ -74,7 +74,7 @@ pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport,
         .map_err(|e| DemoError::Settings(e.to_string()))?;
 
     let no_env = |_: &str| None;
-    let app = ps_server::wiring::build_app(&settings, &no_env, None)?;
+    let app = ps_server::wiring::build_app(&settings, &no_env, None).await?;
     let listener = ps_server::wiring::bind(&settings).await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

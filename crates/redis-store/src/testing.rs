@@ -142,3 +142,52 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// A Redis for a test that does not need to kill it: the one `POLICY_SERVING_REDIS_URL` names
+/// (`.ci/run` starts one on loopback) or else a server of its own. Each value has a deployment name
+/// of its own, so tests sharing one server never see each other's keys.
+#[derive(Debug)]
+pub struct TestRedis {
+    url: String,
+    deployment: String,
+    owned: Option<RedisServer>,
+}
+
+impl TestRedis {
+    /// `None` when there is no shared server and `redis-server` is not installed (see
+    /// [`RedisServer::start`]).
+    pub fn shared_or_start() -> Option<Self> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let deployment = format!("test-{}-{n}-{nanos}", std::process::id());
+        match std::env::var("POLICY_SERVING_REDIS_URL") {
+            Ok(url) if !url.trim().is_empty() => Some(Self {
+                url: url.trim().to_owned(),
+                deployment,
+                owned: None,
+            }),
+            _ => RedisServer::start().map(|server| Self {
+                url: server.url(),
+                deployment,
+                owned: Some(server),
+            }),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// A deployment name no other test uses.
+    pub fn deployment(&self) -> &str {
+        &self.deployment
+    }
+
+    /// The server this value started (none when it uses the shared one).
+    pub fn owned(&self) -> Option<&RedisServer> {
+        self.owned.as_ref()
+    }
+}

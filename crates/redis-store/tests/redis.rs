@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ps_core::sample::{Reward, Sample, SampleStatus};
 use ps_core::{PendingStore, StoreStats};
-use ps_redis_store::testing::RedisServer;
+use ps_redis_store::testing::{RedisServer, TestRedis};
 use ps_redis_store::{Durability, RedisConfig, RedisStore, RedisStoreError};
 
 fn sample(tag: &str) -> Sample {
@@ -26,15 +26,15 @@ fn sample(tag: &str) -> Sample {
     }
 }
 
-fn config(server: &RedisServer, deployment: &str) -> RedisConfig {
+fn config(server: &TestRedis) -> RedisConfig {
     RedisConfig {
-        deployment: deployment.into(),
+        deployment: server.deployment().into(),
         ..RedisConfig::new(server.url())
     }
 }
 
-async fn open(server: &RedisServer) -> RedisStore {
-    RedisStore::open(config(server, "t")).await.unwrap()
+async fn open(server: &TestRedis) -> RedisStore {
+    RedisStore::open(config(server)).await.unwrap()
 }
 
 fn seqs(v: &[ps_core::StoredSample]) -> Vec<u64> {
@@ -56,11 +56,13 @@ async fn append_n(store: &RedisStore, prefix: &str, n: usize) -> Vec<u64> {
 
 #[tokio::test]
 async fn appends_read_redeliver_until_committed_like_the_embedded_store() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
     let store = open(&server).await;
-    assert_eq!(store.durability(), &Durability::EveryWrite);
+    if server.owned().is_some() {
+        assert_eq!(store.durability(), &Durability::EveryWrite);
+    }
     assert_eq!(append_n(&store, "s", 5).await, vec![1, 2, 3, 4, 5]);
 
     let read = store.read(0, 100, "trainer").await.unwrap();
@@ -117,7 +119,7 @@ async fn appends_read_redeliver_until_committed_like_the_embedded_store() {
 
 #[tokio::test]
 async fn a_commit_ahead_of_delivery_skips_the_committed_samples() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
     let store = open(&server).await;
@@ -131,7 +133,7 @@ async fn a_commit_ahead_of_delivery_skips_the_committed_samples() {
 
 #[tokio::test]
 async fn two_replicas_appending_at_once_give_unique_contiguous_seqs_and_no_loss() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
     let a = open(&server).await;
@@ -173,10 +175,10 @@ async fn two_replicas_appending_at_once_give_unique_contiguous_seqs_and_no_loss(
 
 #[tokio::test]
 async fn entries_of_a_dead_consumer_are_reclaimed_by_the_next_one() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
-    let mut cfg = config(&server, "t");
+    let mut cfg = config(&server);
     cfg.claim_idle = Duration::from_millis(200);
     let store = RedisStore::open(cfg).await.unwrap();
     append_n(&store, "s", 4).await;
@@ -200,10 +202,10 @@ async fn entries_of_a_dead_consumer_are_reclaimed_by_the_next_one() {
 
 #[tokio::test]
 async fn retention_keeps_the_configured_committed_entries_and_never_an_uncommitted_one() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
-    let mut cfg = config(&server, "t");
+    let mut cfg = config(&server);
     cfg.retain_committed = 2;
     let store = RedisStore::open(cfg).await.unwrap();
     append_n(&store, "s", 10).await;
@@ -220,7 +222,7 @@ async fn retention_keeps_the_configured_committed_entries_and_never_an_uncommitt
 
 #[tokio::test]
 async fn a_retried_append_whose_answer_was_lost_is_not_stored_twice() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
     let store = open(&server).await;
@@ -242,7 +244,7 @@ async fn a_retried_append_whose_answer_was_lost_is_not_stored_twice() {
 
 #[tokio::test]
 async fn a_long_poll_wakes_when_another_replica_appends() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
     let reader = open(&server).await;
@@ -259,7 +261,7 @@ async fn a_long_poll_wakes_when_another_replica_appends() {
 
 #[tokio::test]
 async fn a_deleted_stream_gets_its_group_back_and_seqs_are_not_reused() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
     let store = open(&server).await;
@@ -278,12 +280,12 @@ async fn a_deleted_stream_gets_its_group_back_and_seqs_are_not_reused() {
 
 #[tokio::test]
 async fn pending_turns_are_kept_per_replica_and_taken_once() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
-    let mut one = config(&server, "t");
+    let mut one = config(&server);
     one.replica = "one".into();
-    let mut two = config(&server, "t");
+    let mut two = config(&server);
     two.replica = "two".into();
     let (one, two) = (
         RedisStore::open(one).await.unwrap(),
@@ -346,7 +348,7 @@ async fn a_redis_restart_mid_run_loses_no_accepted_sample_and_duplicates_none() 
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    let mut cfg = config(&server, "t");
+    let mut cfg = RedisConfig::new(server.url());
     cfg.retry_for = Duration::from_secs(60);
     cfg.timeout = Duration::from_secs(2);
     let store = RedisStore::open(cfg).await.unwrap();

@@ -34,7 +34,9 @@ async fn opd_run(sessions: usize, top_k: usize) -> (f64, u64, u64) {
     s.teacher.max_concurrency = 8;
     s.opd.top_k = top_k;
     s.store.path = dir.path().to_path_buf();
-    let app = ps_server::wiring::build_app(&s, &|_| None, None).unwrap();
+    let app = ps_server::wiring::build_app(&s, &|_| None, None)
+        .await
+        .unwrap();
     let listener = ps_server::wiring::bind(&s).await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

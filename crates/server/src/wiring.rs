@@ -4,17 +4,19 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use ps_chat_template::{ChatTemplateError, ChatTokenizer};
-use ps_config::{ConfigError, EnvLookup, Mode, PrmBackend, Settings, TeacherBackend};
-use ps_core::TurnSink;
+use ps_config::{ConfigError, EnvLookup, Mode, PrmBackend, Settings, StoreKind, TeacherBackend};
+use ps_core::{SampleLog, TurnSink};
 use ps_opd_judge::HintScorer;
 use ps_prm_client::{
     JudgeBackend, JudgeError, PrmScorer, SglangJudge, SglangJudgeConfig, TurnScorer,
 };
 use ps_provider_client::{ProviderClient, ProviderConfig, ProviderError, ProviderJudge};
 use ps_records::{RecordError, RecordOptions, RecordWriter};
+use ps_redis_store::{Durability, RedisConfig, RedisStore};
 use ps_sample_store::{SampleStore, StoreConfig, StoreError};
 use ps_session_buffer::{
     BufferConfig, BufferMode, OpdOptions, OpdParts, RecordSink, SessionBuffer,
@@ -63,6 +65,8 @@ pub enum StartupError {
     Workers(#[source] std::io::Error),
     #[error("cannot open the sample store (check `store.path`): {0}")]
     Store(#[from] StoreError),
+    #[error("cannot open the Redis sample store (store.kind = \"redis\"): {}", .0.chain())]
+    RedisStore(#[from] ps_redis_store::RedisStoreError),
     #[error("cannot set up the PRM judge: {0}")]
     Judge(#[from] JudgeError),
     #[error("cannot start the records writer: {0}")]
@@ -420,7 +424,7 @@ fn buffer_config(settings: &Settings) -> BufferConfig {
 /// Builds the app: checks that every secret variable the settings name is set, loads the tokenizer,
 /// builds the upstream client, opens the sample store, and starts the session buffer (with its PRM
 /// judge and records) and the capture workers feeding it. Must run inside a tokio runtime.
-pub fn build_app(
+pub async fn build_app(
     settings: &Settings,
     env: EnvLookup<'_>,
     metrics: Option<PrometheusHandle>,
@@ -429,10 +433,7 @@ pub fn build_app(
     let tokenizer = tokenizer(settings)?;
     let policy = policy_client(settings, env)?;
     let options = options(settings, env)?;
-    let store = SampleStore::open(StoreConfig {
-        retain_committed: settings.store.retain_committed,
-        ..StoreConfig::new(settings.store.path.clone())
-    })?;
+    let store = open_store(settings).await?;
     let records = Arc::new(Records::start(settings)?);
     let judge = judge_backend(settings, &tokenizer)?;
     let judge_permits = Arc::new(Semaphore::new(settings.prm.max_concurrency.max(1)));
@@ -448,16 +449,16 @@ pub fn build_app(
             &judge_permits,
             &tokenizer,
         )?,
-        Arc::new(store.clone()),
+        store.clone() as Arc<dyn ps_core::SampleSink>,
         (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
     );
-    let buffer = buffer.with_pending_store(Arc::new(store.clone()));
+    let buffer = buffer.with_pending_store(store.clone() as Arc<dyn ps_core::PendingStore>);
     buffer.spawn_sweeper(sweep_every(settings.server.session_timeout()));
     // Turns the previous run persisted at shutdown (unfinished when its grace ran out) resume now.
     {
         let (buffer, store) = (buffer.clone(), store.clone());
         tokio::spawn(async move {
-            match ps_core::PendingStore::take_pending(&store).await {
+            match store.take_pending().await {
                 Ok(turns) if !turns.is_empty() => buffer.resume(turns),
                 Ok(_) => {}
                 Err(e) => {
@@ -480,7 +481,7 @@ pub fn build_app(
     .map(|q| q.with_max_turn_tokens(settings.server.max_turn_tokens))
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
-        store: Arc::new(store),
+        store,
         buffer,
         on_pause: Some(records as Arc<dyn PauseHook>),
     };
@@ -491,6 +492,79 @@ pub fn build_app(
         metrics,
         Some(rollout),
     ))
+}
+
+/// Opens the sample store `store.kind` names.
+pub async fn open_store(settings: &Settings) -> Result<Arc<dyn SampleLog>, StartupError> {
+    match settings.store.kind {
+        StoreKind::Embedded => Ok(Arc::new(SampleStore::open(StoreConfig {
+            retain_committed: settings.store.retain_committed,
+            ..StoreConfig::new(settings.store.path.clone())
+        })?)),
+        StoreKind::Redis => {
+            let r = &settings.store.redis;
+            let store = RedisStore::open(RedisConfig {
+                url: r.url.clone(),
+                deployment: r.deployment.clone(),
+                group: r.group.clone(),
+                replica: r
+                    .replica
+                    .clone()
+                    .unwrap_or_else(|| default_replica(settings.server.port)),
+                retain_committed: settings.store.retain_committed,
+                claim_idle: Duration::from_secs(r.claim_idle_sec),
+                timeout: Duration::from_secs(r.timeout_sec),
+                retry_for: Duration::from_secs(r.retry_for_sec),
+            })
+            .await?;
+            match store.durability() {
+                Durability::EveryWrite => {}
+                Durability::AppendOnly { fsync } => tracing::warn!(
+                    url = %store.url(),
+                    appendfsync = %fsync,
+                    "Redis fsyncs its append-only file less than on every write: a crash of the \
+                     Redis machine may lose the last accepted samples (set appendfsync always)"
+                ),
+                Durability::NoAppendOnly => tracing::warn!(
+                    url = %store.url(),
+                    "Redis runs without an append-only file: a Redis restart loses accepted \
+                     samples (set appendonly yes and appendfsync always)"
+                ),
+                Durability::Unknown => tracing::warn!(
+                    url = %store.url(),
+                    "cannot read Redis's persistence settings (CONFIG GET refused): make sure it \
+                     runs with appendonly yes and appendfsync always"
+                ),
+            }
+            tracing::info!(store = %store.describe(), "sample store: Redis stream");
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// This machine's host name and `port`, as a replica name (`store.redis.replica`'s default).
+fn default_replica(port: u16) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(100)
+        .collect();
+    if host.is_empty() {
+        format!("replica-{port}")
+    } else {
+        format!("{host}-{port}")
+    }
 }
 
 /// Binds `server.host:server.port`.
@@ -521,7 +595,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartupError> {
     let env = ps_config::process_env;
-    let app = build_app(settings, &env, metrics)?;
+    let app = build_app(settings, &env, metrics).await?;
     if settings.server.admin_key_env.is_none() && !is_loopback(&settings.server.host) {
         tracing::warn!(
             host = %settings.server.host,

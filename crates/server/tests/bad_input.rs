@@ -40,7 +40,7 @@ impl Server {
         s.store.path = dir.path().join("store");
         s.logging.record_dir = Some(dir.path().join("records"));
         let env = |_: &str| None;
-        let app = ps_server::wiring::build_app(&s, &env, None).unwrap();
+        let app = ps_server::wiring::build_app(&s, &env, None).await.unwrap();
         let listener = ps_server::wiring::bind(&s).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

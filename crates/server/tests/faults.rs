@@ -23,7 +23,9 @@ struct Server {
 impl Server {
     async fn start(settings: Settings, dir: tempfile::TempDir) -> Self {
         let env = |_: &str| None;
-        let app = ps_server::wiring::build_app(&settings, &env, None).unwrap();
+        let app = ps_server::wiring::build_app(&settings, &env, None)
+            .await
+            .unwrap();
         let listener = ps_server::wiring::bind(&settings).await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -29,7 +29,9 @@ fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
 }
 
 async fn start(settings: &Settings) -> Server {
-    let app = ps_server::wiring::build_app(settings, &|_| None, None).unwrap();
+    let app = ps_server::wiring::build_app(settings, &|_| None, None)
+        .await
+        .unwrap();
     let listener = ps_server::wiring::bind(settings).await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

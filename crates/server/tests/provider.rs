@@ -40,7 +40,9 @@ fn settings(fake: &FakeHandle, provider: &FakeProviderHandle, dir: &Path) -> Set
 async fn start(settings: &Settings, key: &str) -> Server {
     let key = key.to_owned();
     let env = move |name: &str| (name == KEY_VAR).then(|| key.clone());
-    let app = ps_server::wiring::build_app(settings, &env, None).unwrap();
+    let app = ps_server::wiring::build_app(settings, &env, None)
+        .await
+        .unwrap();
     let listener = ps_server::wiring::bind(settings).await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

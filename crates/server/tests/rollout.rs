@@ -36,7 +36,9 @@ async fn start(settings: Settings, fake: FakeHandle) -> Server {
         CLIENT_VAR => Some("client-secret".to_owned()),
         _ => None,
     };
-    let app = ps_server::wiring::build_app(&settings, &env, None).unwrap();
+    let app = ps_server::wiring::build_app(&settings, &env, None)
+        .await
+        .unwrap();
     let listener = ps_server::wiring::bind(&settings).await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
