@@ -83,6 +83,10 @@ class RolloutClient:
     :param admin_key: sent as ``Authorization: Bearer <key>`` (``server.admin_key_env``).
     :param timeout: socket timeout in seconds; a long-poll adds its ``wait_ms`` to it.
     :param use_msgpack: pull pages as MessagePack (default: when ``msgpack`` is installed).
+    :param consumer: this reader's name in the Redis consumer group (``store.kind = "redis"``;
+        default ``trainer``). Several trainer workers pulling under different names get different
+        samples, and a dead worker's samples go to the next one that pulls. Ignored by the
+        embedded store.
     """
 
     def __init__(
@@ -91,8 +95,10 @@ class RolloutClient:
         admin_key: Optional[str] = None,
         timeout: float = 30.0,
         use_msgpack: Optional[bool] = None,
+        consumer: Optional[str] = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.consumer = consumer
         self.admin_key = admin_key
         self.timeout = timeout
         if use_msgpack and msgpack is None:
@@ -160,6 +166,8 @@ class RolloutClient:
         query: Dict[str, Any] = {"after": int(after), "max": int(max), "wait_ms": int(wait_ms)}
         if self.use_msgpack:
             query["format"] = "msgpack"
+        if self.consumer:
+            query["consumer"] = self.consumer
         page = self._request(
             "GET",
             "/v1/rollout/samples",

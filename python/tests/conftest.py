@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -87,7 +88,13 @@ class Proc:
 class Stack:
     """A fake SGLang plus a policy-serving server using it, and helpers to drive them."""
 
-    def __init__(self, tmp: Path, mode: str = "rl", admin_key: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        mode: str = "rl",
+        admin_key: Optional[str] = None,
+        store: str = "embedded",
+    ) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         fport = free_port()
         self.fake = Proc(
@@ -97,6 +104,9 @@ class Stack:
         self.mode = mode
         self.admin_key = admin_key
         self.store = tmp / "store"
+        self.store_kind = store
+        # One stream per stack on the shared Redis (see REDIS_URL).
+        self.deployment = f"py-{os.getpid()}-{next(_DEPLOYMENTS)}-{time.time_ns()}"
         self.server: Optional[Proc] = None
         try:
             self.start_server()
@@ -125,6 +135,15 @@ class Stack:
             "[store]",
             f'path = "{self.store}"',
         ]
+        if self.store_kind == "redis":
+            lines += [
+                'kind = "redis"',
+                "[store.redis]",
+                f'url = "{REDIS_URL}"',
+                f'deployment = "{self.deployment}"',
+                # Fixed, so that a restarted server (on another port) resumes its pending turns.
+                'replica = "py-test"',
+            ]
         if self.mode != "rl":
             lines += ["[teacher]", f'url = "{fake}/generate"', "timeout_sec = 5"]
         cfg = self.tmp / "settings.toml"
@@ -208,9 +227,19 @@ def _fresh_bridges() -> Iterator[None]:
     reset_bridges()
 
 
-@pytest.fixture
-def rl_stack(tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path / "rl", "rl")
+# The Redis server .ci/run starts on loopback; without it the Redis variants skip.
+REDIS_URL = os.environ.get("POLICY_SERVING_REDIS_URL", "").strip()
+_DEPLOYMENTS = itertools.count()
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def rl_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """The RL stack over each store: the trainer side must not see which one is used."""
+    if request.param == "redis" and not REDIS_URL:
+        if os.environ.get("POLICY_SERVING_REQUIRE_REDIS") == "1":
+            raise AssertionError("POLICY_SERVING_REQUIRE_REDIS=1 but POLICY_SERVING_REDIS_URL is unset")
+        pytest.skip("POLICY_SERVING_REDIS_URL is not set (no Redis to test against)")
+    s = Stack(tmp_path / "rl", "rl", store=request.param)
     yield s
     s.stop()
 
