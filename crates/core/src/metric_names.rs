@@ -67,6 +67,9 @@ pub const PENDING_TURNS: &str = "policy_serving_pending_turns";
 pub const STORE_SAMPLES: &str = "policy_serving_store_samples";
 /// Gauge: samples stored but not yet committed by the trainer.
 pub const STORE_LAG_SAMPLES: &str = "policy_serving_store_lag_samples";
+/// Appends to the Redis store that failed (connection lost, Redis restarting or loading, timeout)
+/// and were sent again. A rising count with a flat `samples_submitted_total` means Redis is down.
+pub const STORE_APPEND_RETRIES_TOTAL: &str = "policy_serving_store_append_retries_total";
 /// Gauge: 1 while submission is enabled, 0 while the trainer has paused it.
 pub const SUBMISSION_ENABLED: &str = "policy_serving_submission_enabled";
 /// Time the proxy itself added to a non-streamed request (total minus waiting on the upstream).

@@ -406,6 +406,7 @@ impl RedisStore {
         .when(retryable)
         .notify(|e, wait| {
             self.inner.retries.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(ps_core::metric_names::STORE_APPEND_RETRIES_TOTAL).increment(1);
             tracing::warn!(url = %self.inner.url, error = %e, ?wait, "Redis append failed; retrying");
         })
         .await

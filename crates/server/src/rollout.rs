@@ -241,6 +241,7 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         "turns_dropped": b.turns_dropped,
         "teacher_mismatches": b.teacher_mismatches,
         "mode": r.buffer.mode().as_str(),
+        "store": r.store.describe(),
         "sessions": {"timed_out": b.sessions_timed_out, "evicted": b.sessions_evicted},
     })))
 }

@@ -218,6 +218,8 @@ async fn two_replicas_feed_one_stream_and_the_trainer_gets_each_sample_once() {
         (Some(36), Some(36))
     );
     assert_eq!(st["lag"], 0);
+    let store = st["store"].as_str().unwrap();
+    assert!(store.starts_with("Redis stream ps:{"), "{store}");
 
     let bad = a.get("/v1/rollout/samples?consumer=a%20b").await;
     assert_eq!(bad.status(), 400);
