@@ -242,6 +242,13 @@ async fn a_redis_outage_never_blocks_the_chat_path_and_loses_no_sample() {
     for i in 0..4 {
         a.session(&format!("during{i}"), 2).await;
     }
+    // The trainer, meanwhile, gets a clear error naming the Redis URL, not a hang.
+    let r = a.get("/v1/rollout/samples?after=0").await;
+    assert_eq!(r.status(), 500);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "store_error");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&redis.url()), "{message}");
     let redis = tokio::task::spawn_blocking(move || {
         redis.restart();
         redis
