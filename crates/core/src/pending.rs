@@ -12,6 +12,11 @@ use crate::sink::SinkError;
 pub struct PendingTurn {
     pub turn: CapturedTurn,
     pub next: Option<Value>,
+    /// Whether its session had already submitted an effective sample before the stop, so that
+    /// the at-least-one rule does not keep one more zero-scored turn after the restart. (Absent
+    /// in turns persisted by older versions: false.)
+    #[serde(default)]
+    pub session_had_effective: bool,
 }
 
 /// Durable keeping of pending turns across a restart.

@@ -317,6 +317,7 @@ async fn pending_turns_are_kept_per_replica_and_taken_once() {
             streamed: false,
         },
         next: Some(serde_json::json!({"role": "user", "content": "next"})),
+        session_had_effective: t == 2,
     };
     assert_eq!(
         one.save_pending(vec![turn("a", 2), turn("a", 1)])

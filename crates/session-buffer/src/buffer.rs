@@ -296,6 +296,11 @@ impl SessionBuffer {
             }
             s.origins.clear();
         }
+        for t in &mut out {
+            t.session_had_effective = sessions
+                .get(&t.turn.session_id)
+                .is_some_and(|s| s.has_effective);
+        }
         out.sort_by(|a, b| {
             (&a.turn.session_id, a.turn.turn).cmp(&(&b.turn.session_id, b.turn.turn))
         });
@@ -328,6 +333,7 @@ impl SessionBuffer {
                 if fresh {
                     s.next_submit = lo;
                     s.closing = true;
+                    s.has_effective = turns.iter().any(|t| t.session_had_effective);
                     // Turns between them that were submitted before the restart do not block.
                     for n in lo..=hi {
                         if !numbers.contains(&n) {
@@ -532,6 +538,8 @@ impl SessionBuffer {
                 PendingTurn {
                     turn: job.turn.clone(),
                     next: job.next.clone(),
+                    // Filled in by `take_unfinished`, from the session as it is then.
+                    session_had_effective: false,
                 },
             );
             let this = self.clone();

@@ -488,3 +488,47 @@ async fn turns_unfinished_at_the_shutdown_deadline_are_persisted_and_resumed_in_
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_resumed_session_remembers_it_already_had_an_effective_sample() {
+    let r = rig();
+    let pending = Arc::new(MemPending::default());
+    let buffer = r.buffer.clone().with_pending_store(pending.clone());
+    let t1 = buffer.begin("s", &user("a"), false);
+    buffer.accept(captured("s", t1));
+    let t2 = buffer.begin("s", &user("score:1"), false); // turn 1: effective
+    buffer.accept(captured("s", t2));
+    wait_for("turn 1 submitted", || r.sink.taken().len() == 1).await;
+    let t3 = buffer.begin("s", &user("hold score:0"), true); // turn 2's judge hangs
+    buffer.accept(captured("s", t3));
+    wait_for("turn 2 scoring", || buffer.status().pending.scoring == 1).await;
+    assert!(!buffer.shutdown(Duration::from_millis(200)).await);
+    let saved = pending.0.lock().unwrap().clone();
+    assert_eq!(
+        saved.iter().map(|p| p.turn.turn).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    assert!(saved.iter().all(|p| p.session_had_effective));
+
+    // After the restart, turn 2's zero score is excluded as it would have been without the stop:
+    // the at-least-one guarantee was already met by turn 1.
+    let r2 = rig();
+    r2.buffer.resume(
+        ps_core::PendingStore::take_pending(pending.as_ref())
+            .await
+            .unwrap(),
+    );
+    for _ in 0..2000 {
+        r2.scorer.release.notify_waiters();
+        if r2.sink.taken().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let s = r2.sink.taken();
+    assert_eq!(s.len(), 2);
+    assert_eq!((s[0].turn, s[0].reward.score), (2, 0.0));
+    assert_eq!(s[0].metadata["at_least_one"], false);
+    assert_eq!(s[0].metadata["excluded"], "score_zero");
+    assert!(s[0].loss_mask.iter().all(|b| *b == 0));
+}
