@@ -58,6 +58,8 @@ pub const PROVIDER_MAX_CONCURRENCY: usize = 4;
 pub const PROVIDER_TIMEOUT_SEC: u64 = 90;
 /// `provider.max_retries`.
 pub const PROVIDER_MAX_RETRIES: u32 = 3;
+/// `provider.deadline_sec`.
+pub const PROVIDER_DEADLINE_SEC: u64 = 180;
 
 /// `teacher.max_concurrency`.
 pub const TEACHER_MAX_CONCURRENCY: usize = 3;

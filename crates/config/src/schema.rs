@@ -347,6 +347,9 @@ pub struct ProviderSettings {
     pub timeout_sec: u64,
     /// Retries of a failed call (429, 5xx, time-out), with back-off honouring `Retry-After`. Default 3.
     pub max_retries: u32,
+    /// Bound of one whole call (a judge vote, a hint vote), retries and waits included: a vote
+    /// still unanswered after it fails (and counts as a failed vote). Default 180.
+    pub deadline_sec: u64,
 }
 
 impl Default for ProviderSettings {
@@ -360,6 +363,7 @@ impl Default for ProviderSettings {
             max_concurrency: d::PROVIDER_MAX_CONCURRENCY,
             timeout_sec: d::PROVIDER_TIMEOUT_SEC,
             max_retries: d::PROVIDER_MAX_RETRIES,
+            deadline_sec: d::PROVIDER_DEADLINE_SEC,
         }
     }
 }

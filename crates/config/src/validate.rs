@@ -172,6 +172,7 @@ impl Settings {
         v.var_name("provider.api_key_env", p.api_key_env.as_deref());
         v.positive("provider.max_concurrency", p.max_concurrency as u64);
         v.positive("provider.timeout_sec", p.timeout_sec);
+        v.positive("provider.deadline_sec", p.deadline_sec);
         if self.opd_active() && self.opd.hint_backend == PrmBackend::Provider {
             if p.base_url.is_none() {
                 v.missing(

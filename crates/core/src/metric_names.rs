@@ -53,7 +53,7 @@ pub const PROVIDER_RETRIES_TOTAL: &str = "policy_serving_provider_retries_total"
 /// HTTP 429 answers received from the external provider, labelled `code` (`rate_limit`|`insufficient_quota`).
 pub const PROVIDER_RATE_LIMITED_TOTAL: &str = "policy_serving_provider_rate_limited_total";
 /// External-provider calls that finally failed, labelled `reason` (`429`|`5xx`|`timeout`|`connect`|
-/// `conflict`|`transport`|`unauthorized`|`quota`|`rejected`|`invalid_body`).
+/// `conflict`|`transport`|`unauthorized`|`quota`|`rejected`|`invalid_body`|`deadline`).
 pub const PROVIDER_GIVE_UPS_TOTAL: &str = "policy_serving_provider_give_ups_total";
 /// External-provider answers of HTTP 401 or 403: the key is missing, wrong or not allowed.
 pub const PROVIDER_UNAUTHORIZED_TOTAL: &str = "policy_serving_provider_unauthorized_total";

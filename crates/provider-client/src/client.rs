@@ -32,6 +32,9 @@ pub struct ProviderConfig {
     pub timeout: Duration,
     /// Retries after the first attempt (429, 408, 409, 5xx, time-outs, connection errors).
     pub max_retries: u32,
+    /// Bound of one whole call, attempts, back-off and `Retry-After` waits included; `None`: only
+    /// `timeout` × attempts bounds it.
+    pub deadline: Option<Duration>,
 }
 
 impl fmt::Debug for ProviderConfig {
@@ -44,6 +47,7 @@ impl fmt::Debug for ProviderConfig {
             .field("max_concurrency", &self.max_concurrency)
             .field("timeout", &self.timeout)
             .field("max_retries", &self.max_retries)
+            .field("deadline", &self.deadline)
             .finish()
     }
 }
@@ -184,16 +188,31 @@ impl ProviderClient {
     ) -> Result<ChatAnswer, ProviderError> {
         let body = Self::request_body(model, messages, max_tokens, temperature);
         let started = tokio::time::Instant::now();
-        let mut attempts: u32 = 0;
-        let result = (|| {
-            attempts += 1;
-            self.attempt(&body, model, attempts)
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let call = (|| {
+            let n = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            self.attempt(&body, model, n)
         })
         .retry(policy::backoff(self.config.max_retries))
         .when(|f: &Failure| f.retry_reason().is_some())
         .adjust(|f, backoff| f.next_delay(backoff))
-        .notify(|f, delay| self.note_retry(f, delay, model))
-        .await;
+        .notify(|f, delay| self.note_retry(f, delay, model));
+        let result = match self.config.deadline {
+            None => call.await,
+            Some(deadline) => match tokio::time::timeout(deadline, call).await {
+                Ok(result) => result,
+                Err(_) => {
+                    counter!(PROVIDER_GIVE_UPS_TOTAL, "reason" => "deadline").increment(1);
+                    return Err(ProviderError::Deadline {
+                        name: self.config.name.clone(),
+                        url: self.config.chat_url.clone(),
+                        after: deadline,
+                        attempts: attempts.load(std::sync::atomic::Ordering::Relaxed),
+                    });
+                }
+            },
+        };
+        let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
         match result {
             Ok(answer) => {
                 histogram!(PROVIDER_SECONDS).record(started.elapsed().as_secs_f64());
@@ -463,6 +482,7 @@ mod tests {
             max_concurrency: 2,
             timeout: Duration::from_secs(1),
             max_retries: 1,
+            deadline: None,
         };
         let client = ProviderClient::new(cfg.clone()).unwrap();
         let printed = format!("{client:?} {cfg:?}");
@@ -480,6 +500,7 @@ mod tests {
             max_concurrency: 1,
             timeout: Duration::from_secs(1),
             max_retries: 0,
+            deadline: None,
         };
         for bad in [
             "not a url",

@@ -9,6 +9,8 @@ pub const BASE_URL_KEY: &str = "provider.base_url";
 pub const API_KEY_ENV_KEY: &str = "provider.api_key_env";
 /// Configuration key of the per-call timeout.
 pub const TIMEOUT_KEY: &str = "provider.timeout_sec";
+/// Configuration key of the whole-call deadline.
+pub const DEADLINE_KEY: &str = "provider.deadline_sec";
 
 /// Why a call to the external provider failed.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,15 @@ pub enum ProviderError {
         "provider `{name}` at {url} did not answer within {after:?} after {attempts} attempt(s) (raise `{TIMEOUT_KEY}`)"
     )]
     Timeout {
+        name: String,
+        url: String,
+        after: Duration,
+        attempts: u32,
+    },
+    #[error(
+        "provider `{name}` at {url} gave no usable answer within {after:?} ({attempts} attempt(s), back-off included; raise `{DEADLINE_KEY}`)"
+    )]
+    Deadline {
         name: String,
         url: String,
         after: Duration,

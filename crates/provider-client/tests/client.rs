@@ -34,6 +34,7 @@ fn config(chat_url: String) -> ProviderConfig {
         max_concurrency: 4,
         timeout: Duration::from_secs(30),
         max_retries: 2,
+        deadline: None,
     }
 }
 
@@ -210,6 +211,29 @@ async fn retry_after_ms_and_an_http_date_are_honoured() {
         second > Duration::from_millis(1500) && second <= Duration::from_secs(3),
         "{second:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_gives_up_at_its_deadline_however_many_retries_are_left() {
+    let p = fake().await;
+    p.set_fault(Some(
+        ProviderFault::status(503).with_header("retry-after", "2"),
+    ));
+    let c = client_with(&p, |c| {
+        c.max_retries = 50;
+        c.deadline = Some(Duration::from_secs(5));
+    });
+    let started = tokio::time::Instant::now();
+    let err = ask(&c).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
+    assert!(
+        matches!(err, ProviderError::Deadline { attempts: 3, .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("provider.deadline_sec"), "{text}");
+    assert!(text.contains(&p.chat_url()), "{text}");
+    assert_eq!(p.requests().len(), 3, "at 0 s, 2 s and 4 s");
 }
 
 #[tokio::test]

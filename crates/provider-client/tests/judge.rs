@@ -21,6 +21,7 @@ async fn setup() -> (FakeProviderHandle, ProviderJudge) {
         max_concurrency: 2,
         timeout: Duration::from_secs(5),
         max_retries: 0,
+        deadline: None,
     })
     .unwrap();
     let judge = ProviderJudge::new(Arc::new(client), "judge-m", Some(256), Some(0.6));

@@ -270,6 +270,7 @@ pub fn provider_client(
         max_concurrency: p.max_concurrency.max(1),
         timeout: p.timeout(),
         max_retries: p.max_retries,
+        deadline: Some(std::time::Duration::from_secs(p.deadline_sec)),
     })
     .map_err(|e| StartupError::Provider(Box::new(e)))?;
     Ok(Some(Arc::new(client)))
