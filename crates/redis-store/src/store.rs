@@ -130,6 +130,10 @@ struct Inner {
     tokens: AtomicU64,
     /// Append attempts that failed and were sent again.
     retries: AtomicU64,
+    /// The highest seq an append of this process got: a lower one later means Redis lost its data.
+    highest_seq: AtomicU64,
+    /// Appends that got a seq below `highest_seq`.
+    regressions: AtomicU64,
     append: Script,
     commit: Script,
     take_pending: Script,
@@ -264,6 +268,8 @@ impl RedisStore {
                 durability,
                 tokens: AtomicU64::new(0),
                 retries: AtomicU64::new(0),
+                highest_seq: AtomicU64::new(0),
+                regressions: AtomicU64::new(0),
                 append: Script::new(APPEND),
                 commit: Script::new(COMMIT),
                 take_pending: Script::new(TAKE_PENDING),
@@ -282,6 +288,11 @@ impl RedisStore {
     /// restarting).
     pub fn append_retries(&self) -> u64 {
         self.inner.retries.load(Ordering::Relaxed)
+    }
+
+    /// How many appends got a seq below one this process got before: Redis lost its data.
+    pub fn seq_regressions(&self) -> u64 {
+        self.inner.regressions.load(Ordering::Relaxed)
     }
 
     /// The stream key.
@@ -362,8 +373,25 @@ impl RedisStore {
             source,
         })?;
         let n = self.inner.tokens.fetch_add(1, Ordering::Relaxed);
-        self.append_token(&bytes, &format!("{}:{n}", self.inner.token_base))
-            .await
+        let seq = self
+            .append_token(&bytes, &format!("{}:{n}", self.inner.token_base))
+            .await?;
+        let before = self.inner.highest_seq.fetch_max(seq, Ordering::Relaxed);
+        if seq < before {
+            self.inner.regressions.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(ps_core::metric_names::STORE_SEQ_REGRESSIONS_TOTAL).increment(1);
+            // Seqs only go back when the counter was lost: Redis restarted without its data.
+            tracing::error!(
+                url = %self.inner.url,
+                stream = %self.inner.keys.stream,
+                seq,
+                earlier = before,
+                "Redis handed out a seq below one it gave before: it lost its data (restart \
+                 without appendonly?). Samples accepted before are gone and the trainer's cursor \
+                 is ahead of the new seqs: run Redis with appendonly yes, appendfsync always"
+            );
+        }
+        Ok(seq)
     }
 
     /// An append under a chosen token, as a retry after a lost answer would send it.

@@ -390,3 +390,21 @@ async fn a_redis_restart_mid_run_loses_no_accepted_sample_and_duplicates_none() 
     assert!(store.append_retries() > 0);
     drop(server);
 }
+
+#[tokio::test]
+async fn redis_losing_its_data_is_detected_when_seqs_go_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = RedisStore::open(RedisConfig::new(server.url()))
+        .await
+        .unwrap();
+    append_n(&store, "s", 3).await;
+    assert_eq!(store.seq_regressions(), 0);
+    // What a restart without the append-only file does.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    assert_eq!(store.append(&sample("after")).await.unwrap(), 1);
+    assert_eq!(store.seq_regressions(), 1);
+}
