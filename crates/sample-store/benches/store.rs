@@ -6,7 +6,10 @@
 //! `--appenders N` (default 64), `--max-batch N` (default the store's default), `--rounds N`
 //! (default 3; the disk of a shared machine varies from second to second, so each round runs both
 //! modes and the summary gives medians),
-//! `--dir PATH` (where the stores are created, default a temporary directory).
+//! `--dir PATH` (where the stores are created, default a temporary directory),
+//! `--no-redis` (skip the Redis Streams store; it runs when `redis-server` is installed: a server
+//! of its own on loopback with `appendfsync always`, the same samples and appenders, so the ratio
+//! to the embedded store is measured in the same run).
 //! A filter argument or `--bench`, as cargo passes them, is ignored.
 
 // A benchmark that cannot set itself up should stop with a message.
@@ -16,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use ps_core::SampleLog;
 use ps_core::sample::{Reward, Sample, SampleStatus};
 use ps_sample_store::{DEFAULT_MAX_BATCH, SampleStore, StoreConfig};
 use serde_json::json;
@@ -32,6 +36,7 @@ struct Options {
     max_batch: usize,
     rounds: usize,
     dir: Option<std::path::PathBuf>,
+    redis: bool,
 }
 
 fn options() -> Options {
@@ -42,6 +47,7 @@ fn options() -> Options {
         max_batch: DEFAULT_MAX_BATCH,
         rounds: 3,
         dir: None,
+        redis: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -64,6 +70,7 @@ fn options() -> Options {
             }
             "--rounds" => options.rounds = value("--rounds").parse().expect("--rounds N"),
             "--dir" => options.dir = Some(value("--dir").into()),
+            "--no-redis" => options.redis = false,
             _ => {}
         }
     }
@@ -152,7 +159,7 @@ struct WriteRun {
 /// `appenders` tasks append `total` samples (clones of a few prebuilt ones, so that building
 /// samples is not measured).
 async fn write(
-    store: &SampleStore,
+    store: &Arc<dyn SampleLog>,
     templates: &Arc<Vec<Sample>>,
     total: u64,
     appenders: u64,
@@ -161,7 +168,7 @@ async fn write(
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..appenders {
-        let store = store.clone();
+        let store = Arc::clone(store);
         let next = Arc::clone(&next);
         let templates = Arc::clone(templates);
         tasks.push(tokio::spawn(async move {
@@ -173,7 +180,7 @@ async fn write(
                 }
                 let sample = templates[(n % templates.len() as u64) as usize].clone();
                 let begin = Instant::now();
-                store.append(sample).await.expect("append");
+                store.submit(sample).await.expect("append");
                 latencies.push(begin.elapsed());
             }
         }));
@@ -260,7 +267,8 @@ async fn round(
     // Group commit.
     let dir = root.join("group");
     let store = open(&dir, options.max_batch);
-    let run = write(&store, templates, options.samples, options.appenders).await;
+    let log: Arc<dyn SampleLog> = Arc::new(store.clone());
+    let run = write(&log, templates, options.samples, options.appenders).await;
     report_write(
         &format!("  group commit (max_batch {})", options.max_batch),
         &run,
@@ -302,13 +310,8 @@ async fn round(
     // Baseline: one sample per durable transaction, same appenders.
     let dir = root.join("baseline");
     let store = open(&dir, 1);
-    let run = write(
-        &store,
-        templates,
-        options.baseline_samples,
-        options.appenders,
-    )
-    .await;
+    let log: Arc<dyn SampleLog> = Arc::new(store.clone());
+    let run = write(&log, templates, options.baseline_samples, options.appenders).await;
     report_write(
         "  baseline (one sample per transaction)",
         &run,
@@ -324,6 +327,55 @@ async fn round(
         read: read_rate,
         baseline,
     }
+}
+
+/// The same appends, reads and commit against the Redis Streams store (samples/s of each).
+async fn redis_round(
+    options: &Options,
+    url: &str,
+    deployment: &str,
+    templates: &Arc<Vec<Sample>>,
+    bytes_per_sample: usize,
+    fsync: &str,
+) -> (f64, f64) {
+    let config = ps_redis_store::RedisConfig {
+        deployment: deployment.into(),
+        timeout: Duration::from_secs(30),
+        ..ps_redis_store::RedisConfig::new(url)
+    };
+    let store = ps_redis_store::RedisStore::open(config)
+        .await
+        .expect("open the Redis store");
+    let log: Arc<dyn SampleLog> = Arc::new(store.clone());
+    let run = write(&log, templates, options.samples, options.appenders).await;
+    report_write(
+        &format!("  Redis stream (appendfsync {fsync})"),
+        &run,
+        options.samples,
+        bytes_per_sample,
+    );
+    let write_rate = options.samples as f64 / run.elapsed.as_secs_f64();
+    let start = Instant::now();
+    let (mut after, mut read) = (0, 0u64);
+    loop {
+        let page = log.read(after, READ_PAGE, "bench").await.expect("read");
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        read += page.len() as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(read, options.samples, "every sample read back");
+    println!(
+        "  Redis read (consumer group, pages of {READ_PAGE}): {:.0} samples/s",
+        read as f64 / secs
+    );
+    let start = Instant::now();
+    log.commit(after).await.expect("commit");
+    println!(
+        "  Redis commit (ack + trim) of {read} samples: {:.1} ms",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    (write_rate, read as f64 / secs)
 }
 
 #[tokio::main]
@@ -370,4 +422,49 @@ async fn main() {
         options.rounds,
         group * bytes_per_sample as f64 / 1e6,
     );
+
+    if !options.redis {
+        return;
+    }
+    let Some(server) = ps_redis_store::testing::RedisServer::start() else {
+        println!("Redis: redis-server not installed, skipped");
+        return;
+    };
+    let client = redis::Client::open(server.url()).expect("Redis URL");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to Redis");
+    for fsync in ["always", "everysec"] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg(fsync)
+            .query_async(&mut admin)
+            .await
+            .expect("CONFIG SET appendfsync");
+        let mut writes = Vec::new();
+        let mut reads = Vec::new();
+        for i in 1..=options.rounds {
+            println!("Redis round {i} (appendfsync {fsync}):");
+            let (w, r) = redis_round(
+                &options,
+                &server.url(),
+                &format!("bench-{fsync}-{i}"),
+                &templates,
+                bytes_per_sample,
+                fsync,
+            )
+            .await;
+            writes.push(w);
+            reads.push(r);
+        }
+        let (w, r) = (median(&mut writes), median(&mut reads));
+        println!(
+            "Redis (appendfsync {fsync}), median of {} rounds: write {w:.0} samples/s ({:.2}x the embedded store), read {r:.0} samples/s ({:.2}x)",
+            options.rounds,
+            w / group,
+            r / read,
+        );
+    }
 }
