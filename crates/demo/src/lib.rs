@@ -74,13 +74,8 @@ pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport,
         .map_err(|e| DemoError::Settings(e.to_string()))?;
 
     let no_env = |_: &str| None;
-    let app = ps_server::wiring::build_app(&settings, &no_env, None).await?;
-    let listener = ps_server::wiring::bind(&settings).await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ps_server::serve(listener, app, async {
-        let _ = stop_rx.await;
-    }));
+    let running = ps_server::wiring::spawn(&settings, &no_env, None).await?;
+    let base = running.url().to_owned();
     writeln!(out, "fake SGLang  : {}", fake.base_url())?;
     writeln!(
         out,
@@ -224,10 +219,7 @@ pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport,
             .await?;
         writeln!(out, "\ncommitted through seq {}", last.seq)?;
     }
-    let _ = stop_tx.send(());
-    if let Ok(r) = server.await {
-        r?;
-    }
+    running.stop().await?;
     fake.shutdown().await;
     Ok(DemoReport { replies, samples })
 }

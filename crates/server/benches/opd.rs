@@ -34,15 +34,8 @@ async fn opd_run(sessions: usize, top_k: usize) -> (f64, u64, u64) {
     s.teacher.max_concurrency = 8;
     s.opd.top_k = top_k;
     s.store.path = dir.path().to_path_buf();
-    let app = ps_server::wiring::build_app(&s, &|_| None, None)
-        .await
-        .unwrap();
-    let listener = ps_server::wiring::bind(&s).await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ps_server::serve(listener, app, async {
-        let _ = stopped.await;
-    }));
+    let running = ps_server::wiring::spawn(&s, &|_| None, None).await.unwrap();
+    let base = running.url().to_owned();
     let http = reqwest::Client::new();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -92,8 +85,7 @@ async fn opd_run(sessions: usize, top_k: usize) -> (f64, u64, u64) {
         dropped = st["turns_dropped"].as_u64().unwrap();
     }
     let rate = turns as f64 / started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    running.stop().await.unwrap();
     (rate, submitted, dropped)
 }
 

@@ -568,6 +568,68 @@ fn default_replica(port: u16) -> String {
     }
 }
 
+/// A server serving in a background task ([`spawn`]): its URL, and a graceful stop.
+#[derive(Debug)]
+pub struct Running {
+    addr: SocketAddr,
+    url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<bound address>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Stops it as a signal would (in-flight requests finish; capture, scoring and submission
+    /// drain within `server.shutdown_grace_sec`) and waits until it has.
+    pub async fn stop(self) -> std::io::Result<()> {
+        let _ = self.stop.send(());
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+/// Builds the app from `settings` ([`build_app`]), binds `server.host:server.port` (port 0: a free
+/// one) and serves in a background task: for embedding the proxy in another program, and for tests.
+pub async fn spawn(
+    settings: &Settings,
+    env: EnvLookup<'_>,
+    metrics: Option<PrometheusHandle>,
+) -> Result<Running, StartupError> {
+    let app = build_app(settings, env, metrics).await?;
+    let listener = bind(settings).await?;
+    let addr = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(source) => {
+            return Err(StartupError::Bind {
+                addr: format!("{}:{}", settings.server.host, settings.server.port),
+                source,
+            });
+        }
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(crate::serve(listener, app, async {
+        let _ = stopped.await;
+    }));
+    Ok(Running {
+        addr,
+        url: format!("http://{addr}"),
+        stop,
+        task,
+    })
+}
+
 /// Binds `server.host:server.port`.
 pub async fn bind(settings: &Settings) -> Result<tokio::net::TcpListener, StartupError> {
     let addr = format!("{}:{}", settings.server.host, settings.server.port);

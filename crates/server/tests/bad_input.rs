@@ -22,8 +22,7 @@ struct Server {
     addr: std::net::SocketAddr,
     dir: tempfile::TempDir,
     _fake: FakeHandle,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<ps_server::wiring::Running>,
 }
 
 impl Server {
@@ -40,30 +39,19 @@ impl Server {
         s.store.path = dir.path().join("store");
         s.logging.record_dir = Some(dir.path().join("records"));
         let env = |_: &str| None;
-        let app = ps_server::wiring::build_app(&s, &env, None).await.unwrap();
-        let listener = ps_server::wiring::bind(&s).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            ps_server::serve(listener, app, async {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-        });
+        let running = ps_server::wiring::spawn(&s, &env, None).await.unwrap();
+        let addr = running.addr();
         Self {
-            url: format!("http://{addr}"),
+            url: running.url().to_owned(),
             addr,
             dir,
             _fake: fake,
-            stop: Some(tx),
-            task: Some(task),
+            running: Some(running),
         }
     }
 
     async fn stop(mut self) -> tempfile::TempDir {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap();
+        self.running.take().unwrap().stop().await.unwrap();
         self.dir
     }
 

@@ -16,37 +16,25 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 struct Server {
     url: String,
     _dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<ps_server::wiring::Running>,
 }
 
 impl Server {
     async fn start(settings: Settings, dir: tempfile::TempDir) -> Self {
         let env = |_: &str| None;
-        let app = ps_server::wiring::build_app(&settings, &env, None)
+        let running = ps_server::wiring::spawn(&settings, &env, None)
             .await
             .unwrap();
-        let listener = ps_server::wiring::bind(&settings).await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            ps_server::serve(listener, app, async {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-        });
+        let url = running.url().to_owned();
         Self {
             url,
             _dir: dir,
-            stop: Some(tx),
-            task: Some(task),
+            running: Some(running),
         }
     }
 
     async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap();
+        self.running.take().unwrap().stop().await.unwrap();
     }
 
     async fn status(&self) -> Value {

@@ -10,8 +10,7 @@ use serde_json::{Value, json};
 
 struct Server {
     url: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<ps_server::wiring::Running>,
 }
 
 fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
@@ -29,30 +28,19 @@ fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
 }
 
 async fn start(settings: &Settings) -> Server {
-    let app = ps_server::wiring::build_app(settings, &|_| None, None)
+    let running = ps_server::wiring::spawn(settings, &|_| None, None)
         .await
         .unwrap();
-    let listener = ps_server::wiring::bind(settings).await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        ps_server::serve(listener, app, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
+    let url = running.url().to_owned();
     Server {
         url,
-        stop: Some(tx),
-        task: Some(task),
+        running: Some(running),
     }
 }
 
 impl Server {
     async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap();
+        self.running.take().unwrap().stop().await.unwrap();
     }
 
     async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {

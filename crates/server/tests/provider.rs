@@ -15,8 +15,7 @@ const KEY: &str = "sk-provider-test-93d1";
 
 struct Server {
     url: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<ps_server::wiring::Running>,
 }
 
 fn settings(fake: &FakeHandle, provider: &FakeProviderHandle, dir: &Path) -> Settings {
@@ -40,30 +39,19 @@ fn settings(fake: &FakeHandle, provider: &FakeProviderHandle, dir: &Path) -> Set
 async fn start(settings: &Settings, key: &str) -> Server {
     let key = key.to_owned();
     let env = move |name: &str| (name == KEY_VAR).then(|| key.clone());
-    let app = ps_server::wiring::build_app(settings, &env, None)
+    let running = ps_server::wiring::spawn(settings, &env, None)
         .await
         .unwrap();
-    let listener = ps_server::wiring::bind(settings).await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        ps_server::serve(listener, app, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
+    let url = running.url().to_owned();
     Server {
         url,
-        stop: Some(tx),
-        task: Some(task),
+        running: Some(running),
     }
 }
 
 impl Server {
     async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap();
+        self.running.take().unwrap().stop().await.unwrap();
     }
 
     async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {

@@ -13,8 +13,7 @@ use serde_json::{Value, json};
 
 struct Replica {
     url: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<ps_server::wiring::Running>,
     _dir: tempfile::TempDir,
 }
 
@@ -44,31 +43,20 @@ fn settings(
 
 async fn start(fake: &FakeHandle, redis_url: &str, deployment: &str, replica: &str) -> Replica {
     let (settings, dir) = settings(fake, redis_url, deployment, replica);
-    let app = ps_server::wiring::build_app(&settings, &|_| None, None)
+    let running = ps_server::wiring::spawn(&settings, &|_| None, None)
         .await
         .unwrap();
-    let listener = ps_server::wiring::bind(&settings).await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        ps_server::serve(listener, app, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
+    let url = running.url().to_owned();
     Replica {
         url,
-        stop: Some(tx),
-        task: Some(task),
+        running: Some(running),
         _dir: dir,
     }
 }
 
 impl Replica {
     async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap();
+        self.running.take().unwrap().stop().await.unwrap();
     }
 
     /// A session of `turns` main turns, the last one closing it; every turn's answer must be 200.

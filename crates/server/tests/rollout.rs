@@ -12,8 +12,7 @@ use serde_json::{Value, json};
 struct Server {
     url: String,
     fake: FakeHandle,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<ps_server::wiring::Running>,
 }
 
 fn settings(fake: &FakeHandle, store: &Path) -> Settings {
@@ -36,31 +35,20 @@ async fn start(settings: Settings, fake: FakeHandle) -> Server {
         CLIENT_VAR => Some("client-secret".to_owned()),
         _ => None,
     };
-    let app = ps_server::wiring::build_app(&settings, &env, None)
+    let running = ps_server::wiring::spawn(&settings, &env, None)
         .await
         .unwrap();
-    let listener = ps_server::wiring::bind(&settings).await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        ps_server::serve(listener, app, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
+    let url = running.url().to_owned();
     Server {
         url,
         fake,
-        stop: Some(tx),
-        task: Some(task),
+        running: Some(running),
     }
 }
 
 impl Server {
     async fn stop(mut self) -> FakeHandle {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap();
+        self.running.take().unwrap().stop().await.unwrap();
         self.fake
     }
 
