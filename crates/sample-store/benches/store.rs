@@ -277,33 +277,9 @@ async fn round(
     );
     let group = options.samples as f64 / run.elapsed.as_secs_f64();
 
-    // Reads, in pages as the trainer route pulls them.
-    let start = Instant::now();
-    let mut after = 0;
-    let mut read = 0u64;
-    loop {
-        let page = store.read(after, READ_PAGE).await.expect("read");
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        read += page.len() as u64;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    assert_eq!(read, options.samples, "every sample read back");
-    println!(
-        "  read (pages of {READ_PAGE}): {read} samples in {secs:.2} s = {:.0} samples/s, {:.1} MB/s",
-        read as f64 / secs,
-        read as f64 * bytes_per_sample as f64 / secs / 1e6,
-    );
-    let read_rate = read as f64 / secs;
-
-    // Commit everything: compaction deletes it all (retain_committed 0).
-    let start = Instant::now();
-    store.commit(options.samples).await.expect("commit");
-    println!(
-        "  commit + compaction of {} samples: {:.1} ms",
-        options.samples,
-        start.elapsed().as_secs_f64() * 1e3
-    );
+    // Reads, in pages as the trainer route pulls them; then commit everything: compaction deletes
+    // it all (retain_committed 0).
+    let read_rate = read_and_commit(&log, options.samples, bytes_per_sample, "").await;
     store.close().await.expect("close");
     std::fs::remove_dir_all(&dir).expect("remove store");
 
@@ -355,6 +331,18 @@ async fn redis_round(
         bytes_per_sample,
     );
     let write_rate = options.samples as f64 / run.elapsed.as_secs_f64();
+    let read_rate = read_and_commit(&log, options.samples, bytes_per_sample, "Redis ").await;
+    (write_rate, read_rate)
+}
+
+/// Reads every sample in pages, as the trainer route pulls them, then commits them all; prints
+/// both and returns the read rate (samples/s).
+async fn read_and_commit(
+    log: &Arc<dyn SampleLog>,
+    expected: u64,
+    bytes_per_sample: usize,
+    label: &str,
+) -> f64 {
     let start = Instant::now();
     let (mut after, mut read) = (0, 0u64);
     loop {
@@ -364,18 +352,19 @@ async fn redis_round(
         read += page.len() as u64;
     }
     let secs = start.elapsed().as_secs_f64();
-    assert_eq!(read, options.samples, "every sample read back");
+    assert_eq!(read, expected, "every sample read back");
     println!(
-        "  Redis read (consumer group, pages of {READ_PAGE}): {:.0} samples/s",
-        read as f64 / secs
+        "  {label}read (pages of {READ_PAGE}): {read} samples in {secs:.2} s = {:.0} samples/s, {:.1} MB/s",
+        read as f64 / secs,
+        read as f64 * bytes_per_sample as f64 / secs / 1e6,
     );
     let start = Instant::now();
     log.commit(after).await.expect("commit");
     println!(
-        "  Redis commit (ack + trim) of {read} samples: {:.1} ms",
+        "  {label}commit (+ compaction or trim) of {read} samples: {:.1} ms",
         start.elapsed().as_secs_f64() * 1e3
     );
-    (write_rate, read as f64 / secs)
+    read as f64 / secs
 }
 
 #[tokio::main]
