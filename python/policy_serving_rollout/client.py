@@ -178,8 +178,14 @@ class RolloutClient:
         return list(page.get("samples") or []), int(page.get("last_seq") or 0)
 
     def commit(self, through: int) -> Dict[str, Any]:
-        """Mark every sample with ``seq <= through`` consumed. Returns ``{"committed_seq", "last_seq"}``."""
-        return self._request("POST", "/v1/rollout/commit", body={"through": int(through)})
+        """Mark every sample with ``seq <= through`` consumed. Returns ``{"committed_seq", "last_seq"}``.
+
+        Over Redis, only the samples this client's ``consumer`` was given are acknowledged.
+        """
+        body: Dict[str, Any] = {"through": int(through)}
+        if self.consumer:
+            body["consumer"] = self.consumer
+        return self._request("POST", "/v1/rollout/commit", body=body)
 
     def pause(self) -> Dict[str, Any]:
         """Stop collecting samples (weight update). Returns ``{"submission_enabled": False}``."""

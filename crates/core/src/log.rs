@@ -71,9 +71,10 @@ pub trait SampleLog: SampleSink + PendingStore {
     /// Waits until a sample with `seq > after` exists or `timeout` passed; returns the last seq.
     async fn wait_newer(&self, after: u64, timeout: Duration) -> Result<u64, LogError>;
 
-    /// Records that every sample up to `through` was consumed. Below the commit point: no-op;
-    /// beyond the last seq: [`LogError::CommitAhead`].
-    async fn commit(&self, through: u64) -> Result<(), LogError>;
+    /// Records that every sample up to `through` that `consumer` was given is consumed. The commit
+    /// point never moves back; beyond the last seq: [`LogError::CommitAhead`]. Stores that track
+    /// delivery per reader acknowledge only that consumer's samples; others ignore `consumer`.
+    async fn commit(&self, through: u64, consumer: &str) -> Result<(), LogError>;
 
     /// The current counters.
     async fn stats(&self) -> Result<StoreStats, LogError>;

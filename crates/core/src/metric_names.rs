@@ -70,9 +70,12 @@ pub const STORE_LAG_SAMPLES: &str = "policy_serving_store_lag_samples";
 /// Appends to the Redis store that failed (connection lost, Redis restarting or loading, timeout)
 /// and were sent again. A rising count with a flat `samples_submitted_total` means Redis is down.
 pub const STORE_APPEND_RETRIES_TOTAL: &str = "policy_serving_store_append_retries_total";
-/// Appends to the Redis store that got a seq below an earlier one: Redis lost its data (restarted
-/// without its append-only file). Must stay 0.
-pub const STORE_SEQ_REGRESSIONS_TOTAL: &str = "policy_serving_store_seq_regressions_total";
+/// Appends to the Redis store that found the deployment's mark gone: Redis lost its data (a restart
+/// without its append-only file, a flush, eviction). Must stay 0.
+pub const STORE_DATA_LOSS_TOTAL: &str = "policy_serving_store_data_loss_total";
+/// Stored samples that could not be decoded (written by an incompatible version): set aside in the
+/// Redis store's dead-letter stream and skipped. Must stay 0.
+pub const STORE_UNDECODABLE_TOTAL: &str = "policy_serving_store_undecodable_total";
 /// Gauge: 1 while submission is enabled, 0 while the trainer has paused it.
 pub const SUBMISSION_ENABLED: &str = "policy_serving_submission_enabled";
 /// Time the proxy itself added to a non-streamed request (total minus waiting on the upstream).

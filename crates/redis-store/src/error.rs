@@ -33,6 +33,14 @@ pub enum RedisStoreError {
         #[source]
         source: redis::RedisError,
     },
+    /// An append kept failing for `store.redis.retry_for_sec`.
+    #[error(
+        "Redis at {url} did not accept a sample within {after:?} of retries (raise `store.redis.retry_for_sec`, or check that Redis runs)"
+    )]
+    GaveUp {
+        url: String,
+        after: std::time::Duration,
+    },
     /// Redis answered something this store did not write.
     #[error("Redis at {url}: unexpected answer to {op}: {detail}")]
     Unexpected {

@@ -23,40 +23,107 @@ use redis::{AsyncConnectionConfig, Client, RedisError, RetryMethod, Script, Valu
 
 use crate::{RedisConfig, RedisStoreError};
 
-/// Takes the next seq and adds the entry under it, unless this append's token already got one.
-/// KEYS: stream, counter, token. ARGV: payload, token lifetime (s).
-const APPEND: &str = r"
-local done = redis.call('GET', KEYS[3])
-if done then return tonumber(done) end
-local seq = redis.call('INCR', KEYS[2])
-redis.call('XADD', KEYS[1], string.format('%d-0', seq), 's', ARGV[1])
-redis.call('SET', KEYS[3], seq, 'EX', ARGV[2])
-return seq
-";
+/// Lua shared by the scripts that add entries: `add(stream, counter, field, value...)` adds the
+/// entry under the next seq and only then moves the counter, so a failure writes nothing. When the
+/// counter is behind the stream (it was lost or reset), the seq continues after the stream's last
+/// ID instead of failing.
+macro_rules! lua_add {
+    () => {
+        r"
+local function add(stream, counter, ...)
+  local seq = tonumber(redis.call('GET', counter) or '0') + 1
+  local r = redis.pcall('XADD', stream, string.format('%d-0', seq), ...)
+  if type(r) == 'table' and r.err then
+    local info = redis.call('XINFO', 'STREAM', stream)
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then
+        local top = tonumber(string.match(info[i + 1], '^(%d+)'))
+        if top >= seq then seq = top + 1 end
+      end
+    end
+    redis.call('XADD', stream, string.format('%d-0', seq), ...)
+  end
+  redis.call('SET', counter, string.format('%d', seq))
+  return seq
+end
+"
+    };
+}
 
-/// Acknowledges every pending entry up to `through`, moves the commit point, trims.
-/// KEYS: stream, counter, committed. ARGV: through, group, retain.
+/// Adds the entry under the next seq, unless this append's token already got one. Also tells
+/// whether the deployment's epoch key was missing (Redis lost its data since it was set).
+/// KEYS: stream, counter, token, epoch. ARGV: payload, token lifetime (s), epoch value.
+/// Returns {seq, lost}.
+const APPEND: &str = concat!(
+    lua_add!(),
+    r"
+local done = redis.call('GET', KEYS[3])
+if done then return {tonumber(done), 0} end
+local lost = 0
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  lost = 1
+  redis.call('SET', KEYS[4], ARGV[3])
+end
+local seq = add(KEYS[1], KEYS[2], 's', ARGV[1])
+redis.call('SET', KEYS[3], string.format('%d', seq), 'EX', ARGV[2])
+return {seq, lost}
+"
+);
+
+/// Hands the entries other consumers left pending longer than the idle time to whoever reads next:
+/// each is added again under a new seq (above every cursor) and the old entry acknowledged and
+/// deleted, in one step. KEYS: stream, counter. ARGV: group, this consumer, idle (ms), how many
+/// pending entries to look at. Returns how many were moved.
+const REQUEUE: &str = concat!(
+    lua_add!(),
+    r"
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', tonumber(ARGV[3]), '-', '+', tonumber(ARGV[4]))
+local moved = 0
+for _, e in ipairs(p) do
+  local id, owner = e[1], e[2]
+  if owner ~= ARGV[2] then
+    local entry = redis.call('XRANGE', KEYS[1], id, id)
+    if #entry > 0 then
+      add(KEYS[1], KEYS[2], unpack(entry[1][2]))
+      moved = moved + 1
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], id)
+    redis.call('XDEL', KEYS[1], id)
+  end
+end
+return moved
+"
+);
+
+/// Acknowledges this consumer's pending entries up to `through`, moves the commit point (never
+/// back) and trims below both the retention point and the oldest entry still pending for anyone.
+/// KEYS: stream, counter, committed. ARGV: through, group, retain, consumer.
 /// Returns {1, last} when done, {0, last} when `through` is beyond the last seq.
 const COMMIT: &str = r"
 local last = tonumber(redis.call('GET', KEYS[2]) or '0')
 local through = tonumber(ARGV[1])
 if through > last then return {0, last} end
+local upto = string.format('%d-0', through)
+while true do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[2], '-', upto, 1000, ARGV[4])
+  if #p == 0 then break end
+  local ids = {}
+  for i, e in ipairs(p) do ids[i] = e[1] end
+  redis.call('XACK', KEYS[1], ARGV[2], unpack(ids))
+end
 local committed = tonumber(redis.call('GET', KEYS[3]) or '0')
 if through > committed then
-  local upto = string.format('%d-0', through)
-  while true do
-    local p = redis.call('XPENDING', KEYS[1], ARGV[2], '-', upto, 1000)
-    if #p == 0 then break end
-    local ids = {}
-    for i, e in ipairs(p) do ids[i] = e[1] end
-    redis.call('XACK', KEYS[1], ARGV[2], unpack(ids))
-  end
   redis.call('SET', KEYS[3], string.format('%d', through))
   committed = through
 end
-local retain = tonumber(ARGV[3])
-if committed > retain then
-  redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', committed - retain + 1))
+local floor = committed - tonumber(ARGV[3]) + 1
+local summary = redis.call('XPENDING', KEYS[1], ARGV[2])
+if summary[2] then
+  local lowest = tonumber(string.match(summary[2], '^(%d+)'))
+  if lowest < floor then floor = lowest end
+end
+if floor > 1 then
+  redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', floor))
 end
 return {1, last}
 ";
@@ -68,8 +135,18 @@ redis.call('DEL', KEYS[1])
 return v
 ";
 
-/// How long an append's token is remembered: far beyond any retry.
-const TOKEN_TTL_SECS: u64 = 86_400;
+/// An append's token (a hash of the encoded sample) is remembered this many times `retry_for`,
+/// and at least [`TOKEN_TTL_MIN`]: longer than the store's own retries and the session buffer's
+/// retries of a failed submission together, short enough that the keys stay few (about 180
+/// bytes each).
+const TOKEN_TTL_RETRIES: u32 = 6;
+const TOKEN_TTL_MIN: Duration = Duration::from_secs(600);
+/// How many pending entries one pull looks at for reclaiming.
+const REQUEUE_SCAN: usize = 1000;
+/// Long-polls waiting at once (each holds a Redis connection); more wait for a slot.
+const MAX_LONG_POLLS: usize = 32;
+/// Longest piece of an unexpected Redis answer quoted in an error.
+const QUOTE_CHARS: usize = 300;
 /// Back-off of retried appends.
 const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
@@ -95,6 +172,8 @@ struct Keys {
     committed: String,
     token_prefix: String,
     pending: String,
+    epoch: String,
+    dead_letter: String,
 }
 
 impl Keys {
@@ -106,6 +185,8 @@ impl Keys {
             committed: format!("{base}:committed"),
             token_prefix: format!("{base}:append:"),
             pending: format!("{base}:pending:{}", c.replica),
+            epoch: format!("{base}:epoch"),
+            dead_letter: format!("{base}:undecodable"),
         }
     }
 }
@@ -125,16 +206,18 @@ struct Inner {
     url: String,
     keys: Keys,
     durability: Durability,
-    /// Unique per process start: prefix of this store's append tokens.
-    token_base: String,
-    tokens: AtomicU64,
+    /// `maxmemory-policy` at open (`None`: `CONFIG GET` refused).
+    eviction: Option<String>,
+    /// Unique per process start: the value this store writes to the epoch key.
+    epoch: String,
     /// Append attempts that failed and were sent again.
     retries: AtomicU64,
-    /// The highest seq an append of this process got: a lower one later means Redis lost its data.
-    highest_seq: AtomicU64,
-    /// Appends that got a seq below `highest_seq`.
-    regressions: AtomicU64,
+    /// Appends that found the epoch key missing: Redis lost its data.
+    data_losses: AtomicU64,
+    /// Long-polls in flight, each on a connection of its own: at most [`MAX_LONG_POLLS`].
+    polls: tokio::sync::Semaphore,
     append: Script,
+    requeue: Script,
     commit: Script,
     take_pending: Script,
 }
@@ -146,6 +229,38 @@ impl std::fmt::Debug for RedisStore {
             .field("stream", &self.inner.keys.stream)
             .finish_non_exhaustive()
     }
+}
+
+/// The idempotency token of an append: 128 bits of hash over the encoded sample. Equal bytes are
+/// the same sample, so answering a repeated append with the first one's seq loses nothing.
+fn token(bytes: &[u8]) -> String {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u8| {
+        let mut h = std::hash::DefaultHasher::new();
+        salt.hash(&mut h);
+        bytes.hash(&mut h);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
+}
+
+/// Decodes the sample stored under `seq`, with `index` and `group_index` set to it.
+fn decode(
+    seq: u64,
+    bytes: &[u8],
+    stream: &str,
+    url: &str,
+) -> Result<StoredSample, RedisStoreError> {
+    let mut sample: Sample =
+        rmp_serde::from_slice(bytes).map_err(|source| RedisStoreError::Decode {
+            seq,
+            stream: stream.to_owned(),
+            url: url.to_owned(),
+            source,
+        })?;
+    sample.index = seq;
+    sample.group_index = seq;
+    Ok(StoredSample { seq, sample })
 }
 
 /// The seq of a stream ID `<seq>-0`.
@@ -206,6 +321,15 @@ fn read_reply_entries(reply: &Value) -> Option<Vec<Entry>> {
 /// Whether a failed command may succeed when sent again (connection lost, Redis restarting or
 /// loading its data, timeout).
 fn retryable(e: &RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    // A cluster redirect will not go away by asking the same node again: Redis Cluster is not
+    // supported, and the error says so at once.
+    if matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    ) {
+        return false;
+    }
     e.is_timeout() || !matches!(e.retry_method(), RetryMethod::NoRetry)
 }
 
@@ -248,6 +372,7 @@ impl RedisStore {
             .await
             .map_err(unreachable)?;
         let durability = durability(&mut probe).await;
+        let eviction = config_get(&mut probe, "maxmemory-policy").await;
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -256,26 +381,31 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 client,
                 conn,
-                token_base: format!(
-                    "{}{}:{}:{started}",
-                    keys.token_prefix,
-                    config.replica,
-                    std::process::id()
-                ),
+                epoch: format!("{}:{}:{started}", config.replica, std::process::id()),
                 keys,
                 config,
                 url,
                 durability,
-                tokens: AtomicU64::new(0),
+                eviction,
                 retries: AtomicU64::new(0),
-                highest_seq: AtomicU64::new(0),
-                regressions: AtomicU64::new(0),
+                data_losses: AtomicU64::new(0),
+                polls: tokio::sync::Semaphore::new(MAX_LONG_POLLS),
                 append: Script::new(APPEND),
+                requeue: Script::new(REQUEUE),
                 commit: Script::new(COMMIT),
                 take_pending: Script::new(TAKE_PENDING),
             }),
         };
         store.ensure_group().await?;
+        // The first replica of a deployment marks it; an append that later finds the mark gone
+        // knows Redis lost its data.
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&store.inner.keys.epoch)
+            .arg(&store.inner.epoch)
+            .arg("NX")
+            .query_async(&mut store.conn())
+            .await
+            .map_err(store.failed("mark the deployment"))?;
         Ok(store)
     }
 
@@ -284,15 +414,23 @@ impl RedisStore {
         &self.inner.durability
     }
 
+    /// Redis's `maxmemory-policy` at open (`None`: `CONFIG GET` refused). Anything but
+    /// `noeviction` lets Redis delete the stream, the counter or append tokens under memory
+    /// pressure.
+    pub fn eviction_policy(&self) -> Option<&str> {
+        self.inner.eviction.as_deref()
+    }
+
     /// How many append attempts failed and were sent again since open (connection loss, Redis
     /// restarting).
     pub fn append_retries(&self) -> u64 {
         self.inner.retries.load(Ordering::Relaxed)
     }
 
-    /// How many appends got a seq below one this process got before: Redis lost its data.
-    pub fn seq_regressions(&self) -> u64 {
-        self.inner.regressions.load(Ordering::Relaxed)
+    /// How many appends of this process found that Redis had lost its data (the deployment's mark
+    /// was gone): samples accepted before are lost, and seqs may have started again from 1.
+    pub fn data_losses(&self) -> u64 {
+        self.inner.data_losses.load(Ordering::Relaxed)
     }
 
     /// The stream key.
@@ -365,33 +503,20 @@ impl RedisStore {
     }
 
     /// Stores `sample` and returns its seq once Redis accepted it. Retried across connection loss
-    /// and restarts for up to `retry_for`; a retry never adds a second copy.
+    /// and restarts for up to `retry_for` (wall clock); idempotent: the token is a hash of the
+    /// encoded sample, so a retry of an append that did land, also a retry by the caller, returns
+    /// the seq it already got instead of adding a second copy.
     pub async fn append(&self, sample: &Sample) -> Result<u64, RedisStoreError> {
         let bytes = rmp_serde::to_vec_named(sample).map_err(|source| RedisStoreError::Encode {
             session_id: sample.session_id.clone(),
             turn: sample.turn,
             source,
         })?;
-        let n = self.inner.tokens.fetch_add(1, Ordering::Relaxed);
-        let seq = self
-            .append_token(&bytes, &format!("{}:{n}", self.inner.token_base))
-            .await?;
-        let before = self.inner.highest_seq.fetch_max(seq, Ordering::Relaxed);
-        if seq < before {
-            self.inner.regressions.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(ps_core::metric_names::STORE_SEQ_REGRESSIONS_TOTAL).increment(1);
-            // Seqs only go back when the counter was lost: Redis restarted without its data.
-            tracing::error!(
-                url = %self.inner.url,
-                stream = %self.inner.keys.stream,
-                seq,
-                earlier = before,
-                "Redis handed out a seq below one it gave before: it lost its data (restart \
-                 without appendonly?). Samples accepted before are gone and the trainer's cursor \
-                 is ahead of the new seqs: run Redis with appendonly yes, appendfsync always"
-            );
-        }
-        Ok(seq)
+        self.append_token(
+            &bytes,
+            &format!("{}{}", self.inner.keys.token_prefix, token(&bytes)),
+        )
+        .await
     }
 
     /// An append under a chosen token, as a retry after a lost answer would send it.
@@ -413,37 +538,69 @@ impl RedisStore {
 
     async fn append_token(&self, bytes: &[u8], token: &str) -> Result<u64, RedisStoreError> {
         let keys = &self.inner.keys;
+        let retry_for = self.inner.config.retry_for;
+        let ttl = retry_for
+            .saturating_mul(TOKEN_TTL_RETRIES)
+            .max(TOKEN_TTL_MIN)
+            .as_secs();
         let once = || async {
             self.inner
                 .append
                 .key(&keys.stream)
                 .key(&keys.counter)
                 .key(token)
+                .key(&keys.epoch)
                 .arg(bytes)
-                .arg(TOKEN_TTL_SECS)
-                .invoke_async::<u64>(&mut self.conn())
+                .arg(ttl)
+                .arg(&self.inner.epoch)
+                .invoke_async::<(u64, u8)>(&mut self.conn())
                 .await
         };
-        once.retry(
-            ExponentialBuilder::new()
-                .with_min_delay(RETRY_MIN)
-                .with_max_delay(RETRY_MAX)
-                .without_max_times()
-                .with_total_delay(Some(self.inner.config.retry_for)),
-        )
-        .when(retryable)
-        .notify(|e, wait| {
-            self.inner.retries.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(ps_core::metric_names::STORE_APPEND_RETRIES_TOTAL).increment(1);
-            tracing::warn!(url = %self.inner.url, error = %e, ?wait, "Redis append failed; retrying");
-        })
-        .await
-        .map_err(self.failed("append a sample"))
+        let retried = once
+            .retry(
+                ExponentialBuilder::new()
+                    .with_min_delay(RETRY_MIN)
+                    .with_max_delay(RETRY_MAX)
+                    .with_jitter()
+                    .without_max_times(),
+            )
+            .when(retryable)
+            .notify(|e, wait| {
+                self.inner.retries.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(ps_core::metric_names::STORE_APPEND_RETRIES_TOTAL).increment(1);
+                tracing::warn!(url = %self.inner.url, error = %e, ?wait, "Redis append failed; retrying");
+            });
+        let (seq, lost) = match tokio::time::timeout(retry_for, retried).await {
+            Ok(result) => result.map_err(self.failed("append a sample"))?,
+            Err(_) => {
+                return Err(RedisStoreError::GaveUp {
+                    url: self.inner.url.clone(),
+                    after: retry_for,
+                });
+            }
+        };
+        if lost == 1 {
+            self.inner.data_losses.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(ps_core::metric_names::STORE_DATA_LOSS_TOTAL).increment(1);
+            tracing::error!(
+                url = %self.inner.url,
+                stream = %self.inner.keys.stream,
+                seq,
+                "Redis lost its data (the deployment's mark is gone: a restart without its \
+                 append-only file, a FLUSHALL or eviction). Samples accepted before are gone and \
+                 seqs may have started again below the trainer's cursor: run Redis with \
+                 appendonly yes, appendfsync always and maxmemory-policy noeviction"
+            );
+        }
+        Ok(seq)
     }
 
-    /// Up to `max` uncommitted samples with `seq > after` for `consumer`, ascending: first those
-    /// already delivered to it and not committed, then new ones. Entries other consumers left
-    /// pending longer than `claim_idle` are claimed first.
+    /// Up to `max` uncommitted samples for `consumer`, ascending: first those already delivered
+    /// to it and not committed with `seq > after`, then new ones. Before reading, entries other
+    /// consumers left pending longer than `claim_idle` are added again under new seqs, so that the
+    /// next reader gets them whatever its cursor. A new entry is never held back: one at or below
+    /// `after` (a cursor ahead of the stream) is returned too rather than left delivered but
+    /// unseen.
     pub async fn read(
         &self,
         after: u64,
@@ -465,24 +622,34 @@ impl RedisStore {
     ) -> Result<Vec<StoredSample>, RedisStoreError> {
         let (keys, group) = (&self.inner.keys, &self.inner.config.group);
         let mut conn = self.conn();
+        let moved: u64 = self
+            .inner
+            .requeue
+            .key(&keys.stream)
+            .key(&keys.counter)
+            .arg(group)
+            .arg(consumer)
+            .arg(u64::try_from(self.inner.config.claim_idle.as_millis()).unwrap_or(u64::MAX))
+            .arg(REQUEUE_SCAN)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(self.failed("requeue the entries of idle consumers"))?;
+        if moved > 0 {
+            tracing::warn!(
+                url = %self.inner.url,
+                stream = %keys.stream,
+                moved,
+                consumer,
+                idle = ?self.inner.config.claim_idle,
+                "entries other consumers left unacknowledged were requeued under new seqs"
+            );
+        }
         let committed: Option<u64> = redis::cmd("GET")
             .arg(&keys.committed)
             .query_async(&mut conn)
             .await
             .map_err(self.failed("read the commit point"))?;
         let committed = committed.unwrap_or(0);
-        let _: Value = redis::cmd("XAUTOCLAIM")
-            .arg(&keys.stream)
-            .arg(group)
-            .arg(consumer)
-            .arg(u64::try_from(self.inner.config.claim_idle.as_millis()).unwrap_or(u64::MAX))
-            .arg("0-0")
-            .arg("COUNT")
-            .arg(max)
-            .arg("JUSTID")
-            .query_async(&mut conn)
-            .await
-            .map_err(self.failed("reclaim idle pending entries"))?;
         let group_read = |id: String, count: usize| {
             let mut c = redis::cmd("XREADGROUP");
             c.arg("GROUP")
@@ -495,47 +662,45 @@ impl RedisStore {
                 .arg(id);
             c
         };
+        let mut stale = Vec::new();
+        let mut raw: Vec<(u64, Vec<u8>)> = Vec::new();
         // This consumer's delivered-but-uncommitted entries after `after`.
         let reply: Value = group_read(format!("{after}-0"), max)
             .query_async(&mut conn)
             .await
             .map_err(self.failed("read pending entries"))?;
-        let mut entries = read_reply_entries(&reply)
-            .ok_or_else(|| self.unexpected("XREADGROUP", format!("{reply:?}")))?;
-        let mut stale = Vec::new();
-        let mut out = Vec::with_capacity(entries.len());
-        let take = |entries: &mut Vec<Entry>,
-                    out: &mut Vec<StoredSample>,
-                    stale: &mut Vec<u64>|
-         -> Result<(), RedisStoreError> {
-            for (seq, payload) in entries.drain(..) {
-                match payload {
-                    // Committed (by a commit ahead of delivery) or trimmed: acknowledge, skip.
-                    _ if seq <= committed => stale.push(seq),
-                    None => stale.push(seq),
-                    // Delivered now but at or before the trainer's cursor: it has them.
-                    Some(_) if seq <= after => {}
-                    Some(bytes) => out.push(self.decode(seq, &bytes)?),
-                }
+        let history = self.entries(&reply)?;
+        let history_full = history.len() == max;
+        for (seq, payload) in history {
+            match payload {
+                // Trimmed while pending (only a commit's retention does that): nothing to give.
+                None => stale.push(seq),
+                Some(bytes) => raw.push((seq, bytes)),
             }
-            Ok(())
-        };
-        take(&mut entries, &mut out, &mut stale)?;
-        // Then entries never delivered to anyone (their IDs are above every pending one).
+        }
+        // Then entries never delivered to anyone, unless more history may follow (their IDs are
+        // above every pending one: reading them now would jump the cursor past that history).
         let mut rounds = 0;
-        while out.len() < max && rounds < 8 {
+        while !history_full && raw.len() < max && rounds < 8 {
             rounds += 1;
-            let reply: Value = group_read(">".into(), max - out.len())
+            let reply: Value = group_read(">".into(), max - raw.len())
                 .query_async(&mut conn)
                 .await
                 .map_err(self.failed("read new entries"))?;
-            let mut fresh = read_reply_entries(&reply)
-                .ok_or_else(|| self.unexpected("XREADGROUP", format!("{reply:?}")))?;
+            let fresh = self.entries(&reply)?;
             if fresh.is_empty() {
                 break;
             }
-            take(&mut fresh, &mut out, &mut stale)?;
+            for (seq, payload) in fresh {
+                match payload {
+                    // Committed by a commit ahead of delivery: consumed already.
+                    _ if seq <= committed => stale.push(seq),
+                    None => stale.push(seq),
+                    Some(bytes) => raw.push((seq, bytes)),
+                }
+            }
         }
+        let out = self.decode_all(raw, &mut stale).await?;
         if !stale.is_empty() {
             let mut ack = redis::cmd("XACK");
             ack.arg(&keys.stream).arg(group);
@@ -545,30 +710,90 @@ impl RedisStore {
             let _: u64 = ack
                 .query_async(&mut conn)
                 .await
-                .map_err(self.failed("acknowledge committed entries"))?;
+                .map_err(self.failed("acknowledge consumed entries"))?;
         }
         Ok(out)
     }
 
-    fn decode(&self, seq: u64, bytes: &[u8]) -> Result<StoredSample, RedisStoreError> {
-        let mut sample: Sample =
-            rmp_serde::from_slice(bytes).map_err(|source| RedisStoreError::Decode {
-                seq,
-                stream: self.inner.keys.stream.clone(),
-                url: self.inner.url.clone(),
-                source,
-            })?;
-        sample.index = seq;
-        sample.group_index = seq;
-        Ok(StoredSample { seq, sample })
+    fn entries(&self, reply: &Value) -> Result<Vec<Entry>, RedisStoreError> {
+        read_reply_entries(reply).ok_or_else(|| {
+            let mut quoted = format!("{reply:?}");
+            if quoted.len() > QUOTE_CHARS {
+                let cut = (0..=QUOTE_CHARS)
+                    .rev()
+                    .find(|i| quoted.is_char_boundary(*i))
+                    .unwrap_or(0);
+                quoted.truncate(cut);
+                quoted.push_str("...");
+            }
+            self.unexpected("XREADGROUP", quoted)
+        })
+    }
+
+    /// Decodes the entries on the blocking pool (a page of large samples is milliseconds of CPU),
+    /// ascending. An entry that cannot be decoded (written by an incompatible version) is copied
+    /// to the dead-letter stream `ps:{d}:undecodable`, logged, counted and acknowledged (in
+    /// `stale`), so that it does not block every later pull.
+    async fn decode_all(
+        &self,
+        mut raw: Vec<(u64, Vec<u8>)>,
+        stale: &mut Vec<u64>,
+    ) -> Result<Vec<StoredSample>, RedisStoreError> {
+        raw.sort_by_key(|(seq, _)| *seq);
+        let (stream, url) = (self.inner.keys.stream.clone(), self.inner.url.clone());
+        let decoded = tokio::task::spawn_blocking(move || {
+            raw.into_iter()
+                .map(|(seq, bytes)| match decode(seq, &bytes, &stream, &url) {
+                    Ok(sample) => Ok(sample),
+                    Err(e) => Err((seq, bytes, e)),
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| self.unexpected("decoding a page", e.to_string()))?;
+        let mut out = Vec::with_capacity(decoded.len());
+        for item in decoded {
+            match item {
+                Ok(sample) => out.push(sample),
+                Err((seq, bytes, e)) => {
+                    let _: String = redis::cmd("XADD")
+                        .arg(&self.inner.keys.dead_letter)
+                        .arg("*")
+                        .arg("seq")
+                        .arg(seq)
+                        .arg("s")
+                        .arg(bytes)
+                        .query_async(&mut self.conn())
+                        .await
+                        .map_err(self.failed("set an undecodable entry aside"))?;
+                    metrics::counter!(ps_core::metric_names::STORE_UNDECODABLE_TOTAL).increment(1);
+                    tracing::error!(
+                        error = %e.chain(),
+                        dead_letter = %self.inner.keys.dead_letter,
+                        "a sample could not be decoded (written by an incompatible version?): set \
+                         aside and skipped"
+                    );
+                    stale.push(seq);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Waits until a sample with `seq > after` exists or `timeout` passed; returns the last seq.
     /// Uses its own connection (`XREAD BLOCK` would hold up the shared one).
     pub async fn wait_newer(&self, after: u64, timeout: Duration) -> Result<u64, RedisStoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let last = self.stats().await?.last_seq;
         if last > after || timeout.is_zero() {
             return Ok(last);
+        }
+        let Ok(Ok(_slot)) = tokio::time::timeout(timeout, self.inner.polls.acquire()).await else {
+            return Ok(self.stats().await?.last_seq);
+        };
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if timeout.is_zero() {
+            return Ok(self.stats().await?.last_seq);
         }
         let mut blocking = self
             .inner
@@ -601,7 +826,7 @@ impl RedisStore {
     /// Records that every sample up to `through` was consumed: acknowledges the pending entries up
     /// to it, moves the commit point (never back) and trims to `retain_committed` committed
     /// entries, in one script.
-    pub async fn commit(&self, through: u64) -> Result<(), RedisStoreError> {
+    pub async fn commit(&self, through: u64, consumer: &str) -> Result<(), RedisStoreError> {
         let keys = &self.inner.keys;
         let (done, last_seq): (u8, u64) = self
             .with_group(|| async {
@@ -613,6 +838,7 @@ impl RedisStore {
                     .arg(through)
                     .arg(&self.inner.config.group)
                     .arg(self.inner.config.retain_committed)
+                    .arg(consumer)
                     .invoke_async(&mut self.conn())
                     .await
                     .map_err(self.failed("commit"))
@@ -664,9 +890,19 @@ impl RedisStore {
         entries
             .into_iter()
             .filter_map(|(seq, p)| p.map(|b| (seq, b)))
-            .map(|(seq, b)| self.decode(seq, &b))
+            .map(|(seq, b)| decode(seq, &b, &self.inner.keys.stream, &self.inner.url))
             .collect()
     }
+}
+
+async fn config_get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+    let pairs: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .ok()?;
+    pairs.get(1).cloned()
 }
 
 async fn durability(conn: &mut redis::aio::MultiplexedConnection) -> Durability {
@@ -775,8 +1011,8 @@ impl SampleLog for RedisStore {
         Ok(RedisStore::wait_newer(self, after, timeout).await?)
     }
 
-    async fn commit(&self, through: u64) -> Result<(), LogError> {
-        Ok(RedisStore::commit(self, through).await?)
+    async fn commit(&self, through: u64, consumer: &str) -> Result<(), LogError> {
+        Ok(RedisStore::commit(self, through, consumer).await?)
     }
 
     async fn stats(&self) -> Result<StoreStats, LogError> {

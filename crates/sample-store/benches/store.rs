@@ -178,7 +178,9 @@ async fn write(
                 if n >= total {
                     break latencies;
                 }
-                let sample = templates[(n % templates.len() as u64) as usize].clone();
+                let mut sample = templates[(n % templates.len() as u64) as usize].clone();
+                // Distinct samples: the Redis store recognises a repeated one as a retry.
+                sample.turn = n;
                 let begin = Instant::now();
                 store.submit(sample).await.expect("append");
                 latencies.push(begin.elapsed());
@@ -359,7 +361,7 @@ async fn read_and_commit(
         read as f64 * bytes_per_sample as f64 / secs / 1e6,
     );
     let start = Instant::now();
-    log.commit(after).await.expect("commit");
+    log.commit(after, "bench").await.expect("commit");
     println!(
         "  {label}commit (+ compaction or trim) of {read} samples: {:.1} ms",
         start.elapsed().as_secs_f64() * 1e3

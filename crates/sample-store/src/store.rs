@@ -401,7 +401,7 @@ impl ps_core::SampleLog for SampleStore {
         Ok(SampleStore::wait_newer(self, after, timeout).await)
     }
 
-    async fn commit(&self, through: u64) -> Result<(), LogError> {
+    async fn commit(&self, through: u64, _consumer: &str) -> Result<(), LogError> {
         SampleStore::commit(self, through).await.map_err(into_log)
     }
 

@@ -4,7 +4,7 @@
 //! | route | |
 //! |---|---|
 //! | `GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS[&format=msgpack][&consumer=NAME]` | `{"samples": [{"seq", "sample"}], "last_seq"}`; waits up to `wait_ms` when nothing is newer than `after`; JSON, or MessagePack (named fields) with `format=msgpack` or `Accept: application/msgpack`; `consumer` names the reader in a Redis consumer group (default `trainer`) |
-//! | `POST /v1/rollout/commit` `{"through": SEQ}` | records what the trainer consumed |
+//! | `POST /v1/rollout/commit` `{"through": SEQ[, "consumer": NAME]}` | records what the trainer consumed |
 //! | `POST /v1/rollout/pause`, `POST /v1/rollout/resume` | submission state |
 //! | `GET /v1/rollout/status` | submission state, seqs, pending turns by reason, sessions, eval scores |
 //! | `POST /v1/rollout/eval-scores/drain` | returns and clears the collected PRM scores |
@@ -81,10 +81,29 @@ fn parse_param<T: std::str::FromStr>(
 /// Longest trainer consumer name (`consumer=` of a pull).
 pub const MAX_CONSUMER_LEN: usize = 64;
 
-fn valid_consumer(c: &str) -> bool {
-    (1..=MAX_CONSUMER_LEN).contains(&c.len())
-        && c.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+/// The trainer's consumer name (default [`ps_core::log::DEFAULT_CONSUMER`]), checked.
+fn consumer<'a>(
+    given: Option<&'a str>,
+    code: &'static str,
+    what: &str,
+) -> Result<&'a str, ApiError> {
+    match given {
+        None => Ok(ps_core::log::DEFAULT_CONSUMER),
+        Some(c)
+            if (1..=MAX_CONSUMER_LEN).contains(&c.len())
+                && c.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-')
+                }) =>
+        {
+            Ok(c)
+        }
+        Some(c) => Err(ApiError::invalid(
+            code,
+            format!(
+                "{what} `consumer` = {c:?}: expected 1 to {MAX_CONSUMER_LEN} of A-Z a-z 0-9 _ . : -"
+            ),
+        )),
+    }
 }
 
 /// MessagePack's media type.
@@ -137,24 +156,31 @@ pub async fn samples(
         |w| *w <= MAX_WAIT_MS,
         &format!("milliseconds from 0 to {MAX_WAIT_MS}"),
     )?;
-    let consumer = match q.get("consumer") {
-        None => ps_core::log::DEFAULT_CONSUMER,
-        Some(c) if valid_consumer(c) => c.as_str(),
-        Some(c) => {
-            return Err(ApiError::invalid(
-                "invalid_query",
-                format!(
-                    "query parameter `consumer` = {c:?}: expected 1 to {MAX_CONSUMER_LEN} of A-Z a-z 0-9 _ . : -"
-                ),
-            ));
-        }
-    };
-    if wait_ms > 0 && r.store.stats().await?.last_seq <= after {
-        r.store
+    let consumer = consumer(
+        q.get("consumer").map(String::as_str),
+        "invalid_query",
+        "query parameter",
+    )?;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut last_seq = r.store.stats().await?.last_seq;
+    if wait_ms > 0 && last_seq <= after {
+        last_seq = r
+            .store
             .wait_newer(after, Duration::from_millis(wait_ms))
             .await?;
     }
-    let samples = r.store.read(after, max, consumer).await?;
+    let mut samples = r.store.read(after, max, consumer).await?;
+    // Newer samples exist but went to other consumers (Redis consumer groups): wait for the next
+    // append within what is left of `wait_ms` instead of answering at once (no busy polling).
+    while samples.is_empty() && tokio::time::Instant::now() < deadline {
+        let left = deadline - tokio::time::Instant::now();
+        let newest = r.store.wait_newer(last_seq, left).await?;
+        if newest <= last_seq {
+            break;
+        }
+        last_seq = newest;
+        samples = r.store.read(after, max, consumer).await?;
+    }
     let page = Page {
         samples: &samples,
         last_seq: r.store.stats().await?.last_seq,
@@ -192,7 +218,17 @@ pub async fn commit(
             ),
         )
     })?;
-    r.store.commit(through).await?;
+    let consumer = match v.get("consumer") {
+        None | Some(Value::Null) => consumer(None, "invalid_commit", "field")?,
+        Some(Value::String(c)) => consumer(Some(c), "invalid_commit", "field")?,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "invalid_commit",
+                format!("`consumer` must be a string, got {other}"),
+            ));
+        }
+    };
+    r.store.commit(through, consumer).await?;
     let st = r.store.stats().await?;
     Ok(Json(
         json!({"committed_seq": st.committed, "last_seq": st.last_seq}),

@@ -537,6 +537,15 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn SampleLog>, Start
                      runs with appendonly yes and appendfsync always"
                 ),
             }
+            match store.eviction_policy() {
+                Some("noeviction") | None => {}
+                Some(policy) => tracing::warn!(
+                    url = %store.url(),
+                    maxmemory_policy = policy,
+                    "Redis may evict keys under memory pressure: the stream, its counter or the \
+                     append tokens could go (set maxmemory-policy noeviction)"
+                ),
+            }
             tracing::info!(store = %store.describe(), "sample store: Redis stream");
             Ok(Arc::new(store))
         }

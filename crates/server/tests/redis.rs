@@ -211,6 +211,28 @@ async fn two_replicas_feed_one_stream_and_the_trainer_gets_each_sample_once() {
 
     let bad = a.get("/v1/rollout/samples?consumer=a%20b").await;
     assert_eq!(bad.status(), 400);
+    let bad = reqwest::Client::new()
+        .post(format!("{}/v1/rollout/commit", a.url))
+        .json(&json!({"through": 1, "consumer": 7}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+
+    // Everything is committed and older than the cursor 0: a long-poll waits for the next sample
+    // (it used to answer [] at once, and a trainer looping on it spun against Redis).
+    let url = format!(
+        "{}/v1/rollout/samples?after=0&wait_ms=30000&consumer=late",
+        b.url
+    );
+    let poll = tokio::spawn(async move {
+        let page: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+        page
+    });
+    a.session("late", 1).await;
+    let page = poll.await.unwrap();
+    let got = keys(page["samples"].as_array().unwrap());
+    assert_eq!(got, vec![("late".to_owned(), 1)]);
     a.stop().await;
     b.stop().await;
 }
