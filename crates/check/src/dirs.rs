@@ -99,26 +99,38 @@ pub(crate) async fn check(s: &Settings) -> Outcome {
     }
 }
 
-/// Opens the Redis store as `serve` would; `dirs` is what the directory probe found.
+/// Opens the Redis store as `serve` would and reports how Redis keeps what it accepts; `dirs` is
+/// what the directory probe found.
 async fn redis(s: &Settings, dirs: String) -> Outcome {
-    match ps_server::wiring::open_store(s).await {
-        Ok(store) => {
-            let mut detail = store.describe();
-            if let Ok(st) = store.stats().await {
-                detail.push_str(&format!(" (last seq {}, lag {})", st.last_seq, st.lag));
-            }
-            if !dirs.is_empty() {
-                detail.push_str(", ");
-                detail.push_str(&dirs);
-            }
-            Outcome::ok(detail)
+    use ps_core::SampleLog as _;
+    let store = match ps_redis_store::RedisStore::open(ps_server::wiring::redis_config(s)).await {
+        Ok(store) => store,
+        Err(e) => {
+            return Outcome::fail(
+                e.chain(),
+                "start redis-server, or set store.redis.url to a Redis this machine reaches \
+                 (or store.kind = \"embedded\")",
+            );
         }
-        Err(e) => Outcome::fail(
-            e.to_string(),
-            "start redis-server, or set store.redis.url to a Redis this machine reaches \
-             (or store.kind = \"embedded\")",
-        ),
+    };
+    let risks = ps_server::wiring::redis_risks(&store);
+    if !risks.is_empty() {
+        return Outcome::fail(
+            format!("{}: {}", store.describe(), risks.join("; ")),
+            "configure Redis with appendonly yes, appendfsync always and maxmemory-policy \
+             noeviction (redis.conf, or CONFIG SET then CONFIG REWRITE)",
+        );
     }
+    let mut detail = store.describe();
+    if let Ok(st) = store.stats().await {
+        detail.push_str(&format!(" (last seq {}, lag {})", st.last_seq, st.lag));
+    }
+    detail.push_str(", appendfsync always, noeviction");
+    if !dirs.is_empty() {
+        detail.push_str(", ");
+        detail.push_str(&dirs);
+    }
+    Outcome::ok(detail)
 }
 
 #[cfg(test)]
@@ -175,6 +187,27 @@ mod tests {
                 assert!(!detail.contains("store.path"), "{detail}");
             }
             other => panic!("expected ok, got {other:?}"),
+        }
+        // A Redis that would lose accepted samples fails the check, naming what to set.
+        let Some(server) = ps_redis_store::testing::RedisServer::start() else {
+            return;
+        };
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("allkeys-lru")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        s.store.redis.url = server.url();
+        match check(&s).await {
+            Outcome::Fail { cause, fix } => {
+                assert!(cause.contains("maxmemory-policy allkeys-lru"), "{cause}");
+                assert!(fix.contains("noeviction"), "{fix}");
+            }
+            other => panic!("expected a failure, got {other:?}"),
         }
     }
 

@@ -503,53 +503,63 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn SampleLog>, Start
             ..StoreConfig::new(settings.store.path.clone())
         })?)),
         StoreKind::Redis => {
-            let r = &settings.store.redis;
-            let store = RedisStore::open(RedisConfig {
-                url: r.url.clone(),
-                deployment: r.deployment.clone(),
-                group: r.group.clone(),
-                replica: r
-                    .replica
-                    .clone()
-                    .unwrap_or_else(|| default_replica(settings.server.port)),
-                retain_committed: settings.store.retain_committed,
-                claim_idle: Duration::from_secs(r.claim_idle_sec),
-                timeout: Duration::from_secs(r.timeout_sec),
-                retry_for: Duration::from_secs(r.retry_for_sec),
-            })
-            .await?;
-            match store.durability() {
-                Durability::EveryWrite => {}
-                Durability::AppendOnly { fsync } => tracing::warn!(
-                    url = %store.url(),
-                    appendfsync = %fsync,
-                    "Redis fsyncs its append-only file less than on every write: a crash of the \
-                     Redis machine may lose the last accepted samples (set appendfsync always)"
-                ),
-                Durability::NoAppendOnly => tracing::warn!(
-                    url = %store.url(),
-                    "Redis runs without an append-only file: a Redis restart loses accepted \
-                     samples (set appendonly yes and appendfsync always)"
-                ),
-                Durability::Unknown => tracing::warn!(
-                    url = %store.url(),
-                    "cannot read Redis's persistence settings (CONFIG GET refused): make sure it \
-                     runs with appendonly yes and appendfsync always"
-                ),
-            }
-            match store.eviction_policy() {
-                Some("noeviction") | None => {}
-                Some(policy) => tracing::warn!(
-                    url = %store.url(),
-                    maxmemory_policy = policy,
-                    "Redis may evict keys under memory pressure: the stream, its counter or the \
-                     append tokens could go (set maxmemory-policy noeviction)"
-                ),
+            let store = RedisStore::open(redis_config(settings)).await?;
+            for risk in redis_risks(&store) {
+                tracing::warn!(url = %store.url(), "{risk}");
             }
             tracing::info!(store = %store.describe(), "sample store: Redis stream");
             Ok(Arc::new(store))
         }
     }
+}
+
+/// The Redis store's config from `[store.redis]` (and `store.retain_committed`).
+pub fn redis_config(settings: &Settings) -> RedisConfig {
+    let r = &settings.store.redis;
+    RedisConfig {
+        url: r.url.clone(),
+        deployment: r.deployment.clone(),
+        group: r.group.clone(),
+        replica: r
+            .replica
+            .clone()
+            .unwrap_or_else(|| default_replica(settings.server.port)),
+        retain_committed: settings.store.retain_committed,
+        claim_idle: Duration::from_secs(r.claim_idle_sec),
+        timeout: Duration::from_secs(r.timeout_sec),
+        retry_for: Duration::from_secs(r.retry_for_sec),
+    }
+}
+
+/// How Redis may lose accepted samples, one sentence each naming what to set (empty: it keeps
+/// them as the embedded store would). `serve` logs them; `policy-serving check` reports them.
+pub fn redis_risks(store: &RedisStore) -> Vec<String> {
+    let mut risks = Vec::new();
+    match store.durability() {
+        Durability::EveryWrite => {}
+        Durability::AppendOnly { fsync } => risks.push(format!(
+            "Redis fsyncs its append-only file less than on every write (appendfsync {fsync}): a \
+             crash of the Redis machine may lose the last accepted samples (set appendfsync always)"
+        )),
+        Durability::NoAppendOnly => risks.push(
+            "Redis runs without an append-only file: a Redis restart loses accepted samples (set \
+             appendonly yes and appendfsync always)"
+                .to_owned(),
+        ),
+        Durability::Unknown => risks.push(
+            "cannot read Redis's persistence settings (CONFIG GET refused): make sure it runs \
+             with appendonly yes, appendfsync always and maxmemory-policy noeviction"
+                .to_owned(),
+        ),
+    }
+    match store.eviction_policy() {
+        Some("noeviction") | None => {}
+        Some(policy) => risks.push(format!(
+            "Redis may evict keys under memory pressure (maxmemory-policy {policy}): the stream, \
+             its counter or the append tokens could go (set maxmemory-policy noeviction)"
+        )),
+    }
+    risks
 }
 
 /// This machine's host name and `port`, as a replica name (`store.redis.replica`'s default).
