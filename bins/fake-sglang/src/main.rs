@@ -38,6 +38,9 @@ struct Args {
     /// Answer without reasoning_content (no <think> block).
     #[arg(long)]
     no_reasoning: bool,
+    /// Keep only this many recorded requests (memory stays flat over long benchmark runs).
+    #[arg(long, default_value_t = 1000)]
+    record_limit: usize,
     /// Fault applied to every request: refuse, delay:MS, status:CODE[:BODY], garbage, cut:N, error:N.
     #[arg(long)]
     fault: Option<Fault>,
@@ -67,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         .token_delay(Duration::from_millis(args.token_delay_ms))
         .api_key(args.api_key)
         .reasoning(!args.no_reasoning)
+        .record_limit(args.record_limit)
         .serve(listener)
         .await
         .context("cannot start the server")?;

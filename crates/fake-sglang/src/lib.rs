@@ -103,6 +103,7 @@ pub struct FakeBuilder {
     token_delay: Duration,
     api_key: Option<String>,
     reasoning: bool,
+    record_limit: Option<usize>,
 }
 
 impl Default for FakeBuilder {
@@ -114,6 +115,7 @@ impl Default for FakeBuilder {
             token_delay: Duration::ZERO,
             api_key: None,
             reasoning: true,
+            record_limit: None,
         }
     }
 }
@@ -167,6 +169,13 @@ impl FakeBuilder {
         self
     }
 
+    /// Keep only the `n` most recent recorded requests. Tests keep them all (the default); a
+    /// long-running standalone fake (benchmarks) would otherwise grow by every request it answered.
+    pub fn record_limit(mut self, n: usize) -> Self {
+        self.record_limit = Some(n);
+        self
+    }
+
     /// The state to serve with [`router`].
     pub fn build(self) -> FakeState {
         FakeState::new(Config {
@@ -178,6 +187,7 @@ impl FakeBuilder {
             token_delay: self.token_delay,
             api_key: self.api_key,
             reasoning: self.reasoning,
+            record_limit: self.record_limit,
         })
     }
 

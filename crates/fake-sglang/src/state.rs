@@ -36,6 +36,8 @@ pub(crate) struct Config {
     pub token_delay: Duration,
     pub api_key: Option<String>,
     pub reasoning: bool,
+    /// Keep at most this many recorded requests (the most recent); `None`: all.
+    pub record_limit: Option<usize>,
 }
 
 #[derive(Default)]
@@ -46,7 +48,7 @@ struct FaultSlots {
 
 struct Inner {
     config: Config,
-    requests: Mutex<Vec<RecordedRequest>>,
+    requests: Mutex<VecDeque<RecordedRequest>>,
     recorded: watch::Sender<usize>,
     faults: Mutex<FaultSlots>,
     /// `true` while held.
@@ -82,7 +84,7 @@ impl FakeState {
         Self {
             inner: Arc::new(Inner {
                 config,
-                requests: Mutex::new(Vec::new()),
+                requests: Mutex::new(VecDeque::new()),
                 recorded: watch::Sender::new(0),
                 faults: Mutex::new(FaultSlots::default()),
                 gate: watch::Sender::new(false),
@@ -107,9 +109,10 @@ impl FakeState {
         &self.inner.config.tokenizer
     }
 
-    /// Every recorded chat-completions, completions and `/generate` request, oldest first.
+    /// Every recorded chat-completions, completions and `/generate` request, oldest first (with a
+    /// record limit, only the most recent ones).
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        lock(&self.inner.requests).clone()
+        lock(&self.inner.requests).iter().cloned().collect()
     }
 
     /// Forgets the recorded requests.
@@ -118,7 +121,8 @@ impl FakeState {
         self.inner.recorded.send_replace(0);
     }
 
-    /// Waits until at least `n` requests are recorded (since the last [`Self::clear_requests`]).
+    /// Waits until at least `n` requests were recorded since the last [`Self::clear_requests`]
+    /// (counting those a record limit has dropped since).
     pub async fn wait_for_requests(&self, n: usize) {
         let mut rx = self.inner.recorded.subscribe();
         let _ = rx.wait_for(|c| *c >= n).await;
@@ -163,13 +167,18 @@ impl FakeState {
 
     pub(crate) fn record(&self, method: &str, path: &str, headers: &HeaderMap, body: Value) {
         let mut requests = lock(&self.inner.requests);
-        requests.push(RecordedRequest {
+        requests.push_back(RecordedRequest {
             method: method.to_owned(),
             path: path.to_owned(),
             body,
             headers: headers.clone(),
         });
-        self.inner.recorded.send_replace(requests.len());
+        if let Some(limit) = self.inner.config.record_limit {
+            while requests.len() > limit {
+                requests.pop_front();
+            }
+        }
+        self.inner.recorded.send_modify(|n| *n += 1);
     }
 
     pub(crate) fn enter(&self) -> InFlightGuard {

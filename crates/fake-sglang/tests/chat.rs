@@ -511,3 +511,29 @@ async fn return_meta_info_carries_exact_ids() {
         body["usage"]["completion_tokens"]
     );
 }
+
+#[tokio::test]
+async fn a_record_limit_keeps_only_the_most_recent_requests() {
+    let fake = FakeSglang::builder()
+        .record_limit(2)
+        .spawn()
+        .await
+        .expect("spawn fake");
+    for text in ["one", "two", "three"] {
+        let r = chat(&fake, json!({"messages": [user(text)]})).await;
+        assert_eq!(r.status(), 200);
+    }
+    // Counted all three, kept the last two.
+    fake.wait_for_requests(3).await;
+    let kept: Vec<String> = fake
+        .requests()
+        .iter()
+        .map(|r| {
+            r.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(kept, vec!["two", "three"]);
+}
