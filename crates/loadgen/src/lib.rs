@@ -15,14 +15,20 @@
 mod children;
 pub mod procfs;
 mod report;
+pub mod soak;
 pub mod stats;
+pub mod trainer;
 pub mod workload;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use children::ProxyOptions;
-pub use report::{Config, CpuPerRequest, Machine, PhaseReport, ProxyReport, Report, TargetCheck};
+pub use report::{
+    Config, CpuPerRequest, Machine, MemoryReport, PhaseReport, ProxyReport, Report, RssPoint,
+    SoakReport, TargetCheck,
+};
+pub use soak::{SessionClose, SoakConfig};
 
 use children::ChildGuard;
 use procfs::Proc;
@@ -104,6 +110,10 @@ pub enum LoadgenError {
         errors: usize,
         first: String,
     },
+    #[error("the proxy's {what}: {detail}")]
+    Rollout { what: &'static str, detail: String },
+    #[error("the time bound (--max-seconds) passed while {0}")]
+    TimeBound(&'static str),
 }
 
 /// The processes whose CPU time a phase accounts for.
