@@ -22,6 +22,6 @@ mod store;
 pub use channel::{ChannelSink, channel_sink};
 pub use error::StoreError;
 pub use store::{
-    DB_FILE_NAME, DEFAULT_MAX_BATCH, DEFAULT_RETAIN_COMMITTED, SampleStore, StoreConfig,
-    StoreStats, StoredSample,
+    DB_FILE_NAME, DEFAULT_CACHE_BYTES, DEFAULT_MAX_BATCH, DEFAULT_RETAIN_COMMITTED, SampleStore,
+    StoreConfig, StoreStats, StoredSample,
 };
