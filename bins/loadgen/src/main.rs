@@ -103,8 +103,8 @@ struct SoakArgs {
     /// End sessions by the proxy's idle timeout of this many seconds instead of `X-Session-Done`.
     #[arg(long, value_name = "SECONDS")]
     session_timeout: Option<u64>,
-    /// The proxy's `prm.max_concurrency` (default: 3 votes x the concurrency, so that the judge
-    /// keeps up; with the proxy's own default of 64 the turns waiting for it pile up).
+    /// The proxy's `prm.max_concurrency` (default: 4 x the concurrency, so that the judge, 3 votes
+    /// per turn, keeps up; with the proxy's own default of 64 the turns waiting for it pile up).
     #[arg(long)]
     prm_concurrency: Option<usize>,
     /// The proxy's `store.retain_committed` (default: the proxy's default).
@@ -204,7 +204,7 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
             }),
         prm_max_concurrency: Some(
             args.prm_concurrency
-                .unwrap_or(soak::PRM_VOTES * args.concurrency),
+                .unwrap_or(soak::JUDGE_SLOTS_PER_SESSION * args.concurrency),
         ),
         fake_latency: Duration::from_millis(c.fake_latency_ms),
         retain_committed: args.retain_committed,

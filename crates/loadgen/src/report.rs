@@ -386,6 +386,10 @@ pub struct MemoryReport {
     pub end_minus_baseline_kib: i64,
     /// The reading at each tenth of the soak's turns.
     pub deciles: Vec<RssPoint>,
+    /// Least-squares slope of RSS over turns answered, in KiB per 1,000 turns, over the readings
+    /// of the second half of the soak's turns (before its last answer): ~0 once memory has
+    /// reached its plateau, positive while it still grows with the work done.
+    pub second_half_kib_per_1000_turns: Option<f64>,
     /// Every reading.
     pub series: Vec<RssPoint>,
 }
@@ -408,6 +412,7 @@ impl MemoryReport {
             end_over_baseline: end_kib as f64 / baseline_kib.max(1) as f64,
             end_minus_baseline_kib: end_kib as i64 - baseline_kib as i64,
             deciles: deciles(&series, total),
+            second_half_kib_per_1000_turns: second_half_slope(&series, total).map(|s| s * 1000.0),
             series,
         }
     }
@@ -425,6 +430,29 @@ pub fn deciles(series: &[RssPoint], total: usize) -> Vec<RssPoint> {
             series.iter().find(|p| p.turns >= want).copied()
         })
         .collect()
+}
+
+/// The least-squares slope (KiB per turn) of the readings taken while the second half of `total`
+/// turns was being answered (from `total / 2` turns up to the first reading at `total`); `None`
+/// with fewer than 3 such readings or no spread in turns.
+pub fn second_half_slope(series: &[RssPoint], total: usize) -> Option<f64> {
+    let end = series.iter().position(|p| p.turns >= total)?;
+    let half = series[..=end]
+        .iter()
+        .filter(|p| 2 * p.turns >= total)
+        .map(|p| (p.turns as f64, p.rss_kib as f64))
+        .collect::<Vec<_>>();
+    if half.len() < 3 {
+        return None;
+    }
+    let n = half.len() as f64;
+    let (mx, my) = (
+        half.iter().map(|p| p.0).sum::<f64>() / n,
+        half.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxx: f64 = half.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = half.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
 }
 
 /// The soak's report.
@@ -648,6 +676,11 @@ impl SoakReport {
                 .collect();
             let _ = writeln!(out, "RSS by turns answered: {}", row.join(", "));
         }
+        let _ = writeln!(
+            out,
+            "RSS slope over the second half of the soak: {} KiB per 1,000 turns",
+            opt(m.second_half_kib_per_1000_turns)
+        );
         let _ = writeln!(out, "\ntargets:");
         for t in &self.targets {
             let verdict = match t.pass {
@@ -701,6 +734,28 @@ mod tests {
             [450, 450, 450, 450, 700, 700, 700]
         );
         assert!(deciles(&sparse, 0).is_empty());
+    }
+
+    #[test]
+    fn the_second_half_slope_sees_growth_and_ignores_the_drain() {
+        // 2 KiB per turn in the first half, flat in the second; readings after the last answer
+        // (the drain, same turn count) do not count.
+        let mut series: Vec<RssPoint> = (0..=10)
+            .map(|k| point(k * 100, 100_000 + 2 * (k.min(5) * 100) as u64))
+            .collect();
+        series.push(point(1000, 50_000));
+        let flat = second_half_slope(&series, 1000).unwrap();
+        assert!(flat.abs() < 1e-9, "{flat}");
+        let growing: Vec<RssPoint> = (0..=10)
+            .map(|k| point(k * 100, 5 * (k * 100) as u64))
+            .collect();
+        assert!((second_half_slope(&growing, 1000).unwrap() - 5.0).abs() < 1e-9);
+        // Too few readings, or a series that never reaches the total.
+        assert_eq!(second_half_slope(&growing[..7], 1000), None);
+        assert_eq!(
+            second_half_slope(&[point(500, 1), point(1000, 2)], 1000),
+            None
+        );
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub const DEFAULT_SEED: u64 = 1;
 pub const DEFAULT_CONCURRENCY: usize = 64;
 /// The proxy's `prm.num_votes` (its default, which the soak keeps): judge calls per scored turn.
 pub const PRM_VOTES: usize = 3;
+/// Default judge slots (`prm.max_concurrency`) per session in flight: a turn needs [`PRM_VOTES`]
+/// judge calls, each as slow as a chat answer from the same fake, plus headroom.
+pub const JUDGE_SLOTS_PER_SESSION: usize = PRM_VOTES + 1;
 pub const DEFAULT_DIRECT_SESSIONS: usize = 1_000;
 pub const DEFAULT_TRAINER_PAGE: usize = 256;
 pub const DEFAULT_TRAINER_WAIT: Duration = Duration::from_millis(500);
