@@ -329,6 +329,9 @@ impl Report {
 /// The soak's memory target: the proxy's RSS at the end, once every session is flushed and every
 /// sample committed, at most this multiple of the baseline taken after the warm-up.
 pub const TARGET_END_RSS_RATIO: f64 = 1.10;
+/// And its RSS must not keep growing with the work: the slope over the second half of the soak
+/// below 1 KiB per turn (the unfixed proxy grew by 12-43 KiB per turn).
+pub const TARGET_SLOPE_KIB_PER_1000_TURNS: f64 = 1000.0;
 
 /// What the soak ran.
 #[derive(Debug, Clone, Serialize)]
@@ -503,6 +506,14 @@ impl SoakReport {
                 goal: format!("<= {TARGET_END_RSS_RATIO}"),
                 value: Some(memory.end_over_baseline),
                 pass: Some(memory.end_over_baseline <= TARGET_END_RSS_RATIO),
+            },
+            TargetCheck {
+                name: "RSS slope, second half (KiB / 1,000 turns)".into(),
+                goal: format!("< {TARGET_SLOPE_KIB_PER_1000_TURNS}"),
+                value: memory.second_half_kib_per_1000_turns,
+                pass: memory
+                    .second_half_kib_per_1000_turns
+                    .map(|s| s < TARGET_SLOPE_KIB_PER_1000_TURNS),
             },
             TargetCheck {
                 name: "answered turns without a sample".into(),
