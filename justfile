@@ -21,3 +21,10 @@ bench *ARGS:
     cargo bench -p ps-sample-store --bench store
     cargo bench -p ps-server --bench pull
     cargo bench -p ps-server --bench opd
+
+# The soak (docs/benchmarks.md, "Soak"): 10,000 sessions of 5-20 turns through the proxy in RL mode,
+# a trainer pulling the samples, the proxy's memory over the run. Extra arguments go to
+# `loadgen soak` (`just soak --sessions 50` is a quick check).
+soak *ARGS:
+    cargo build --release -p policy-serving -p fake-sglang -p loadgen
+    cargo run --release -p loadgen -- soak --json target/soak.json {{ARGS}}

@@ -1,19 +1,39 @@
-//! `loadgen`: parses the command line, runs the `ps-loadgen` benchmark on one tokio runtime, prints
-//! the table and writes the JSON report. No logic lives here (see `docs/benchmarks.md`).
+//! `loadgen`: parses the command line, runs the `ps-loadgen` benchmark (or, with `soak`, the soak)
+//! on one tokio runtime, prints the table and writes the JSON report. No logic lives here (see
+//! `docs/benchmarks.md`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
-use ps_loadgen::BenchConfig;
+use clap::{Args, Parser, Subcommand};
+use ps_loadgen::soak;
+use ps_loadgen::{BenchConfig, SessionClose, SoakConfig};
 
 #[derive(Debug, Parser)]
 #[command(
     version,
-    about = "Measures policy-serving's added latency, CPU and memory against direct calls to a fake SGLang, in one run"
+    about = "Measures policy-serving's added latency, CPU and memory against direct calls to a fake SGLang, in one run",
+    args_conflicts_with_subcommands = true
 )]
-struct Args {
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// A bounded soak: many sessions of 5–20 turns through the proxy in RL mode with a trainer
+    /// pulling samples; throughput, added latency, and whether the proxy's memory returns to its
+    /// baseline.
+    Soak(SoakArgs),
+}
+
+/// What both commands start and where the report goes.
+#[derive(Debug, Args)]
+struct Common {
     /// The fake SGLang binary.
     #[arg(long, default_value = "target/release/fake-sglang")]
     fake_bin: PathBuf,
@@ -23,6 +43,18 @@ struct Args {
     /// Tokenizer directory given to both (the real Qwen3 tokenizer by default).
     #[arg(long, default_value = "../shared/fixtures/qwen3")]
     model_dir: PathBuf,
+    /// Fake SGLang's delay before each answer (chat and /generate), in ms (0: the run is CPU-bound).
+    #[arg(long, default_value_t = 0)]
+    fake_latency_ms: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    common: Common,
     /// Concurrent sessions.
     #[arg(long, short = 'n', default_value_t = 64)]
     sessions: usize,
@@ -35,51 +67,161 @@ struct Args {
     /// Runs of each phase, interleaved (A B A B …); figures pool all rounds.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Fake SGLang's delay before each answer, in ms (0: the run is CPU-bound).
-    #[arg(long, default_value_t = 0)]
-    fake_latency_ms: u64,
     /// Spread the session starts over this many ms (0: all at once).
     #[arg(long, default_value_t = 0)]
     ramp_ms: u64,
     /// The whole run stops by itself after this many seconds.
     #[arg(long, default_value_t = 120)]
     max_seconds: u64,
-    /// Also write the report as JSON to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+#[derive(Debug, Args)]
+struct SoakArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Sessions in all (e.g. 50 for a quick check).
+    #[arg(long, short = 'n', default_value_t = soak::DEFAULT_SESSIONS)]
+    sessions: usize,
+    /// Fewest turns of a session.
+    #[arg(long, default_value_t = soak::DEFAULT_MIN_TURNS)]
+    min_turns: usize,
+    /// Most turns of a session.
+    #[arg(long, default_value_t = soak::DEFAULT_MAX_TURNS)]
+    max_turns: usize,
+    /// Seed of the per-session turn counts.
+    #[arg(long, default_value_t = soak::DEFAULT_SEED)]
+    seed: u64,
+    /// Sessions in flight at once.
+    #[arg(long, short = 'c', default_value_t = soak::DEFAULT_CONCURRENCY)]
+    concurrency: usize,
+    /// Phase A: this many of the soak's sessions straight to the fake (0: none).
+    #[arg(long, default_value_t = soak::DEFAULT_DIRECT_SESSIONS)]
+    direct_sessions: usize,
+    /// Sessions of the unmeasured warm-up (default: the concurrency).
+    #[arg(long)]
+    warmup_sessions: Option<usize>,
+    /// End sessions by the proxy's idle timeout of this many seconds instead of `X-Session-Done`.
+    #[arg(long, value_name = "SECONDS")]
+    session_timeout: Option<u64>,
+    /// The proxy's `prm.max_concurrency` (default: 4 x the concurrency, so that the judge, 3 votes
+    /// per turn, keeps up; with the proxy's own default of 64 the turns waiting for it pile up).
+    #[arg(long)]
+    prm_concurrency: Option<usize>,
+    /// The proxy's `store.retain_committed` (default: the proxy's default).
+    #[arg(long)]
+    retain_committed: Option<u64>,
+    /// Samples per trainer pull (1–1024).
+    #[arg(long, default_value_t = soak::DEFAULT_TRAINER_PAGE)]
+    trainer_page: usize,
+    /// Long-poll bound of a trainer pull, in ms.
+    #[arg(long, default_value_t = 500)]
+    trainer_wait_ms: u64,
+    /// Period of the proxy's RSS readings, in ms.
+    #[arg(long, default_value_t = 1000)]
+    rss_every_ms: u64,
+    /// The whole run stops by itself after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    max_seconds: u64,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn write_json(path: Option<&Path>, report: &impl serde::Serialize) -> anyhow::Result<()> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    let json = serde_json::to_string_pretty(report).context("cannot serialise the report")?;
+    std::fs::write(path, json + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("loadgen: JSON report written to {}", path.display());
+    Ok(())
+}
+
+fn bench(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.sessions > 0 && args.turns > 0 && args.rounds > 0,
         "--sessions, --turns and --rounds must be at least 1"
     );
+    let c = args.common;
     let config = BenchConfig {
-        fake_bin: args.fake_bin,
-        proxy_bin: args.proxy_bin,
-        model_dir: args.model_dir,
+        fake_bin: c.fake_bin,
+        proxy_bin: c.proxy_bin,
+        model_dir: c.model_dir,
         sessions: args.sessions,
         turns: args.turns,
         stream: args.stream,
         rounds: args.rounds,
-        fake_latency: Duration::from_millis(args.fake_latency_ms),
+        fake_latency: Duration::from_millis(c.fake_latency_ms),
         ramp: Duration::from_millis(args.ramp_ms),
         max_duration: Duration::from_secs(args.max_seconds),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let report = runtime.block_on(ps_loadgen::run(&config, |line| {
+    let report = runtime()?.block_on(ps_loadgen::run(&config, |line| {
         eprintln!("loadgen: {line}")
     }))?;
     print!("{}", report.render());
-    if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-        std::fs::write(path, json + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!("loadgen: JSON report written to {}", path.display());
+    write_json(c.json.as_deref(), &report)
+}
+
+fn soak(args: SoakArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.sessions > 0 && args.concurrency > 0 && args.min_turns > 0,
+        "--sessions, --concurrency and --min-turns must be at least 1"
+    );
+    anyhow::ensure!(
+        args.min_turns <= args.max_turns,
+        "--min-turns must not exceed --max-turns"
+    );
+    anyhow::ensure!(
+        (1..=1024).contains(&args.trainer_page),
+        "--trainer-page must be 1 to 1024"
+    );
+    anyhow::ensure!(
+        args.session_timeout != Some(0),
+        "--session-timeout must be at least 1 second"
+    );
+    anyhow::ensure!(args.rss_every_ms > 0, "--rss-every-ms must be at least 1");
+    let c = args.common;
+    let config = SoakConfig {
+        fake_bin: c.fake_bin,
+        proxy_bin: c.proxy_bin,
+        model_dir: c.model_dir,
+        sessions: args.sessions,
+        min_turns: args.min_turns,
+        max_turns: args.max_turns,
+        seed: args.seed,
+        concurrency: args.concurrency,
+        direct_sessions: args.direct_sessions,
+        warmup_sessions: args.warmup_sessions.unwrap_or(args.concurrency),
+        close: args
+            .session_timeout
+            .map_or(SessionClose::DoneHeader, |secs| SessionClose::Timeout {
+                secs,
+            }),
+        prm_max_concurrency: Some(
+            args.prm_concurrency
+                .unwrap_or(soak::JUDGE_SLOTS_PER_SESSION * args.concurrency),
+        ),
+        fake_latency: Duration::from_millis(c.fake_latency_ms),
+        retain_committed: args.retain_committed,
+        trainer_page: args.trainer_page,
+        trainer_wait: Duration::from_millis(args.trainer_wait_ms),
+        rss_every: Duration::from_millis(args.rss_every_ms),
+        max_duration: Duration::from_secs(args.max_seconds),
+    };
+    let report = runtime()?.block_on(soak::run(&config, |line| eprintln!("loadgen: {line}")))?;
+    print!("{}", report.render());
+    write_json(c.json.as_deref(), &report)
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Soak(args)) => soak(args),
+        None => bench(cli.bench),
     }
-    Ok(())
 }

@@ -123,9 +123,18 @@ fn load(config: Option<&std::path::Path>, overrides: &Overrides) -> Result<Setti
     })
 }
 
+/// Threads of tokio's blocking pool (tokio's default is 512). What runs there is short: rendering a
+/// judge prompt per PRM or hint vote, tokenizing an OPD teacher prompt, reading a page of samples
+/// for the trainer. Under load tokio starts a thread whenever none is idle, so with hundreds of
+/// judge votes in flight the proxy grew to ~110 threads, and each thread's mimalloc heap (on
+/// transparent huge pages) kept its memory after the load: RSS ended the soak at 2.3-3.9 x its
+/// baseline instead of 1.06 x (docs/benchmarks.md, "Soak"). A few threads per core do the same work.
+const MAX_BLOCKING_THREADS: usize = 16;
+
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
         .build()
         .map_err(|e| {
             eprintln!("policy-serving: cannot start the async runtime: {e}");

@@ -138,30 +138,71 @@ pub fn free_port() -> Result<u16, LoadgenError> {
         })
 }
 
-/// The proxy's settings for the benchmark: upstream = the fake, every turn main, no PRM judge,
-/// warnings only, the sample store in the run's temporary directory.
-pub fn proxy_settings_toml(proxy_port: u16, fake_port: u16, store: &Path) -> String {
+/// What the proxy's settings change beyond the benchmark's fixed ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyOptions {
+    /// RL mode with the PRM judge on: `prm.router_url` = the fake's `/generate`, which answers
+    /// judge prompts with `\boxed{…}` votes (`prm.num_votes` at its default). Off:
+    /// `prm.enabled = false`, every turn is stored at once, excluded.
+    pub prm: bool,
+    /// `prm.max_concurrency` (judge calls in flight); `None` keeps the default.
+    pub prm_max_concurrency: Option<usize>,
+    /// `server.session_timeout_sec`; `None` keeps the default.
+    pub session_timeout_sec: Option<u64>,
+    /// `store.retain_committed`; `None` keeps the default.
+    pub retain_committed: Option<u64>,
+}
+
+/// The proxy's settings for the benchmark: upstream = the fake, every turn main, warnings only, the
+/// sample store in the run's temporary directory, the PRM judge and the rest as `options` says.
+pub fn proxy_settings_toml(
+    proxy_port: u16,
+    fake_port: u16,
+    store: &Path,
+    options: &ProxyOptions,
+) -> String {
     // A JSON string is a valid TOML basic string (same escapes).
     let store = serde_json::Value::from(store.to_string_lossy().into_owned()).to_string();
+    let session_timeout = options
+        .session_timeout_sec
+        .map(|s| format!("session_timeout_sec = {s}\n"))
+        .unwrap_or_default();
+    let retain = options
+        .retain_committed
+        .map(|n| format!("retain_committed = {n}\n"))
+        .unwrap_or_default();
+    let (server_mode, prm) = if options.prm {
+        (
+            "mode = \"rl\"\n".to_owned(),
+            format!(
+                "enabled = true\nrouter_url = \"http://127.0.0.1:{fake_port}/generate\"\n{}",
+                options
+                    .prm_max_concurrency
+                    .map(|n| format!("max_concurrency = {n}\n"))
+                    .unwrap_or_default()
+            ),
+        )
+    } else {
+        (String::new(), "enabled = false\n".to_owned())
+    };
     format!(
         r#"# Written by ps-loadgen for one benchmark run.
 [server]
 host = "127.0.0.1"
 port = {proxy_port}
 default_turn_type = "main"
-
+{server_mode}{session_timeout}
 [sglang]
 chat_url = "http://127.0.0.1:{fake_port}/v1/chat/completions"
 
 [prm]
-enabled = false
-
+{prm}
 [logging]
 level = "warn"
 
 [store]
 path = {store}
-"#
+{retain}"#
     )
 }
 
@@ -244,13 +285,14 @@ pub fn spawn_proxy(
     model_dir: &Path,
     fake_port: u16,
     dir: &Path,
+    options: &ProxyOptions,
 ) -> Result<ChildGuard, LoadgenError> {
     check_binary(bin)?;
     let port = free_port()?;
     let settings = dir.join("policy-serving.toml");
     std::fs::write(
         &settings,
-        proxy_settings_toml(port, fake_port, &dir.join("samples")),
+        proxy_settings_toml(port, fake_port, &dir.join("samples"), options),
     )
     .map_err(|source| LoadgenError::Io {
         context: format!("writing {}", settings.display()),
@@ -289,11 +331,36 @@ mod tests {
 
     #[test]
     fn settings_name_the_fake_and_quote_the_store_path() {
-        let toml = proxy_settings_toml(4000, 5000, Path::new("/tmp/a \"b\"/samples"));
+        let toml = proxy_settings_toml(
+            4000,
+            5000,
+            Path::new("/tmp/a \"b\"/samples"),
+            &ProxyOptions::default(),
+        );
         assert!(toml.contains("port = 4000\n"));
         assert!(toml.contains("chat_url = \"http://127.0.0.1:5000/v1/chat/completions\""));
         assert!(toml.contains("path = \"/tmp/a \\\"b\\\"/samples\""));
         assert!(toml.contains("default_turn_type = \"main\""));
+        assert!(toml.contains("[prm]\nenabled = false\n"));
+        assert!(!toml.contains("session_timeout_sec") && !toml.contains("retain_committed"));
+    }
+
+    #[test]
+    fn rl_settings_point_the_judge_at_the_fake() {
+        let options = ProxyOptions {
+            prm: true,
+            prm_max_concurrency: Some(192),
+            session_timeout_sec: Some(2),
+            retain_committed: Some(0),
+        };
+        let toml = proxy_settings_toml(4000, 5000, Path::new("/s"), &options);
+        assert!(toml.contains("[server]\n"));
+        assert!(toml.contains("mode = \"rl\"\nsession_timeout_sec = 2\n"));
+        assert!(toml.contains(
+            "[prm]\nenabled = true\nrouter_url = \"http://127.0.0.1:5000/generate\"\n\
+                 max_concurrency = 192\n"
+        ));
+        assert!(toml.ends_with("path = \"/s\"\nretain_committed = 0\n"));
     }
 
     #[test]

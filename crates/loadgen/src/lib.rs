@@ -15,17 +15,25 @@
 mod children;
 pub mod procfs;
 mod report;
+pub mod soak;
 pub mod stats;
+pub mod trainer;
 pub mod workload;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use report::{Config, CpuPerRequest, Machine, PhaseReport, ProxyReport, Report, TargetCheck};
+pub use children::ProxyOptions;
+pub use report::{
+    Config, CpuPerRequest, Machine, MemoryReport, PhaseReport, ProxyReport, Report, RssPoint,
+    SoakReport, TargetCheck,
+};
+pub use soak::{SessionClose, SoakConfig};
 
+use children::ChildGuard;
 use procfs::Proc;
 use stats::Summary;
-use workload::{PhaseRun, PhaseSpec};
+use workload::{PhaseRun, PhaseSpec, Turns};
 
 /// How long a child may take to answer `/health` (each loads the Qwen3 tokenizer: ~0.3 s here).
 pub const STARTUP_BOUND: Duration = Duration::from_secs(60);
@@ -102,17 +110,22 @@ pub enum LoadgenError {
         errors: usize,
         first: String,
     },
+    #[error("the proxy's {what}: {detail}")]
+    Rollout { what: &'static str, detail: String },
+    #[error("the time bound (--max-seconds) passed while {0}")]
+    TimeBound(&'static str),
 }
 
 /// The processes whose CPU time a phase accounts for.
-struct Procs {
+#[derive(Clone, Copy)]
+pub(crate) struct Procs {
     proxy: Proc,
     fake: Proc,
     me: Proc,
 }
 
 /// One kind of phase (`direct`, `proxy`, …) and what its rounds accumulated.
-struct Phase {
+pub(crate) struct Phase {
     name: &'static str,
     base_url: String,
     via_proxy: bool,
@@ -142,7 +155,8 @@ impl Phase {
         }
     }
 
-    fn spec(&self, prefix: &str, sessions: usize, turns: usize, ramp: Duration) -> PhaseSpec {
+    /// `sessions` sessions of `turns`, all at once, each closed by `X-Session-Done`.
+    fn spec(&self, prefix: &str, sessions: usize, turns: Turns, ramp: Duration) -> PhaseSpec {
         PhaseSpec {
             name: self.name.to_owned(),
             url: format!("{}/v1/chat/completions", self.base_url),
@@ -150,10 +164,155 @@ impl Phase {
             stream: self.stream,
             sessions,
             turns,
+            concurrency: sessions,
+            done_header: true,
             session_prefix: format!("loadgen-{prefix}-{}", self.name),
             ramp,
+            answered: Default::default(),
         }
     }
+
+    /// Adds one round's requests.
+    fn absorb(&mut self, run: PhaseRun) {
+        self.rounds += 1;
+        let acc = &mut self.run;
+        acc.samples.extend(run.samples);
+        acc.answered.extend(run.answered);
+        acc.errors += run.errors;
+        acc.first_errors.extend(run.first_errors);
+        acc.first_errors.truncate(5);
+        acc.wall += run.wall;
+        acc.cut_by_deadline |= run.cut_by_deadline;
+    }
+}
+
+/// The two children of a run, the client that drives them and the processes to watch. Dropping it
+/// kills the children, then deletes the temporary directory (fields drop in this order).
+pub(crate) struct Rig {
+    pub fake: ChildGuard,
+    pub proxy: ChildGuard,
+    pub client: reqwest::Client,
+    pub procs: Procs,
+    pub ticks: u64,
+    /// The children's logs, settings and sample store; deleted after they are killed.
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// Checks the model directory, starts the fake and then the proxy (configured by `options`) on
+    /// free loopback ports, and waits until both answer `/health`.
+    pub(crate) async fn start(
+        bins: (&std::path::Path, &std::path::Path),
+        model_dir: &std::path::Path,
+        fake_latency: Duration,
+        options: &ProxyOptions,
+        idle_connections: usize,
+        deadline: Instant,
+        progress: &impl Fn(&str),
+    ) -> Result<Self, LoadgenError> {
+        let (fake_bin, proxy_bin) = bins;
+        if !model_dir.join("tokenizer.json").is_file() {
+            return Err(LoadgenError::MissingModelDir {
+                path: model_dir.to_owned(),
+            });
+        }
+        let ticks = procfs::clock_ticks_per_second();
+        let dir = tempfile::Builder::new()
+            .prefix("ps-loadgen-")
+            .tempdir()
+            .map_err(|source| LoadgenError::Io {
+                context: "creating a temporary directory".into(),
+                source,
+            })?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(idle_connections)
+            .build()
+            .map_err(LoadgenError::Client)?;
+
+        let startup_deadline = deadline.min(Instant::now() + STARTUP_BOUND);
+        let mut fake = children::spawn_fake(fake_bin, model_dir, fake_latency, dir.path())?;
+        let waited = fake.wait_healthy(&client, startup_deadline).await?;
+        progress(&format!(
+            "fake-sglang healthy on {} after {waited:.1?}",
+            fake.base_url()
+        ));
+        let mut proxy =
+            children::spawn_proxy(proxy_bin, model_dir, fake.port, dir.path(), options)?;
+        let waited = proxy.wait_healthy(&client, startup_deadline).await?;
+        progress(&format!(
+            "policy-serving healthy on {} after {waited:.1?}",
+            proxy.base_url()
+        ));
+        let procs = Procs {
+            proxy: proxy.proc(ticks),
+            fake: fake.proc(ticks),
+            me: Proc::current(ticks),
+        };
+        Ok(Self {
+            fake,
+            proxy,
+            client,
+            procs,
+            ticks,
+            _dir: dir,
+        })
+    }
+
+    /// An error when either child has exited.
+    pub(crate) fn ensure_running(&mut self) -> Result<(), LoadgenError> {
+        self.fake.ensure_running()?;
+        self.proxy.ensure_running()
+    }
+
+    /// The proxy's current RSS, its peak, and its log so far.
+    pub(crate) fn proxy_report(&self) -> Result<ProxyReport, LoadgenError> {
+        let (rss_kib, peak_rss_kib) = self.procs.proxy.rss_kib()?;
+        let log = self.proxy.log_text();
+        Ok(ProxyReport {
+            rss_kib,
+            peak_rss_kib,
+            log_lines: log.lines().count(),
+            log_excerpt: log.lines().take(5).map(str::to_owned).collect(),
+        })
+    }
+
+    pub(crate) fn machine(&self) -> Machine {
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(0, usize::from),
+            clock_ticks_per_second: self.ticks,
+        }
+    }
+}
+
+/// Runs the unmeasured warm-up of each phase kind: `sessions` sessions of `turns`. Any error
+/// fails the run (the measurement would be meaningless).
+pub(crate) async fn warm_up(
+    client: &reqwest::Client,
+    phases: &[Phase],
+    sessions: usize,
+    turns: Turns,
+    deadline: Instant,
+    progress: &impl Fn(&str),
+) -> Result<(), LoadgenError> {
+    for phase in phases {
+        let spec = phase.spec("warmup", sessions, turns, Duration::ZERO);
+        let run = workload::run_phase(client, &spec, deadline).await;
+        if run.errors > 0 {
+            return Err(LoadgenError::WarmUp {
+                phase: phase.name.to_owned(),
+                errors: run.errors,
+                first: run.first_errors.first().cloned().unwrap_or_default(),
+            });
+        }
+        progress(&format!(
+            "warm-up {}: {} requests",
+            phase.name,
+            run.samples.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Runs the benchmark; `progress` receives one line per step. Ctrl-C or SIGTERM stops it, and the
@@ -183,47 +342,18 @@ async fn interrupted() -> &'static str {
 
 async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report, LoadgenError> {
     let deadline = Instant::now() + cfg.max_duration;
-    if !cfg.model_dir.join("tokenizer.json").is_file() {
-        return Err(LoadgenError::MissingModelDir {
-            path: cfg.model_dir.clone(),
-        });
-    }
-    let ticks = procfs::clock_ticks_per_second();
-    let dir = tempfile::Builder::new()
-        .prefix("ps-loadgen-")
-        .tempdir()
-        .map_err(|source| LoadgenError::Io {
-            context: "creating a temporary directory".into(),
-            source,
-        })?;
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(cfg.sessions + WARMUP_SESSIONS)
-        .build()
-        .map_err(LoadgenError::Client)?;
+    let mut rig = Rig::start(
+        (&cfg.fake_bin, &cfg.proxy_bin),
+        &cfg.model_dir,
+        cfg.fake_latency,
+        &ProxyOptions::default(),
+        cfg.sessions + WARMUP_SESSIONS,
+        deadline,
+        &progress,
+    )
+    .await?;
 
-    let startup_deadline = deadline.min(Instant::now() + STARTUP_BOUND);
-    let mut fake =
-        children::spawn_fake(&cfg.fake_bin, &cfg.model_dir, cfg.fake_latency, dir.path())?;
-    let waited = fake.wait_healthy(&client, startup_deadline).await?;
-    progress(&format!(
-        "fake-sglang healthy on {} after {waited:.1?}",
-        fake.base_url()
-    ));
-    let mut proxy = children::spawn_proxy(&cfg.proxy_bin, &cfg.model_dir, fake.port, dir.path())?;
-    let waited = proxy.wait_healthy(&client, startup_deadline).await?;
-    progress(&format!(
-        "policy-serving healthy on {} after {waited:.1?}",
-        proxy.base_url()
-    ));
-    let procs = Procs {
-        proxy: proxy.proc(ticks),
-        fake: fake.proc(ticks),
-        me: Proc::current(ticks),
-    };
-
-    let (fake_url, proxy_url) = (fake.base_url(), proxy.base_url());
+    let (fake_url, proxy_url) = (rig.fake.base_url(), rig.proxy.base_url());
     let mut phases = vec![
         Phase::new("direct", &fake_url, false, false),
         Phase::new("proxy", &proxy_url, true, false),
@@ -234,22 +364,15 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
     }
 
     let warm = cfg.sessions.clamp(1, WARMUP_SESSIONS);
-    for phase in &phases {
-        let spec = phase.spec("warmup", warm, WARMUP_TURNS, Duration::ZERO);
-        let run = workload::run_phase(&client, &spec, deadline).await;
-        if run.errors > 0 {
-            return Err(LoadgenError::WarmUp {
-                phase: phase.name.to_owned(),
-                errors: run.errors,
-                first: run.first_errors.first().cloned().unwrap_or_default(),
-            });
-        }
-        progress(&format!(
-            "warm-up {}: {} requests",
-            phase.name,
-            run.samples.len()
-        ));
-    }
+    warm_up(
+        &rig.client,
+        &phases,
+        warm,
+        Turns::Fixed(WARMUP_TURNS),
+        deadline,
+        &progress,
+    )
+    .await?;
 
     // Rounds interleave the phases (A B [C] A B [C] …) so that a noisy neighbour hits all alike.
     'rounds: for round in 1..=cfg.rounds {
@@ -261,11 +384,14 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
                 ));
                 break 'rounds;
             }
-            let spec = phase.spec(&format!("r{round}"), cfg.sessions, cfg.turns, cfg.ramp);
-            measure_round(&client, &spec, deadline, &procs, phase).await?;
-            for child in [&mut fake, &mut proxy] {
-                child.ensure_running()?;
-            }
+            let spec = phase.spec(
+                &format!("r{round}"),
+                cfg.sessions,
+                Turns::Fixed(cfg.turns),
+                cfg.ramp,
+            );
+            measure_round(&rig.client, &spec, deadline, &rig.procs, phase).await?;
+            rig.ensure_running()?;
             progress(&format!(
                 "round {round}/{} {}: {} requests, {} errors so far",
                 cfg.rounds,
@@ -276,14 +402,7 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
         }
     }
 
-    let (rss_kib, peak_rss_kib) = procs.proxy.rss_kib()?;
-    let log = proxy.log_text();
-    let proxy_report = ProxyReport {
-        rss_kib,
-        peak_rss_kib,
-        log_lines: log.lines().count(),
-        log_excerpt: log.lines().take(5).map(str::to_owned).collect(),
-    };
+    let proxy_report = rig.proxy_report()?;
     let config = Config {
         sessions: cfg.sessions,
         turns: cfg.turns,
@@ -296,11 +415,9 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
         max_seconds: cfg.max_duration.as_secs_f64(),
         model_dir: cfg.model_dir.display().to_string(),
     };
-    let machine = Machine {
-        cpus: std::thread::available_parallelism().map_or(0, usize::from),
-        clock_ticks_per_second: ticks,
-    };
-    drop((proxy, fake));
+    let machine = rig.machine();
+    let procs = rig.procs;
+    drop(rig);
     let reports = phases
         .into_iter()
         .filter(|p| p.rounds > 0)
@@ -333,18 +450,11 @@ async fn measure_round(
         into.proxy_ticks += after.saturating_sub(before);
         into.settle = into.settle.max(settle);
     }
-    into.rounds += 1;
-    let acc = &mut into.run;
-    acc.samples.extend(run.samples);
-    acc.errors += run.errors;
-    acc.first_errors.extend(run.first_errors);
-    acc.first_errors.truncate(5);
-    acc.wall += run.wall;
-    acc.cut_by_deadline |= run.cut_by_deadline;
+    into.absorb(run);
     Ok(())
 }
 
-fn phase_report(phase: Phase, procs: &Procs) -> PhaseReport {
+pub(crate) fn phase_report(phase: Phase, procs: &Procs) -> PhaseReport {
     let run = &phase.run;
     let n = run.samples.len();
     let per_request = |p: &Proc, ticks: u64| (n > 0).then(|| p.seconds(ticks) * 1e3 / n as f64);

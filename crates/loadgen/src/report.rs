@@ -325,3 +325,459 @@ impl Report {
         out
     }
 }
+
+/// The soak's memory target: the proxy's RSS at the end, once every session is flushed and every
+/// sample committed, at most this multiple of the baseline taken after the warm-up.
+pub const TARGET_END_RSS_RATIO: f64 = 1.10;
+/// And its RSS must not keep growing with the work: the slope over the second half of the soak
+/// below 1 KiB per turn (the unfixed proxy grew by 12-43 KiB per turn).
+pub const TARGET_SLOPE_KIB_PER_1000_TURNS: f64 = 1000.0;
+
+/// What the soak ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct SoakConfigReport {
+    pub sessions: usize,
+    pub min_turns: usize,
+    pub max_turns: usize,
+    pub seed: u64,
+    /// Turns of all sessions together (what the seed gives).
+    pub planned_turns: usize,
+    pub concurrency: usize,
+    /// `done_header` or `timeout`.
+    pub close: String,
+    /// `server.session_timeout_sec` when sessions end by timeout.
+    pub session_timeout_sec: Option<u64>,
+    /// `prm.max_concurrency` given to the proxy (`None`: its default).
+    pub prm_max_concurrency: Option<usize>,
+    pub direct_sessions: usize,
+    pub warmup_sessions: usize,
+    pub fake_latency_ms: f64,
+    pub trainer_page: usize,
+    pub trainer_wait_ms: u64,
+    /// `store.retain_committed` given to the proxy (`None`: its default).
+    pub retain_committed: Option<u64>,
+    pub rss_every_ms: u64,
+    pub max_seconds: f64,
+    pub model_dir: String,
+}
+
+/// One reading of the proxy's RSS during the soak.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RssPoint {
+    /// Since the soak phase started.
+    pub t_s: f64,
+    /// Turns answered by then.
+    pub turns: usize,
+    pub rss_kib: u64,
+}
+
+/// The proxy's memory over the soak.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryReport {
+    /// Right after start-up (`/health` answered).
+    pub start_kib: u64,
+    /// After the warm-up and the direct phase, with everything flushed and committed, idle.
+    pub baseline_kib: u64,
+    /// The highest reading during the soak and its drain.
+    pub max_sampled_kib: u64,
+    /// `VmHWM` at the baseline and at the end (the start-up peak of parsing the tokenizer counts).
+    pub hwm_at_baseline_kib: u64,
+    pub hwm_kib: u64,
+    /// After every session was flushed (or timed out), every sample committed, and the proxy idle.
+    pub end_kib: u64,
+    pub end_over_baseline: f64,
+    pub end_minus_baseline_kib: i64,
+    /// The reading at each tenth of the soak's turns.
+    pub deciles: Vec<RssPoint>,
+    /// Least-squares slope of RSS over turns answered, in KiB per 1,000 turns, over the readings
+    /// of the second half of the soak's turns (before its last answer): ~0 once memory has
+    /// reached its plateau, positive while it still grows with the work done.
+    pub second_half_kib_per_1000_turns: Option<f64>,
+    /// Every reading.
+    pub series: Vec<RssPoint>,
+}
+
+impl MemoryReport {
+    pub fn new(
+        start_kib: u64,
+        (baseline_kib, hwm_at_baseline_kib): (u64, u64),
+        (end_kib, hwm_kib): (u64, u64),
+        series: Vec<RssPoint>,
+    ) -> Self {
+        let total = series.iter().map(|p| p.turns).max().unwrap_or(0);
+        Self {
+            start_kib,
+            baseline_kib,
+            max_sampled_kib: series.iter().map(|p| p.rss_kib).max().unwrap_or(0),
+            hwm_at_baseline_kib,
+            hwm_kib,
+            end_kib,
+            end_over_baseline: end_kib as f64 / baseline_kib.max(1) as f64,
+            end_minus_baseline_kib: end_kib as i64 - baseline_kib as i64,
+            deciles: deciles(&series, total),
+            second_half_kib_per_1000_turns: second_half_slope(&series, total).map(|s| s * 1000.0),
+            series,
+        }
+    }
+}
+
+/// For k = 1..=10, the first reading with at least k/10 of `total` turns answered (fewer when the
+/// series stops short).
+pub fn deciles(series: &[RssPoint], total: usize) -> Vec<RssPoint> {
+    if total == 0 {
+        return Vec::new();
+    }
+    (1..=10)
+        .filter_map(|k| {
+            let want = (total * k).div_ceil(10);
+            series.iter().find(|p| p.turns >= want).copied()
+        })
+        .collect()
+}
+
+/// The least-squares slope (KiB per turn) of the readings taken while the second half of `total`
+/// turns was being answered (from `total / 2` turns up to the first reading at `total`); `None`
+/// with fewer than 3 such readings or no spread in turns.
+pub fn second_half_slope(series: &[RssPoint], total: usize) -> Option<f64> {
+    let end = series.iter().position(|p| p.turns >= total)?;
+    let half = series[..=end]
+        .iter()
+        .filter(|p| 2 * p.turns >= total)
+        .map(|p| (p.turns as f64, p.rss_kib as f64))
+        .collect::<Vec<_>>();
+    if half.len() < 3 {
+        return None;
+    }
+    let n = half.len() as f64;
+    let (mx, my) = (
+        half.iter().map(|p| p.0).sum::<f64>() / n,
+        half.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxx: f64 = half.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = half.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
+/// The soak's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SoakReport {
+    pub unix_time: u64,
+    pub machine: Machine,
+    pub config: SoakConfigReport,
+    /// Phase A: the same workload (its first sessions) straight to the fake.
+    pub direct: Option<PhaseReport>,
+    /// Phase B: the soak through the proxy in RL mode.
+    pub proxy: PhaseReport,
+    /// Proxied turns/s ÷ direct turns/s.
+    pub throughput_ratio: Option<f64>,
+    /// From the last answer until every session was flushed and every sample committed.
+    pub drain_s: f64,
+    pub trainer: crate::trainer::TrainerTally,
+    pub coverage: crate::trainer::Coverage,
+    /// `GET /v1/rollout/status` at the end.
+    pub status: serde_json::Value,
+    pub memory: MemoryReport,
+    pub proxy_process: ProxyReport,
+    pub targets: Vec<TargetCheck>,
+    pub notes: Vec<String>,
+}
+
+impl SoakReport {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        machine: Machine,
+        config: SoakConfigReport,
+        direct: Option<PhaseReport>,
+        proxy: PhaseReport,
+        drain_s: f64,
+        trainer: crate::trainer::TrainerTally,
+        coverage: crate::trainer::Coverage,
+        status: serde_json::Value,
+        memory: MemoryReport,
+        proxy_process: ProxyReport,
+    ) -> Self {
+        let throughput_ratio = direct
+            .as_ref()
+            .filter(|d| d.throughput_rps > 0.0)
+            .map(|d| proxy.throughput_rps / d.throughput_rps);
+        let targets = vec![
+            TargetCheck {
+                name: "proxy RSS at the end / baseline".into(),
+                goal: format!("<= {TARGET_END_RSS_RATIO}"),
+                value: Some(memory.end_over_baseline),
+                pass: Some(memory.end_over_baseline <= TARGET_END_RSS_RATIO),
+            },
+            TargetCheck {
+                name: "RSS slope, second half (KiB / 1,000 turns)".into(),
+                goal: format!("< {TARGET_SLOPE_KIB_PER_1000_TURNS}"),
+                value: memory.second_half_kib_per_1000_turns,
+                pass: memory
+                    .second_half_kib_per_1000_turns
+                    .map(|s| s < TARGET_SLOPE_KIB_PER_1000_TURNS),
+            },
+            TargetCheck {
+                name: "answered turns without a sample".into(),
+                goal: "0 (and no unexpected sample)".into(),
+                value: Some(coverage.missing as f64),
+                pass: Some(coverage.missing == 0 && coverage.unexpected == 0),
+            },
+        ];
+        let mut notes = Vec::new();
+        for p in direct.iter().chain([&proxy]) {
+            if p.errors > 0 {
+                notes.push(format!(
+                    "{}: {} failed requests, first: {:?}",
+                    p.name, p.errors, p.first_errors
+                ));
+            }
+            if p.cut_by_deadline {
+                notes.push(format!("{}: cut short by --max-seconds", p.name));
+            }
+        }
+        if coverage.unexpected > 0 {
+            notes.push(format!(
+                "{} samples of the soak's sessions match no answered turn",
+                coverage.unexpected
+            ));
+        }
+        if trainer.duplicates > 0 {
+            notes.push(format!(
+                "the trainer received {} samples twice",
+                trainer.duplicates
+            ));
+        }
+        if trainer.errors > 0 {
+            notes.push(format!(
+                "trainer: {} failed requests, first: {:?}",
+                trainer.errors, trainer.first_errors
+            ));
+        }
+        if proxy_process.log_lines > 0 {
+            notes.push(format!(
+                "the proxy logged {} lines at warn level, first: {:?}",
+                proxy_process.log_lines, proxy_process.log_excerpt
+            ));
+        }
+        let unix_time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self {
+            unix_time,
+            machine,
+            config,
+            direct,
+            proxy,
+            throughput_ratio,
+            drain_s,
+            trainer,
+            coverage,
+            status,
+            memory,
+            proxy_process,
+            targets,
+            notes,
+        }
+    }
+
+    /// The human-readable summary.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let c = &self.config;
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let _ = writeln!(
+            out,
+            "policy-serving soak: {} sessions of {}..={} turns (seed {}, {} turns), {} at a time, \
+             closed by {}; RL mode, PRM votes from the fake ({} judge slots); fake latency {} ms; {} CPUs",
+            c.sessions,
+            c.min_turns,
+            c.max_turns,
+            c.seed,
+            c.planned_turns,
+            c.concurrency,
+            match c.session_timeout_sec {
+                Some(s) => format!("a {s} s session timeout"),
+                None => "X-Session-Done".to_owned(),
+            },
+            c.prm_max_concurrency
+                .map_or_else(|| "default".to_owned(), |n| n.to_string()),
+            c.fake_latency_ms,
+            self.machine.cpus,
+        );
+        let _ = writeln!(
+            out,
+            "\n{:<8} {:>7} {:>4} {:>8} {:>8}   {:>8} {:>8} {:>8}   {:>9} {:>9} {:>8}",
+            "phase",
+            "turns",
+            "err",
+            "wall s",
+            "turns/s",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "added p50",
+            "added p99",
+            "cpu prx"
+        );
+        for p in self.direct.iter().chain([&self.proxy]) {
+            let l = p.latency_ms;
+            let a = p.added_ms;
+            let _ = writeln!(
+                out,
+                "{:<8} {:>7} {:>4} {:>8.1} {:>8.1}   {:>8} {:>8} {:>8}   {:>9} {:>9} {:>8}",
+                p.name,
+                p.requests,
+                p.errors,
+                p.wall_s,
+                p.throughput_rps,
+                opt(l.map(|s| s.p50)),
+                opt(l.map(|s| s.p90)),
+                opt(l.map(|s| s.p99)),
+                opt(a.map(|s| s.p50)),
+                opt(a.map(|s| s.p99)),
+                opt(p.cpu_ms_per_request.proxy),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nthroughput proxy/direct: {}; drained {:.1} s after the last answer",
+            opt(self.throughput_ratio),
+            self.drain_s
+        );
+        let t = &self.trainer;
+        let _ = writeln!(
+            out,
+            "trainer: {} samples in {} pages ({:.1} MB), {} effective, excluded {:?}, {} duplicates; \
+             {} PRM scores drained (mean {}); committed through seq {}",
+            t.samples,
+            t.pages,
+            t.page_bytes as f64 / 1e6,
+            t.effective,
+            t.excluded,
+            t.duplicates,
+            t.eval_scores,
+            opt(t.eval_score_mean),
+            t.committed_seq,
+        );
+        let cov = &self.coverage;
+        let _ = writeln!(
+            out,
+            "coverage: {} answered turns of {} sessions, {} with a sample, {} missing {:?}, {} unexpected",
+            cov.turns, cov.sessions, cov.received, cov.missing, cov.first_missing, cov.unexpected
+        );
+        let m = &self.memory;
+        let _ = writeln!(
+            out,
+            "\nproxy memory (MiB): start {:.1}, baseline {:.1}, max during soak {:.1}, VmHWM {:.1} \
+             ({:.1} at baseline), end {:.1} = {:.3} x baseline ({:+.1} MiB)",
+            mib(m.start_kib),
+            mib(m.baseline_kib),
+            mib(m.max_sampled_kib),
+            mib(m.hwm_kib),
+            mib(m.hwm_at_baseline_kib),
+            mib(m.end_kib),
+            m.end_over_baseline,
+            m.end_minus_baseline_kib as f64 / 1024.0,
+        );
+        if !m.deciles.is_empty() {
+            let row: Vec<String> = m
+                .deciles
+                .iter()
+                .map(|p| format!("{}: {:.1}", p.turns, mib(p.rss_kib)))
+                .collect();
+            let _ = writeln!(out, "RSS by turns answered: {}", row.join(", "));
+        }
+        let _ = writeln!(
+            out,
+            "RSS slope over the second half of the soak: {} KiB per 1,000 turns",
+            opt(m.second_half_kib_per_1000_turns)
+        );
+        let _ = writeln!(out, "\ntargets:");
+        for t in &self.targets {
+            let verdict = match t.pass {
+                Some(true) => "PASS",
+                Some(false) => "MISS",
+                None => "n/a ",
+            };
+            let _ = writeln!(
+                out,
+                "  [{verdict}] {:<45} {:>9}   (target {})",
+                t.name,
+                opt(t.value),
+                t.goal
+            );
+        }
+        if !self.notes.is_empty() {
+            let _ = writeln!(out, "\nnotes:");
+            for n in &self.notes {
+                let _ = writeln!(out, "  - {n}");
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(turns: usize, rss_kib: u64) -> RssPoint {
+        RssPoint {
+            t_s: turns as f64,
+            turns,
+            rss_kib,
+        }
+    }
+
+    #[test]
+    fn deciles_take_the_first_reading_past_each_tenth() {
+        let series: Vec<RssPoint> = (0..=100).map(|t| point(t * 10, 1000 + t as u64)).collect();
+        let d = deciles(&series, 1000);
+        assert_eq!(d.len(), 10);
+        assert_eq!(d[0], point(100, 1010));
+        assert_eq!(d[9], point(1000, 1100));
+        // Sparse readings: the first one at or past each tenth; a series that stops short
+        // yields fewer points.
+        let sparse = [point(0, 1), point(450, 2), point(700, 3)];
+        let d = deciles(&sparse, 1000);
+        assert_eq!(
+            d.iter().map(|p| p.turns).collect::<Vec<_>>(),
+            [450, 450, 450, 450, 700, 700, 700]
+        );
+        assert!(deciles(&sparse, 0).is_empty());
+    }
+
+    #[test]
+    fn the_second_half_slope_sees_growth_and_ignores_the_drain() {
+        // 2 KiB per turn in the first half, flat in the second; readings after the last answer
+        // (the drain, same turn count) do not count.
+        let mut series: Vec<RssPoint> = (0..=10)
+            .map(|k| point(k * 100, 100_000 + 2 * (k.min(5) * 100) as u64))
+            .collect();
+        series.push(point(1000, 50_000));
+        let flat = second_half_slope(&series, 1000).unwrap();
+        assert!(flat.abs() < 1e-9, "{flat}");
+        let growing: Vec<RssPoint> = (0..=10)
+            .map(|k| point(k * 100, 5 * (k * 100) as u64))
+            .collect();
+        assert!((second_half_slope(&growing, 1000).unwrap() - 5.0).abs() < 1e-9);
+        // Too few readings, or a series that never reaches the total.
+        assert_eq!(second_half_slope(&growing[..7], 1000), None);
+        assert_eq!(
+            second_half_slope(&[point(500, 1), point(1000, 2)], 1000),
+            None
+        );
+    }
+
+    #[test]
+    fn memory_report_compares_end_with_baseline() {
+        let series = vec![point(0, 150_000), point(500, 190_000), point(1000, 180_000)];
+        let m = MemoryReport::new(120_000, (150_000, 170_000), (165_000, 195_000), series);
+        assert_eq!(m.max_sampled_kib, 190_000);
+        assert!((m.end_over_baseline - 1.1).abs() < 1e-12);
+        assert_eq!(m.end_minus_baseline_kib, 15_000);
+        let shrunk = MemoryReport::new(1, (150_000, 1), (149_000, 1), Vec::new());
+        assert_eq!(shrunk.end_minus_baseline_kib, -1_000);
+        assert!(shrunk.deciles.is_empty() && shrunk.max_sampled_kib == 0);
+    }
+}

@@ -1,8 +1,10 @@
 //! The workload: concurrent multi-turn conversations, as an agent drives them. Each session sends a
 //! system prompt and a user message, appends the assistant's reply and a new user message, and sends
-//! the whole history again, `turns` times. One phase runs `sessions` such conversations at once.
+//! the whole history again, once per turn. One phase runs `sessions` such conversations, at most
+//! `concurrency` at once; a session has a fixed number of turns, or a seeded pseudo-random one.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -74,6 +76,45 @@ pub fn request_body(messages: &[Value], stream: bool) -> Vec<u8> {
     serde_json::to_vec(&body).unwrap_or_default()
 }
 
+/// How many turns each session of a phase has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turns {
+    /// Every session has this many.
+    Fixed(usize),
+    /// Session `i` has a pseudo-random count in `min..=max`, a function of `(seed, i)` only: the
+    /// same seed gives the same counts in every run and every phase.
+    Seeded { seed: u64, min: usize, max: usize },
+}
+
+impl Turns {
+    /// The number of turns of session `index`.
+    pub fn of(&self, index: usize) -> usize {
+        match *self {
+            Self::Fixed(n) => n,
+            Self::Seeded { seed, min, max } => {
+                let (lo, hi) = (min.min(max), min.max(max));
+                let span = (hi - lo) as u64 + 1;
+                // The modulo bias is below span / 2^64: negligible for a workload.
+                lo + (splitmix64(seed ^ splitmix64(index as u64)) % span) as usize
+            }
+        }
+    }
+
+    /// The turns of sessions `0..sessions` together.
+    pub fn total(&self, sessions: usize) -> usize {
+        (0..sessions).map(|i| self.of(i)).sum()
+    }
+}
+
+/// SplitMix64's output function: a well-mixed 64-bit hash of `x` (Steele, Lea & Flood, 2014).
+/// Written out here so that the seeded turn counts never change with a dependency's version.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// One phase: where to send, how, and how much.
 #[derive(Debug, Clone)]
 pub struct PhaseSpec {
@@ -85,12 +126,21 @@ pub struct PhaseSpec {
     pub via_proxy: bool,
     pub stream: bool,
     pub sessions: usize,
-    pub turns: usize,
+    pub turns: Turns,
+    /// Sessions in flight at once (at least 1); when one ends the next starts. `sessions` or more:
+    /// all start together.
+    pub concurrency: usize,
+    /// The last turn of each session carries `X-Session-Done: true` (proxied phases). Without it
+    /// the proxy closes the session when it has been idle for `server.session_timeout_sec`.
+    pub done_header: bool,
     /// Session ids are `{prefix}-{index}` (unique per phase, so the proxy sees new sessions).
     pub session_prefix: String,
-    /// Session `i` starts after `i / sessions` of this, so that arrivals are spread rather than in
-    /// lock-step (matters when the upstream has a latency).
+    /// Of the first `concurrency` sessions, session `i` starts after `i / concurrency` of this, so
+    /// that arrivals are spread rather than in lock-step (matters when the upstream has a latency).
+    /// Later sessions start as soon as a slot frees.
     pub ramp: Duration,
+    /// Incremented by every answered turn, for observers while the phase runs.
+    pub answered: Arc<AtomicUsize>,
 }
 
 /// One answered request.
@@ -121,6 +171,8 @@ pub enum TurnError {
 #[derive(Debug, Default)]
 pub struct PhaseRun {
     pub samples: Vec<Sample>,
+    /// Answered turns of each session, by session index.
+    pub answered: Vec<usize>,
     pub errors: usize,
     /// The first few error messages.
     pub first_errors: Vec<String>,
@@ -132,32 +184,49 @@ pub struct PhaseRun {
 
 const KEPT_ERRORS: usize = 5;
 
-/// Runs `spec.sessions` conversations concurrently until all are done or `deadline` passes.
+/// Runs `spec.sessions` conversations, `spec.concurrency` at a time, until all are done or
+/// `deadline` passes.
 pub async fn run_phase(client: &reqwest::Client, spec: &PhaseSpec, deadline: Instant) -> PhaseRun {
     let spec = Arc::new(spec.clone());
     let started = Instant::now();
-    let tasks: Vec<_> = (0..spec.sessions)
-        .map(|i| tokio::spawn(session(client.clone(), spec.clone(), i, deadline)))
+    let next = Arc::new(AtomicUsize::new(0));
+    let slots = spec.concurrency.clamp(1, spec.sessions.max(1));
+    let tasks: Vec<_> = (0..slots)
+        .map(|_| {
+            let (client, spec, next) = (client.clone(), spec.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut done = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= spec.sessions {
+                        return done;
+                    }
+                    done.push((i, session(client.clone(), spec.clone(), i, deadline).await));
+                }
+            })
+        })
         .collect();
-    let mut run = PhaseRun::default();
+    let mut run = PhaseRun {
+        answered: vec![0; spec.sessions],
+        ..PhaseRun::default()
+    };
+    let mut errors = Vec::new();
     for task in tasks {
         match task.await {
-            Ok(s) => {
-                run.samples.extend(s.samples);
-                run.cut_by_deadline |= s.cut;
-                for e in s.errors {
-                    run.errors += 1;
-                    if run.first_errors.len() < KEPT_ERRORS {
-                        run.first_errors.push(e);
-                    }
+            Ok(sessions) => {
+                for (i, s) in sessions {
+                    run.answered[i] = s.samples.len();
+                    run.samples.extend(s.samples);
+                    run.cut_by_deadline |= s.cut;
+                    errors.extend(s.errors);
                 }
             }
-            Err(e) => {
-                run.errors += 1;
-                run.first_errors.push(format!("session task failed: {e}"));
-            }
+            Err(e) => errors.push(format!("session task failed: {e}")),
         }
     }
+    run.errors = errors.len();
+    errors.truncate(KEPT_ERRORS);
+    run.first_errors = errors;
     run.wall = started.elapsed();
     run
 }
@@ -179,24 +248,29 @@ async fn session(
         json!({"role": "system", "content": SYSTEM_PROMPT}),
         json!({"role": "user", "content": user_message(index, 0)}),
     ];
+    let turns = spec.turns.of(index);
     let mut out = SessionRun {
-        samples: Vec::with_capacity(spec.turns),
+        samples: Vec::with_capacity(turns),
         errors: Vec::new(),
         cut: false,
     };
-    let start = spec
-        .ramp
-        .mul_f64(index as f64 / spec.sessions.max(1) as f64);
+    let slots = spec.concurrency.clamp(1, spec.sessions.max(1));
+    let start = if index < slots {
+        spec.ramp.mul_f64(index as f64 / slots as f64)
+    } else {
+        Duration::ZERO
+    };
     if Instant::now() + start >= deadline {
         out.cut = true;
         return out;
     }
     tokio::time::sleep(start).await;
-    for turn in 0..spec.turns {
+    for turn in 0..turns {
         let body = request_body(&messages, spec.stream);
+        let done = spec.done_header && turn + 1 == turns;
         let answer = tokio::time::timeout_at(
             tokio::time::Instant::from_std(deadline),
-            one_turn(&client, &spec, &session_id, turn + 1 == spec.turns, body),
+            one_turn(&client, &spec, &session_id, done, body),
         )
         .await;
         match answer {
@@ -211,6 +285,7 @@ async fn session(
             }
             Ok(Ok((sample, reply))) => {
                 out.samples.push(sample);
+                spec.answered.fetch_add(1, Ordering::Relaxed);
                 messages.push(reply);
                 messages.push(json!({"role": "user", "content": user_message(index, turn + 1)}));
             }
@@ -223,7 +298,7 @@ async fn one_turn(
     client: &reqwest::Client,
     spec: &PhaseSpec,
     session_id: &str,
-    last: bool,
+    done: bool,
     body: Vec<u8>,
 ) -> Result<(Sample, Value), TurnError> {
     let request_bytes = body.len();
@@ -235,7 +310,7 @@ async fn one_turn(
         req = req
             .header("x-session-id", session_id)
             .header("x-turn-type", "main");
-        if last {
+        if done {
             // Closes the session, so its last turn is finished (and stored) now rather than at the
             // session timeout, inside the CPU accounting of the round.
             req = req.header("x-session-done", "true");
@@ -351,6 +426,65 @@ mod tests {
         );
         assert!(reply_from_sse(b"data: {\"choices\":[]}\n\n").is_err());
         assert!(reply_from_json(b"{}").is_err());
+    }
+
+    #[test]
+    fn seeded_turn_counts_stay_in_range_and_cover_it() {
+        let turns = Turns::Seeded {
+            seed: 42,
+            min: 5,
+            max: 20,
+        };
+        let counts: Vec<usize> = (0..10_000).map(|i| turns.of(i)).collect();
+        assert!(counts.iter().all(|n| (5..=20).contains(n)));
+        // Every value of the range occurs, each about 1/16 of the time (625 expected).
+        for n in 5..=20 {
+            let k = counts.iter().filter(|c| **c == n).count();
+            assert!((450..=800).contains(&k), "{n} turns: {k} sessions");
+        }
+        let mean = counts.iter().sum::<usize>() as f64 / counts.len() as f64;
+        assert!((mean - 12.5).abs() < 0.25, "mean {mean}");
+        assert_eq!(turns.total(10_000), counts.iter().sum::<usize>());
+    }
+
+    #[test]
+    fn seeded_turn_counts_depend_on_seed_and_index_only() {
+        let a = Turns::Seeded {
+            seed: 1,
+            min: 5,
+            max: 20,
+        };
+        let b = Turns::Seeded {
+            seed: 2,
+            min: 5,
+            max: 20,
+        };
+        let of = |t: Turns| (0..64).map(|i| t.of(i)).collect::<Vec<_>>();
+        assert_eq!(of(a), of(a));
+        assert_ne!(of(a), of(b));
+        // Reversed bounds mean the same range; a one-value range is constant.
+        let reversed = Turns::Seeded {
+            seed: 1,
+            min: 20,
+            max: 5,
+        };
+        assert_eq!(of(a), of(reversed));
+        let one = Turns::Seeded {
+            seed: 9,
+            min: 7,
+            max: 7,
+        };
+        assert!(of(one).iter().all(|n| *n == 7));
+        assert_eq!(Turns::Fixed(5).of(123), 5);
+        assert_eq!(Turns::Fixed(5).total(3), 15);
+    }
+
+    #[test]
+    fn splitmix64_reference_values() {
+        // The first outputs of the reference SplitMix64 generator seeded with 0
+        // (state advanced by the golden gamma before each output).
+        assert_eq!(splitmix64(0), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(splitmix64(0x9e37_79b9_7f4a_7c15), 0x6e78_9e6a_a1b9_65f4);
     }
 
     #[test]

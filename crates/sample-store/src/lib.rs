@@ -23,5 +23,6 @@ pub use channel::{ChannelSink, channel_sink};
 pub use error::StoreError;
 pub use ps_core::{StoreStats, StoredSample};
 pub use store::{
-    DB_FILE_NAME, DEFAULT_MAX_BATCH, DEFAULT_RETAIN_COMMITTED, SampleStore, StoreConfig,
+    DB_FILE_NAME, DEFAULT_CACHE_BYTES, DEFAULT_MAX_BATCH, DEFAULT_RETAIN_COMMITTED, SampleStore,
+    StoreConfig,
 };

@@ -334,6 +334,35 @@ async fn a_sample_round_trips_exactly_including_f64_bits() {
     assert_eq!(read[1].sample, stored(sample("after"), read[1].seq));
 }
 
+/// Writes and reads back 40 samples of ~100 KB; returns the bytes left in the page cache.
+#[allow(clippy::unwrap_used)] // a test helper: a failure should panic, as in the tests
+async fn cache_after_40_large_samples(cache_bytes: usize) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SampleStore::open(StoreConfig {
+        cache_bytes,
+        ..config(dir.path(), 1_000, 8)
+    })
+    .unwrap();
+    for _ in 0..40 {
+        store.append(full_sample()).await.unwrap();
+    }
+    let read = store.read(0, 64).await.unwrap();
+    assert_eq!(read.len(), 40);
+    assert!(
+        read.iter()
+            .all(|s| s.sample.rollout_log_probs.len() == 6_010)
+    );
+    store.cache_used_bytes()
+}
+
+#[tokio::test]
+async fn the_page_cache_stays_within_its_bound() {
+    const MIB: usize = 1024 * 1024;
+    // With room for everything, the ~4 MB written and read stay cached: the bound is what limits.
+    assert!(cache_after_40_large_samples(64 * MIB).await > 2 * MIB);
+    assert!(cache_after_40_large_samples(MIB).await <= MIB);
+}
+
 #[tokio::test]
 async fn export_jsonl_writes_every_kept_sample_as_one_line_each() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,10 +2,12 @@
 //! queue, so that the chat path never waits for this work and a long conversation cannot stall other
 //! clients. A full queue drops the turn (counted and logged), it never blocks a request.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ps_chat_template::{ChatTemplateError, ChatTokenizer, EncodedPrefix, TurnInput};
 use ps_core::{
@@ -25,31 +27,120 @@ pub struct CaptureJob {
     pub tools: Option<Value>,
     pub template_kwargs: Option<Map<String, Value>>,
     pub rollout: RolloutResponse,
+    /// The client closed the session with this turn (`X-Session-Done`): no later turn will extend
+    /// its prompt, so the session's cached prefix is dropped rather than kept.
+    pub session_done: bool,
 }
 
 /// Sessions whose last prompt is kept for incremental tokenization; past it the cache starts over.
 pub const PREFIX_CACHE_SESSIONS: usize = 1024;
+/// How long an unused prefix is kept when [`CaptureQueue::with_prefix_idle`] sets nothing: the
+/// default `server.session_timeout_sec`.
+pub const DEFAULT_PREFIX_IDLE: Duration = Duration::from_secs(600);
 
-/// Each session's last encoded prompt, so that the next turn encodes only what it adds
-/// ([`ChatTokenizer::encode_incremental`]; the result is the same as a full encode).
-#[derive(Default)]
-pub struct PrefixCache(std::sync::Mutex<std::collections::HashMap<String, Arc<EncodedPrefix>>>);
+struct CachedPrefix {
+    prefix: Arc<EncodedPrefix>,
+    used: Instant,
+}
+
+/// Each live session's last encoded prompt, so that the next turn encodes only what it adds
+/// ([`ChatTokenizer::encode_incremental`]; the result is the same as a full encode). A session's
+/// entry goes when the client closes the session, or when it has not been used for the idle time
+/// (the session timeout: the session buffer has closed the session by then), so a finished
+/// conversation does not keep its prompt in memory; at most [`PREFIX_CACHE_SESSIONS`] are kept.
+pub struct PrefixCache {
+    map: std::sync::Mutex<HashMap<String, CachedPrefix>>,
+    /// Idle time before an entry is dropped, in ms.
+    idle_ms: AtomicU64,
+    /// When entries were last checked for idleness.
+    swept: std::sync::Mutex<Instant>,
+}
+
+impl Default for PrefixCache {
+    fn default() -> Self {
+        Self::new(DEFAULT_PREFIX_IDLE)
+    }
+}
 
 impl PrefixCache {
+    pub fn new(idle: Duration) -> Self {
+        let cache = Self {
+            map: std::sync::Mutex::new(HashMap::new()),
+            idle_ms: AtomicU64::new(0),
+            swept: std::sync::Mutex::new(Instant::now()),
+        };
+        cache.set_idle(idle);
+        cache
+    }
+
+    fn set_idle(&self, idle: Duration) {
+        let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.idle_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        Duration::from_millis(self.idle_ms.load(Ordering::Relaxed))
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, CachedPrefix>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sessions with a cached prefix.
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     fn get(&self, session_id: &str) -> Option<Arc<EncodedPrefix>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(session_id)
-            .cloned()
+        self.map().get(session_id).map(|c| c.prefix.clone())
     }
 
     fn put(&self, session_id: &str, prefix: EncodedPrefix) {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map();
         if map.len() >= PREFIX_CACHE_SESSIONS && !map.contains_key(session_id) {
             map.clear();
         }
-        map.insert(session_id.to_owned(), Arc::new(prefix));
+        map.insert(
+            session_id.to_owned(),
+            CachedPrefix {
+                prefix: Arc::new(prefix),
+                used: Instant::now(),
+            },
+        );
+    }
+
+    fn forget(&self, session_id: &str) {
+        self.map().remove(session_id);
+    }
+
+    /// Drops the entries unused for longer than the idle time as of `now`; returns how many.
+    pub fn expire(&self, now: Instant) -> usize {
+        let idle = self.idle();
+        let mut map = self.map();
+        let before = map.len();
+        map.retain(|_, c| now.saturating_duration_since(c.used) <= idle);
+        if map.is_empty() {
+            // Give the table's memory back too: after a burst of sessions it would stay sized for
+            // the burst.
+            map.shrink_to_fit();
+        }
+        before - map.len()
+    }
+
+    /// [`PrefixCache::expire`] when a quarter of the idle time has passed since the last check.
+    fn expire_if_due(&self, now: Instant) {
+        {
+            let mut swept = self.swept.lock().unwrap_or_else(|p| p.into_inner());
+            if now.saturating_duration_since(*swept) < self.idle() / 4 {
+                return;
+            }
+            *swept = now;
+        }
+        self.expire(now);
     }
 }
 
@@ -80,8 +171,10 @@ pub fn capture_turn_with(
         },
         prev.as_deref(),
     )?;
-    if let (Some(cache), Some(next)) = (cache, next) {
-        cache.put(session_id, next);
+    match (cache, next) {
+        (Some(cache), _) if job.session_done => cache.forget(session_id),
+        (Some(cache), Some(next)) => cache.put(session_id, next),
+        _ => {}
     }
     let alignment = align_logprobs(
         &tokens.response_ids,
@@ -150,6 +243,7 @@ fn report(turn: &CapturedTurn) {
 pub struct CaptureQueue {
     sink: Arc<dyn TurnSink>,
     max_turn_tokens: Arc<std::sync::atomic::AtomicUsize>,
+    prefixes: Arc<PrefixCache>,
     tx: std::sync::Mutex<Option<SyncSender<CaptureJob>>>,
     workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
@@ -190,6 +284,7 @@ impl CaptureQueue {
         Ok(Self {
             sink,
             max_turn_tokens,
+            prefixes,
             tx: std::sync::Mutex::new(Some(tx)),
             workers: std::sync::Mutex::new(handles),
         })
@@ -201,6 +296,19 @@ impl CaptureQueue {
         self.max_turn_tokens
             .store(max, std::sync::atomic::Ordering::Relaxed);
         self
+    }
+
+    /// Unused cached prefixes are dropped after `idle` (`server.session_timeout_sec`: the session
+    /// is closed by then; a turn that comes later is encoded in full, with the same ids).
+    #[must_use]
+    pub fn with_prefix_idle(self, idle: Duration) -> Self {
+        self.prefixes.set_idle(idle);
+        self
+    }
+
+    /// Sessions whose last prompt is cached for incremental tokenization.
+    pub fn cached_prefixes(&self) -> usize {
+        self.prefixes.len()
     }
 
     /// The sink captured turns go to.
@@ -255,11 +363,14 @@ fn worker(
 ) -> usize {
     let mut captured = 0;
     loop {
+        prefixes.expire_if_due(Instant::now());
         let job = {
             let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
-            match guard.recv() {
+            // Wakes up now and then while idle, so that idle prefixes go even when no turn comes.
+            match guard.recv_timeout((prefixes.idle() / 4).max(Duration::from_millis(10))) {
                 Ok(job) => job,
-                Err(_) => return captured,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return captured,
             }
         };
         let started = Instant::now();
@@ -294,5 +405,86 @@ fn worker(
                 job.guard.set_reason("render_failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use ps_core::FinishReason;
+    use serde_json::json;
+
+    struct Discard;
+
+    impl TurnSink for Discard {
+        fn accept(&self, _turn: CapturedTurn) {}
+    }
+
+    fn job(session: &str, turn: u64, messages: &[Value], session_done: bool) -> CaptureJob {
+        CaptureJob {
+            guard: TurnGuard::new(Arc::new(Discard), session.to_owned(), turn),
+            arrival_seq: turn,
+            messages: messages.to_vec(),
+            tools: None,
+            template_kwargs: None,
+            rollout: RolloutResponse {
+                message: json!({"role": "assistant", "content": format!("Answer {turn}.")}),
+                tokens: Vec::new(),
+                finish: FinishReason {
+                    reason: Some("stop".into()),
+                    matched_stop: Value::Null,
+                },
+                streamed: false,
+            },
+            session_done,
+        }
+    }
+
+    fn policy() -> AlignPolicy {
+        AlignPolicy::default()
+    }
+
+    #[test]
+    fn a_session_closed_by_its_client_leaves_no_cached_prefix() {
+        let tok = ChatTokenizer::mini();
+        let cache = PrefixCache::default();
+        let mut history = vec![json!({"role": "user", "content": "First question"})];
+        capture_turn_with(&tok, &job("a", 1, &history, false), policy(), Some(&cache)).unwrap();
+        capture_turn_with(&tok, &job("b", 1, &history, false), policy(), Some(&cache)).unwrap();
+        assert_eq!(cache.len(), 2, "each open session keeps its last prompt");
+        history.push(json!({"role": "assistant", "content": "Answer 1."}));
+        history.push(json!({"role": "user", "content": "Second question"}));
+        let done =
+            capture_turn_with(&tok, &job("a", 2, &history, true), policy(), Some(&cache)).unwrap();
+        assert!(!done.prompt_ids.is_empty());
+        assert_eq!(cache.len(), 1, "the closed session's prefix is gone");
+        assert!(cache.get("a").is_none() && cache.get("b").is_some());
+    }
+
+    #[test]
+    fn unused_prefixes_expire_after_the_idle_time() {
+        let cache = PrefixCache::new(Duration::from_secs(60));
+        let prefix = || EncodedPrefix {
+            text: "x".into(),
+            ids: vec![1],
+            boundaries: Vec::new(),
+        };
+        cache.put("a", prefix());
+        let now = Instant::now();
+        assert_eq!(cache.expire(now), 0, "used just now");
+        assert_eq!(
+            cache.expire(now + Duration::from_secs(30)),
+            0,
+            "idle 30 s of 60"
+        );
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.expire(now + Duration::from_secs(61)), 1);
+        assert!(cache.is_empty());
+        cache.put("again", prefix());
+        cache.forget("again");
+        cache.forget("never-there");
+        assert!(cache.is_empty());
     }
 }

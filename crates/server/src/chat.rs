@@ -29,6 +29,7 @@ pub(crate) struct TurnContext {
     pub messages: Vec<Value>,
     pub tools: Option<Value>,
     pub template_kwargs: Option<Map<String, Value>>,
+    pub session_done: bool,
 }
 
 impl TurnContext {
@@ -40,6 +41,7 @@ impl TurnContext {
             tools: self.tools,
             template_kwargs: self.template_kwargs,
             rollout,
+            session_done: self.session_done,
         }
     }
 }
@@ -219,6 +221,7 @@ async fn handle(
             .get("chat_template_kwargs")
             .and_then(Value::as_object)
             .cloned(),
+        session_done: req.session.done,
     });
     let upstream_stream = req.stream && opts.upstream_stream;
     let forward_opts = ForwardOptions {

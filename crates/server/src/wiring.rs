@@ -479,7 +479,10 @@ pub async fn build_app(
         CAPTURE_QUEUE_CAPACITY,
         workers,
     )
-    .map(|q| q.with_max_turn_tokens(settings.server.max_turn_tokens))
+    .map(|q| {
+        q.with_max_turn_tokens(settings.server.max_turn_tokens)
+            .with_prefix_idle(settings.server.session_timeout())
+    })
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
         store,

@@ -40,9 +40,9 @@ pub fn stored(mut sample: Sample, seq: u64) -> Sample {
 
 pub fn config(dir: &Path, retain_committed: u64, max_batch: usize) -> StoreConfig {
     StoreConfig {
-        path: dir.to_path_buf(),
         retain_committed,
         max_batch,
+        ..StoreConfig::new(dir)
     }
 }
 
