@@ -11,6 +11,10 @@
 //! included) and memory, and checks them against the targets of `docs/benchmarks.md` (reported,
 //! never asserted). It talks to 127.0.0.1 only and depends on no crate of the product: what it
 //! measures is the shipped binary, not a library call.
+//!
+//! [`soak`] uses the same children, workload and readings for a long bounded run in RL mode, with a
+//! trainer ([`trainer`]) pulling and committing the samples, and follows the proxy's memory from a
+//! baseline to the end, once every session is flushed.
 
 mod children;
 pub mod procfs;
