@@ -51,6 +51,8 @@ pub const PRM_TEMPERATURE: f64 = 0.6;
 pub const PRM_MAX_NEW_TOKENS: u32 = 4096;
 /// `prm.max_concurrency`.
 pub const PRM_MAX_CONCURRENCY: usize = 64;
+/// `prm.max_backlog`.
+pub const PRM_MAX_BACKLOG: usize = 4096;
 
 /// `provider.max_concurrency`.
 pub const PROVIDER_MAX_CONCURRENCY: usize = 4;

@@ -299,6 +299,10 @@ pub struct PrmSettings {
     pub model: Option<String>,
     /// Cap on simultaneous judge calls (PRM and hint votes) across all sessions. Default 64.
     pub max_concurrency: usize,
+    /// Turns waiting for or in judging at once; a turn beyond it yields no sample (counted as
+    /// `turns_dropped_total{reason="judge_backlog"}`, logged), so that a judge slower than the
+    /// traffic cannot grow the proxy's memory without bound. Default 4096.
+    pub max_backlog: usize,
 }
 
 impl Default for PrmSettings {
@@ -314,6 +318,7 @@ impl Default for PrmSettings {
             backend: PrmBackend::default(),
             model: None,
             max_concurrency: d::PRM_MAX_CONCURRENCY,
+            max_backlog: d::PRM_MAX_BACKLOG,
         }
     }
 }

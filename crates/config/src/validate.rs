@@ -107,6 +107,7 @@ impl Settings {
             v.fail("prm.num_votes", p.num_votes, "at least 1 vote per turn");
         }
         v.positive("prm.timeout_sec", p.timeout_sec);
+        v.positive("prm.max_backlog", p.max_backlog as u64);
         if !p.temperature.is_finite() || p.temperature < 0.0 {
             v.fail("prm.temperature", p.temperature, "a number ≥ 0");
         }

@@ -41,8 +41,9 @@ pub const PRM_SECONDS: &str = "policy_serving_prm_seconds";
 pub const RECORDS_FAILED_TOTAL: &str = "policy_serving_records_failed_total";
 /// OPD turns whose teacher echoed other token ids than the response's (a tokenizer mismatch).
 pub const TEACHER_MISMATCH_TOTAL: &str = "policy_serving_teacher_mismatch_total";
-/// OPD/Combine turns that produced no sample, labelled `reason`
-/// (`no_next_state`|`no_hint`|`teacher_error`|`teacher_token_mismatch`|`nothing_to_learn`).
+/// Turns that produced no sample, labelled `reason`: in OPD/Combine
+/// `no_next_state`|`no_hint`|`teacher_error`|`teacher_token_mismatch`|`nothing_to_learn`; in any
+/// mode `judge_backlog` (more than `prm.max_backlog` turns were already waiting for a judge).
 pub const TURNS_DROPPED_TOTAL: &str = "policy_serving_turns_dropped_total";
 /// Time of one teacher call.
 pub const TEACHER_SECONDS: &str = "policy_serving_teacher_seconds";

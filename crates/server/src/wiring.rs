@@ -419,6 +419,7 @@ fn buffer_config(settings: &Settings) -> BufferConfig {
         prm_enabled: settings.prm.enabled,
         session_timeout: settings.server.session_timeout(),
         max_sessions: settings.server.max_sessions,
+        max_judge_backlog: settings.prm.max_backlog,
     }
 }
 

@@ -1,5 +1,5 @@
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -75,6 +75,10 @@ pub struct BufferConfig {
     pub session_timeout: Duration,
     /// Live sessions held at most (`server.max_sessions`); beyond it the oldest idle one is closed.
     pub max_sessions: usize,
+    /// Turns waiting for or in judging at once (`prm.max_backlog`). A turn that needs a judge
+    /// beyond it is dropped (`turns_dropped_total{reason="judge_backlog"}`): a judge slower than the
+    /// traffic must not grow the proxy's memory without bound.
+    pub max_judge_backlog: usize,
 }
 
 /// Receives JSONL records (written off the chat path by the implementation).
@@ -215,6 +219,17 @@ struct Inner {
     /// Turns being judged, by (session, turn): what to persist if the server stops first.
     inflight: Mutex<HashMap<(String, u64), PendingTurn>>,
     pending_store: std::sync::OnceLock<Arc<dyn PendingStore>>,
+    /// Turns waiting for or in judging now (bounded by `config.max_judge_backlog`).
+    judging: AtomicUsize,
+}
+
+/// Counts one turn in [`Inner::judging`] while alive (also when its judging is cancelled).
+struct JudgingSlot<'a>(&'a AtomicUsize);
+
+impl Drop for JudgingSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The per-session state machine. Cheap to clone.
@@ -268,6 +283,7 @@ impl SessionBuffer {
             runtime: tokio::runtime::Handle::current(),
             inflight: Mutex::new(HashMap::new()),
             pending_store: std::sync::OnceLock::new(),
+            judging: AtomicUsize::new(0),
         }))
     }
 
@@ -562,10 +578,21 @@ impl SessionBuffer {
 
     async fn judge(&self, job: Job) {
         let (session_id, turn_no) = (job.session_id.clone(), job.turn_no);
-        let ready = match self.0.config.mode {
-            BufferMode::Rl => self.judge_rl(job).await,
-            BufferMode::Opd | BufferMode::Combine => self.judge_opd(job).await,
+        // Only a turn with a next state calls a judge; the others are cheap and always go through.
+        let needs_judge = job.next.is_some()
+            && (self.0.config.mode != BufferMode::Rl || self.0.config.prm_enabled);
+        let backlog = needs_judge.then(|| {
+            let waiting = self.0.judging.fetch_add(1, Ordering::Relaxed);
+            (waiting, JudgingSlot(&self.0.judging))
+        });
+        let ready = match (&backlog, self.0.config.mode) {
+            (Some((n, _)), _) if *n >= self.0.config.max_judge_backlog => {
+                self.drop_for_backlog(&job, *n)
+            }
+            (_, BufferMode::Rl) => self.judge_rl(job).await,
+            (_, BufferMode::Opd | BufferMode::Combine) => self.judge_opd(job).await,
         };
+        drop(backlog);
         let start_drain = {
             let mut sessions = lock(&self.0.sessions);
             let s = sessions
@@ -662,6 +689,23 @@ impl SessionBuffer {
             has_next_state: next.is_some(),
             judged,
         }
+    }
+
+    /// A turn dropped because `max_judge_backlog` turns already wait for a judge.
+    fn drop_for_backlog(&self, job: &Job, waiting: usize) -> Ready {
+        self.0
+            .counters
+            .dropped_turns
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::TURNS_DROPPED_TOTAL, "reason" => "judge_backlog").increment(1);
+        tracing::warn!(
+            session_id = %job.session_id,
+            turn = job.turn_no,
+            waiting,
+            "the judge is behind: {waiting} turns already wait for it, so this turn yields no sample \
+             (raise prm.max_concurrency or add judge capacity; prm.max_backlog bounds the wait)"
+        );
+        Ready::Skip
     }
 
     /// A turn that yields no sample in OPD/Combine: counted, logged, recorded with its reason.

@@ -80,20 +80,25 @@ struct Rig {
 }
 
 fn rig_with(prm_enabled: bool, max_sessions: usize) -> Rig {
+    rig_config(|c| {
+        c.prm_enabled = prm_enabled;
+        c.max_sessions = max_sessions;
+    })
+}
+
+fn rig_config(change: impl FnOnce(&mut BufferConfig)) -> Rig {
     let scorer = Arc::new(FakeScorer::default());
     let sink = Arc::new(CollectSink::default());
-    let buffer = SessionBuffer::new(
-        BufferConfig {
-            mode: BufferMode::Rl,
-            opd: OpdOptions::default(),
-            prm_enabled,
-            session_timeout: Duration::from_secs(60),
-            max_sessions,
-        },
-        Some(scorer.clone()),
-        sink.clone(),
-        None,
-    );
+    let mut config = BufferConfig {
+        mode: BufferMode::Rl,
+        opd: OpdOptions::default(),
+        prm_enabled: true,
+        session_timeout: Duration::from_secs(60),
+        max_sessions: 100,
+        max_judge_backlog: usize::MAX,
+    };
+    change(&mut config);
+    let buffer = SessionBuffer::new(config, Some(scorer.clone()), sink.clone(), None);
     Rig {
         buffer,
         scorer,
@@ -531,4 +536,32 @@ async fn a_resumed_session_remembers_it_already_had_an_effective_sample() {
     assert_eq!(s[0].metadata["at_least_one"], false);
     assert_eq!(s[0].metadata["excluded"], "score_zero");
     assert!(s[0].loss_mask.iter().all(|b| *b == 0));
+}
+
+#[tokio::test]
+async fn a_turn_beyond_the_judge_backlog_is_dropped_and_counted_and_later_turns_go_on() {
+    let r = rig_config(|c| c.max_judge_backlog = 1);
+    // Session a's turn 1 takes the only backlog slot and its judge hangs.
+    let t = r.buffer.begin("a", &user("x"), false);
+    r.buffer.accept(captured("a", t));
+    let t = r.buffer.begin("a", &user("hold score:1"), false);
+    r.buffer.accept(captured("a", t));
+    wait_for("a's turn 1 judging", || {
+        r.buffer.status().pending.scoring == 1
+    })
+    .await;
+    // Session b's turn 1 needs the judge too: dropped. Its turn 2 (no next state) needs none.
+    let t = r.buffer.begin("b", &user("y"), false);
+    r.buffer.accept(captured("b", t));
+    let t = r.buffer.begin("b", &user("score:1"), true);
+    r.buffer.accept(captured("b", t));
+    wait_for("b's turn 2 submitted", || r.sink.taken().len() == 1).await;
+    let s = r.sink.taken();
+    assert_eq!((s[0].session_id.as_str(), s[0].turn), ("b", 2));
+    assert_eq!(s[0].metadata["excluded"], "no_next_state");
+    assert_eq!(r.buffer.status().turns_dropped, 1);
+    // The slot frees: a's turn 1 is judged and submitted.
+    r.scorer.release.notify_waiters();
+    wait_for("a's turn 1 submitted", || r.sink.taken().len() == 2).await;
+    assert_eq!(r.sink.taken()[1].reward.score, 1.0);
 }

@@ -128,6 +128,7 @@ fn rig_with(mode: BufferMode, opd: OpdOptions, teacher: MockTeacherScorer) -> Ri
             prm_enabled: true,
             session_timeout: Duration::from_secs(60),
             max_sessions: 100,
+            max_judge_backlog: usize::MAX,
         },
         Some(Arc::new(EvalByText)),
         Some(OpdParts {
