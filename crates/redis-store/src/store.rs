@@ -145,8 +145,6 @@ const TOKEN_TTL_MIN: Duration = Duration::from_secs(600);
 const REQUEUE_SCAN: usize = 1000;
 /// Long-polls waiting at once (each holds a Redis connection); more wait for a slot.
 const MAX_LONG_POLLS: usize = 32;
-/// Longest piece of an unexpected Redis answer quoted in an error.
-const QUOTE_CHARS: usize = 300;
 /// Back-off of retried appends.
 const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
@@ -244,6 +242,15 @@ fn token(bytes: &[u8]) -> String {
     format!("{:016x}{:016x}", half(0), half(1))
 }
 
+/// A sample as stored: MessagePack with named fields, as in the embedded store.
+fn encode(sample: &Sample) -> Result<Vec<u8>, RedisStoreError> {
+    rmp_serde::to_vec_named(sample).map_err(|source| RedisStoreError::Encode {
+        session_id: sample.session_id.clone(),
+        turn: sample.turn,
+        source,
+    })
+}
+
 /// Decodes the sample stored under `seq`, with `index` and `group_index` set to it.
 fn decode(
     seq: u64,
@@ -300,22 +307,29 @@ fn read_reply_entries(reply: &Value) -> Option<Vec<Entry>> {
     };
     let mut out = Vec::new();
     for entries in streams {
-        for e in items(entries) {
+        out.extend(entry_list(entries)?);
+    }
+    Some(out)
+}
+
+/// A list of stream entries `[[id, [field, value, ...] | nil], ...]`, as `XRANGE` answers and
+/// `XREADGROUP` answers per stream.
+fn entry_list(entries: &Value) -> Option<Vec<Entry>> {
+    items(entries)
+        .iter()
+        .map(|e| {
             let parts = items(e);
             let seq = parse_id(bytes_of(parts.first()?)?)?;
             let payload = match parts.get(1) {
                 None | Some(Value::Nil) => None,
-                Some(fields) => {
-                    let f = items(fields);
-                    f.chunks(2)
-                        .find(|kv| kv.first().and_then(bytes_of) == Some(FIELD))
-                        .and_then(|kv| kv.get(1).and_then(bytes_of).map(<[u8]>::to_vec))
-                }
+                Some(fields) => items(fields)
+                    .chunks(2)
+                    .find(|kv| kv.first().and_then(bytes_of) == Some(FIELD))
+                    .and_then(|kv| kv.get(1).and_then(bytes_of).map(<[u8]>::to_vec)),
             };
-            out.push((seq, payload));
-        }
-    }
-    Some(out)
+            Some((seq, payload))
+        })
+        .collect()
 }
 
 /// Whether a failed command may succeed when sent again (connection lost, Redis restarting or
@@ -371,7 +385,10 @@ impl RedisStore {
             )
             .await
             .map_err(unreachable)?;
-        let durability = durability(&mut probe).await;
+        let durability = durability(
+            config_get(&mut probe, "appendonly").await.as_deref(),
+            config_get(&mut probe, "appendfsync").await,
+        );
         let eviction = config_get(&mut probe, "maxmemory-policy").await;
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -507,11 +524,7 @@ impl RedisStore {
     /// encoded sample, so a retry of an append that did land, also a retry by the caller, returns
     /// the seq it already got instead of adding a second copy.
     pub async fn append(&self, sample: &Sample) -> Result<u64, RedisStoreError> {
-        let bytes = rmp_serde::to_vec_named(sample).map_err(|source| RedisStoreError::Encode {
-            session_id: sample.session_id.clone(),
-            turn: sample.turn,
-            source,
-        })?;
+        let bytes = encode(sample)?;
         self.append_token(
             &bytes,
             &format!("{}{}", self.inner.keys.token_prefix, token(&bytes)),
@@ -527,11 +540,7 @@ impl RedisStore {
         sample: &Sample,
         token: &str,
     ) -> Result<u64, RedisStoreError> {
-        let bytes = rmp_serde::to_vec_named(sample).map_err(|source| RedisStoreError::Encode {
-            session_id: sample.session_id.clone(),
-            turn: sample.turn,
-            source,
-        })?;
+        let bytes = encode(sample)?;
         self.append_token(&bytes, &format!("{}{token}", self.inner.keys.token_prefix))
             .await
     }
@@ -717,16 +726,10 @@ impl RedisStore {
 
     fn entries(&self, reply: &Value) -> Result<Vec<Entry>, RedisStoreError> {
         read_reply_entries(reply).ok_or_else(|| {
-            let mut quoted = format!("{reply:?}");
-            if quoted.len() > QUOTE_CHARS {
-                let cut = (0..=QUOTE_CHARS)
-                    .rev()
-                    .find(|i| quoted.is_char_boundary(*i))
-                    .unwrap_or(0);
-                quoted.truncate(cut);
-                quoted.push_str("...");
-            }
-            self.unexpected("XREADGROUP", quoted)
+            self.unexpected(
+                "XREADGROUP",
+                ps_core::errors::snippet(format!("{reply:?}").as_bytes()),
+            )
         })
     }
 
@@ -823,9 +826,10 @@ impl RedisStore {
         Ok(self.stats().await?.last_seq)
     }
 
-    /// Records that every sample up to `through` was consumed: acknowledges the pending entries up
-    /// to it, moves the commit point (never back) and trims to `retain_committed` committed
-    /// entries, in one script.
+    /// Records that every sample up to `through` that `consumer` was given is consumed:
+    /// acknowledges those pending entries, moves the commit point (never back) and trims to
+    /// `retain_committed` committed entries (never at or above an entry still pending for anyone),
+    /// in one script.
     pub async fn commit(&self, through: u64, consumer: &str) -> Result<(), RedisStoreError> {
         let keys = &self.inner.keys;
         let (done, last_seq): (u8, u64) = self
@@ -884,9 +888,8 @@ impl RedisStore {
             .query_async(&mut self.conn())
             .await
             .map_err(self.failed("read the stream"))?;
-        let wrapped = Value::Array(vec![Value::Array(vec![Value::Nil, reply])]);
-        let entries = read_reply_entries(&wrapped)
-            .ok_or_else(|| self.unexpected("XRANGE", "not a list of entries"))?;
+        let entries =
+            entry_list(&reply).ok_or_else(|| self.unexpected("XRANGE", "not a list of entries"))?;
         entries
             .into_iter()
             .filter_map(|(seq, p)| p.map(|b| (seq, b)))
@@ -895,6 +898,7 @@ impl RedisStore {
     }
 }
 
+/// A setting of the Redis server (`None`: `CONFIG GET` refused, as on some managed services).
 async fn config_get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
     let pairs: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
@@ -905,22 +909,9 @@ async fn config_get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> 
     pairs.get(1).cloned()
 }
 
-async fn durability(conn: &mut redis::aio::MultiplexedConnection) -> Durability {
-    let config: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("append*")
-        .query_async(conn)
-        .await;
-    let Ok(pairs) = config else {
-        return Durability::Unknown;
-    };
-    let get = |k: &str| {
-        pairs
-            .chunks(2)
-            .find(|kv| kv.first().map(String::as_str) == Some(k))
-            .and_then(|kv| kv.get(1).cloned())
-    };
-    match (get("appendonly").as_deref(), get("appendfsync")) {
+/// How Redis keeps what it accepted, from its `appendonly` and `appendfsync` settings.
+fn durability(appendonly: Option<&str>, appendfsync: Option<String>) -> Durability {
+    match (appendonly, appendfsync) {
         (Some("yes"), Some(f)) if f == "always" => Durability::EveryWrite,
         (Some("yes"), f) => Durability::AppendOnly {
             fsync: f.unwrap_or_default(),
@@ -1035,6 +1026,23 @@ impl SampleLog for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durability_follows_appendonly_and_appendfsync() {
+        let always = Some("always".to_owned());
+        assert_eq!(
+            durability(Some("yes"), always.clone()),
+            Durability::EveryWrite
+        );
+        assert_eq!(
+            durability(Some("yes"), Some("everysec".into())),
+            Durability::AppendOnly {
+                fsync: "everysec".into()
+            }
+        );
+        assert_eq!(durability(Some("no"), always), Durability::NoAppendOnly);
+        assert_eq!(durability(None, None), Durability::Unknown);
+    }
 
     #[test]
     fn stream_ids_are_seqs() {

@@ -162,13 +162,11 @@ pub async fn samples(
         "query parameter",
     )?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    let mut last_seq = r.store.stats().await?.last_seq;
-    if wait_ms > 0 && last_seq <= after {
-        last_seq = r
-            .store
-            .wait_newer(after, Duration::from_millis(wait_ms))
-            .await?;
-    }
+    // Returns at once when something newer than `after` exists (or `wait_ms` is 0).
+    let mut last_seq = r
+        .store
+        .wait_newer(after, Duration::from_millis(wait_ms))
+        .await?;
     let mut samples = r.store.read(after, max, consumer).await?;
     // Newer samples exist but went to other consumers (Redis consumer groups): wait for the next
     // append within what is left of `wait_ms` instead of answering at once (no busy polling).
