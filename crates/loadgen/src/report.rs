@@ -238,7 +238,6 @@ impl Report {
             "cpu fake",
             "cpu lg"
         );
-        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
         let row = |out: &mut String, label: &str, s: Option<Summary>| {
             let _ = writeln!(
                 out,
@@ -289,7 +288,6 @@ impl Report {
                 opt(p.proxy_settle_s),
             );
         }
-        let mib = |kib: u64| kib as f64 / 1024.0;
         let _ = writeln!(
             out,
             "proxy memory: RSS {:.1} MiB now, {:.1} MiB peak",
@@ -301,28 +299,42 @@ impl Report {
             "throughput proxy/direct: {}",
             opt(self.throughput_ratio)
         );
-        let _ = writeln!(out, "\ntargets:");
-        for t in &self.targets {
-            let verdict = match t.pass {
-                Some(true) => "PASS",
-                Some(false) => "MISS",
-                None => "n/a ",
-            };
-            let _ = writeln!(
-                out,
-                "  [{verdict}] {:<45} {:>9}   (target {})",
-                t.name,
-                opt(t.value),
-                t.goal
-            );
-        }
-        if !self.notes.is_empty() {
-            let _ = writeln!(out, "\nnotes:");
-            for n in &self.notes {
-                let _ = writeln!(out, "  - {n}");
-            }
-        }
+        write_targets_and_notes(&mut out, &self.targets, &self.notes);
         out
+    }
+}
+
+/// A value with 3 decimals, or `-` when there is none.
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"))
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// The `targets:` lines (PASS / MISS / n/a) and the notes, as both reports end.
+fn write_targets_and_notes(out: &mut String, targets: &[TargetCheck], notes: &[String]) {
+    let _ = writeln!(out, "\ntargets:");
+    for t in targets {
+        let verdict = match t.pass {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "n/a ",
+        };
+        let _ = writeln!(
+            out,
+            "  [{verdict}] {:<45} {:>9}   (target {})",
+            t.name,
+            opt(t.value),
+            t.goal
+        );
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\nnotes:");
+        for n in notes {
+            let _ = writeln!(out, "  - {n}");
+        }
     }
 }
 
@@ -583,8 +595,6 @@ impl SoakReport {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let c = &self.config;
-        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
-        let mib = |kib: u64| kib as f64 / 1024.0;
         let _ = writeln!(
             out,
             "policy-serving soak: {} sessions of {}..={} turns (seed {}, {} turns), {} at a time, \
@@ -692,27 +702,7 @@ impl SoakReport {
             "RSS slope over the second half of the soak: {} KiB per 1,000 turns",
             opt(m.second_half_kib_per_1000_turns)
         );
-        let _ = writeln!(out, "\ntargets:");
-        for t in &self.targets {
-            let verdict = match t.pass {
-                Some(true) => "PASS",
-                Some(false) => "MISS",
-                None => "n/a ",
-            };
-            let _ = writeln!(
-                out,
-                "  [{verdict}] {:<45} {:>9}   (target {})",
-                t.name,
-                opt(t.value),
-                t.goal
-            );
-        }
-        if !self.notes.is_empty() {
-            let _ = writeln!(out, "\nnotes:");
-            for n in &self.notes {
-                let _ = writeln!(out, "  - {n}");
-            }
-        }
+        write_targets_and_notes(&mut out, &self.targets, &self.notes);
         out
     }
 }

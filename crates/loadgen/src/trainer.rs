@@ -250,7 +250,17 @@ async fn pull(
         spec.page,
         spec.wait.as_millis()
     );
-    let resp = client.get(&url).send().await.map_err(|e| e.to_string())?;
+    let body = success_body(client.get(&url).send().await).await?;
+    let page = serde_json::from_slice(&body).map_err(|e| format!("unusable page: {e}"))?;
+    Ok((page, body.len() as u64))
+}
+
+/// The body of a successful answer; a failed request or a non-2xx status (with the start of its
+/// body) as text.
+async fn success_body(
+    sent: Result<reqwest::Response, reqwest::Error>,
+) -> Result<bytes::Bytes, String> {
+    let resp = sent.map_err(|e| e.to_string())?;
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
@@ -259,8 +269,7 @@ async fn pull(
             String::from_utf8_lossy(&body[..body.len().min(300)])
         ));
     }
-    let page = serde_json::from_slice(&body).map_err(|e| format!("unusable page: {e}"))?;
-    Ok((page, body.len() as u64))
+    Ok(body)
 }
 
 /// POSTs `{"through": through}` (or nothing) and returns the answer's body.
@@ -273,15 +282,7 @@ async fn post(
     if let Some(seq) = through {
         req = req.json(&serde_json::json!({ "through": seq }));
     }
-    let resp = req.send().await.map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body = resp.bytes().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(300)])
-        ));
-    }
+    let body = success_body(req.send().await).await?;
     Ok(body.to_vec())
 }
 
