@@ -6,14 +6,16 @@
 use serde_json::{Map, Value};
 
 /// Flattens a message content to text: a string stays as is; a list of parts becomes the `text` of its
-/// `{"type": "text"}` parts joined by one space (other parts are dropped); anything else is `""`.
+/// `{"type": "text"}` parts joined by one space, a text part without a string `text` contributing
+/// `""` as in the reference (so `[{"type":"text"},{"type":"text","text":"a"}]` is `" a"`); other
+/// parts are dropped; anything else is `""`.
 pub fn flatten_content(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts
             .iter()
             .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .map(|p| p.get("text").and_then(Value::as_str).unwrap_or(""))
             .collect::<Vec<_>>()
             .join(" "),
         _ => String::new(),
@@ -85,6 +87,19 @@ mod tests {
         assert_eq!(
             normalize_message(&json!({"role": "user", "content": null})),
             json!({"role": "user", "content": null})
+        );
+    }
+
+    /// The reference joins `part.get("text", "")` of every text part: a text part without `text`
+    /// still adds its separator, which changes the rendered prompt and so the token ids.
+    #[test]
+    fn a_text_part_without_text_contributes_an_empty_string() {
+        let c = json!([{"type": "text"}, {"type": "text", "text": "a"}, {"type": "image_url"},
+                       {"type": "text", "text": "b"}, {"type": "text", "text": null}]);
+        assert_eq!(flatten_content(&c), " a b ");
+        assert_eq!(
+            normalize_message(&json!({"role": "user", "content": [{"type": "text"}]})),
+            json!({"role": "user", "content": ""})
         );
     }
 
