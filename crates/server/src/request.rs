@@ -169,10 +169,10 @@ fn session_keys(
     let session_id = header_str(headers, SESSION_ID_HEADER)
         .map(str::to_owned)
         .or(body_id);
-    let done = header_str(headers, SESSION_DONE_HEADER)
-        .map(str::to_owned)
-        .or(body_done)
-        .is_some_and(|s| is_truthy(&s));
+    // Either key ends the session, as in the reference (`header or body`): a header `0` does not
+    // cancel a body `true`.
+    let done = header_str(headers, SESSION_DONE_HEADER).is_some_and(is_truthy)
+        || body_done.as_deref().is_some_and(is_truthy);
     let turn_type = match header_str(headers, TURN_TYPE_HEADER)
         .map(str::to_owned)
         .or(body_turn)
@@ -255,6 +255,29 @@ mod tests {
         assert!(!r.body.contains_key("turn_type"));
         assert!(!r.body.contains_key("session_done"));
         assert_eq!(r.body["x_extra"], 1);
+    }
+
+    #[test]
+    fn session_done_is_the_or_of_header_and_body() {
+        let with_body = |done: &str| {
+            format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"session_done":{done}}}"#)
+        };
+        let cases: &[(&str, Option<&'static str>, bool)] = &[
+            // a header `0` does not cancel a body `true` (the reference ORs them)
+            ("true", Some("0"), true),
+            ("false", Some("1"), true),
+            ("\"yes\"", None, true),
+            ("false", Some("no"), false),
+            ("0", None, false),
+        ];
+        for (body, header, want) in cases {
+            let h = match header {
+                Some(v) => headers(&[("x-session-done", v)]),
+                None => HeaderMap::new(),
+            };
+            let r = parse(with_body(body).as_bytes(), &h).expect("valid");
+            assert_eq!(r.session.done, *want, "body {body}, header {header:?}");
+        }
     }
 
     #[test]
