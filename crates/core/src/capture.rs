@@ -50,6 +50,13 @@ pub trait TurnSink: Send + Sync {
         0
     }
 
+    /// A main request of `session_id` arrived that will not be captured (served while the trainer
+    /// has paused submission, `server.pause_mode = "serve"`). Its last message is still the next
+    /// state of the session's previous main turn: a turn's next state is only ever the message that
+    /// directly follows it, never one from several turns later. `done` ends the session as in
+    /// [`TurnSink::begin`].
+    fn advance(&self, _session_id: &str, _last_message: &Value, _done: bool) {}
+
     /// A request that is not a main turn said the session is done.
     fn end_session(&self, _session_id: &str) {}
 

@@ -16,6 +16,12 @@ pub const PROMPT_NOT_PREFIX_TOTAL: &str = "policy_serving_capture_prompt_not_pre
 pub const TOKEN_MISMATCH_TOTAL: &str = "policy_serving_capture_token_mismatch_total";
 /// Response positions marked as having no log-prob, labelled `source` (`eos_unreported`|`unsampled`).
 pub const MARKED_POSITIONS_TOTAL: &str = "policy_serving_capture_marked_positions_total";
+/// Response positions of submitted samples whose rollout log-prob is a placeholder (`0.0`, the
+/// upstream reported none), labelled `outcome`: `trained` (loss mask 1, listed per sample in
+/// `metadata.trained_without_rollout_logprob`) or `masked` (taken out of the loss because a teacher
+/// field would otherwise have carried the placeholder: Combine's RL-only samples).
+pub const SAMPLE_POSITIONS_WITHOUT_LOGPROB_TOTAL: &str =
+    "policy_serving_sample_positions_without_logprob_total";
 /// Time from request to upstream answer headers (non-stream: whole answer).
 pub const UPSTREAM_SECONDS: &str = "policy_serving_upstream_seconds";
 /// Time a capture worker spent rendering, tokenizing and aligning one turn.

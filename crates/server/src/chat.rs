@@ -187,21 +187,26 @@ async fn handle(
     }
 
     let sink = app.capture().sink().clone();
-    let turn = if turn_type == TurnType::Main && collect {
-        let last = req
-            .body
+    let last_message = || {
+        req.body
             .get("messages")
             .and_then(Value::as_array)
             .and_then(|m| m.last())
             .cloned()
-            .unwrap_or(Value::Null);
-        let turn_no = sink.begin(&session_id, &last, req.session.done);
+            .unwrap_or(Value::Null)
+    };
+    let turn = if turn_type == TurnType::Main && collect {
+        let turn_no = sink.begin(&session_id, &last_message(), req.session.done);
         span.record("turn", turn_no);
         let mut guard = ps_core::TurnGuard::new(sink, session_id.clone(), turn_no);
         guard.set_reason("upstream_failed");
         Some(guard)
     } else {
-        if req.session.done && collect {
+        if turn_type == TurnType::Main {
+            // Served while paused: not captured, but the session still moves on, so the previous
+            // turn's next state is this request's message and not one from after the resume.
+            sink.advance(&session_id, &last_message(), req.session.done);
+        } else if req.session.done {
             sink.end_session(&session_id);
         }
         None

@@ -274,6 +274,12 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         "turns_abandoned": b.turns_abandoned,
         "turns_dropped": b.turns_dropped,
         "teacher_mismatches": b.teacher_mismatches,
+        // Positions of stored samples whose rollout log-prob is a 0.0 placeholder: trained (listed
+        // per sample in metadata.trained_without_rollout_logprob) or taken out of the loss.
+        "positions_without_logprob": {
+            "trained": b.positions_trained_without_logprob,
+            "masked": b.positions_masked_without_logprob,
+        },
         "mode": r.buffer.mode().as_str(),
         "store": r.store.describe(),
         "sessions": {"timed_out": b.sessions_timed_out, "evicted": b.sessions_evicted},

@@ -198,7 +198,8 @@ async fn a_conversation_becomes_scored_samples_the_trainer_pulls_and_commits() {
         .json()
         .await
         .unwrap();
-    assert_eq!(scores["scores"], json!([1.0]));
+    // Every submitted RL sample's score, as the reference: turn 2 had no next state, so 0.
+    assert_eq!(scores["scores"], json!([1.0, 0.0]));
     let scores: Value = s
         .post("/v1/rollout/eval-scores/drain", json!({}))
         .await
@@ -332,6 +333,73 @@ async fn paused_server(mode: PauseMode, hold: Duration) -> (Server, tempfile::Te
     assert_eq!(s.post("/v1/rollout/pause", json!({})).await.status(), 200);
     assert_eq!(s.status().await["submission_enabled"], false);
     (s, dir)
+}
+
+/// A session that spans pause → requests → resume in `pause_mode = "serve"`: the request served
+/// while paused is not captured, but it is the next state of the turn before the pause; the first
+/// request after the resume starts a new turn and is nobody's next state from before.
+#[tokio::test]
+async fn a_session_spanning_a_serve_mode_pause_keeps_each_turns_own_next_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, dir.path());
+    set.server.pause_mode = PauseMode::Serve;
+    let s = start(set, fake).await;
+    let answer = |v: Value| v["choices"][0]["message"].clone();
+    let a1: Value = s
+        .chat("p", json!([user("q")]), false)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(s.post("/v1/rollout/pause", json!({})).await.status(), 200);
+    let h2 = json!([user("q"), answer(a1.clone()), user("said during the pause")]);
+    let a2: Value = s.chat("p", h2, false).await.json().await.unwrap();
+    assert_eq!(s.post("/v1/rollout/resume", json!({})).await.status(), 200);
+    let h3 = json!([
+        user("q"),
+        answer(a1),
+        user("said during the pause"),
+        answer(a2),
+        user("said after the resume")
+    ]);
+    assert_eq!(s.chat("p", h3, true).await.status(), 200);
+    let st = s.wait_submitted(2).await;
+    assert_eq!(
+        st["samples"]["submitted"], 2,
+        "the paused turn is not captured"
+    );
+    let judged: Vec<String> = s
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/generate")
+        .map(|r| r.body["text"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        judged.len(),
+        3,
+        "one turn judged (3 votes); the last has no next state"
+    );
+    for text in &judged {
+        assert!(text.contains("said during the pause"), "{text}");
+        assert!(!text.contains("said after the resume"), "{text}");
+    }
+    let pulled = s.pull(0).await;
+    let turns: Vec<(u64, Value)> = pulled["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["sample"]["turn"].as_u64().unwrap(),
+                x["sample"]["metadata"]["excluded"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(turns[0].0, 1);
+    assert_eq!(turns[1], (2, json!("no_next_state")));
+    s.stop().await;
 }
 
 #[tokio::test]

@@ -121,6 +121,12 @@ pub struct BufferStatus {
     pub sessions_evicted: u64,
     pub eval_scores: u64,
     pub eval_score_mean: Option<f64>,
+    /// Trained positions of submitted samples whose rollout log-prob is a `0.0` placeholder (listed
+    /// per sample in `metadata.trained_without_rollout_logprob`).
+    pub positions_trained_without_logprob: u64,
+    /// Positions of submitted samples taken out of the loss because a teacher field would have
+    /// carried a placeholder (Combine's RL-only samples, `metadata.masked_without_logprob`).
+    pub positions_masked_without_logprob: u64,
 }
 
 enum Next {
@@ -157,7 +163,11 @@ struct Session {
     /// What each judged-but-unsubmitted turn was made from, to persist it if the server stops first.
     origins: BTreeMap<u64, PendingTurn>,
     submitting: bool,
+    /// The current conversation already has an effective sample (the at-least-one rule).
     has_effective: bool,
+    /// First turns of later conversations under the same id: when submission reaches one,
+    /// `has_effective` starts afresh.
+    conversation_starts: std::collections::BTreeSet<u64>,
 }
 
 impl Session {
@@ -173,6 +183,7 @@ impl Session {
             origins: BTreeMap::new(),
             submitting: false,
             has_effective: false,
+            conversation_starts: std::collections::BTreeSet::new(),
         }
     }
 
@@ -200,6 +211,11 @@ struct Counters {
     mismatches: AtomicU64,
     timed_out: AtomicU64,
     evicted: AtomicU64,
+    trained_placeholders: AtomicU64,
+    masked_placeholders: AtomicU64,
+    /// Whether the first trained / masked placeholder position was logged (once each per process).
+    trained_placeholders_logged: std::sync::atomic::AtomicBool,
+    masked_placeholders_logged: std::sync::atomic::AtomicBool,
 }
 
 struct Inner {
@@ -313,9 +329,11 @@ impl SessionBuffer {
             s.origins.clear();
         }
         for t in &mut out {
-            t.session_had_effective = sessions
-                .get(&t.turn.session_id)
-                .is_some_and(|s| s.has_effective);
+            // A turn of a later conversation under the same id (see `conversation_starts`) starts
+            // with no effective sample, whatever the earlier conversation had.
+            t.session_had_effective = sessions.get(&t.turn.session_id).is_some_and(|s| {
+                s.has_effective && s.conversation_starts.range(..=t.turn.turn).next().is_none()
+            });
         }
         out.sort_by(|a, b| {
             (&a.turn.session_id, a.turn.turn).cmp(&(&b.turn.session_id, b.turn.turn))
@@ -512,18 +530,21 @@ impl SessionBuffer {
             sessions_evicted: c.evicted.load(Ordering::Relaxed),
             eval_scores: count,
             eval_score_mean: mean,
+            positions_trained_without_logprob: c.trained_placeholders.load(Ordering::Relaxed),
+            positions_masked_without_logprob: c.masked_placeholders.load(Ordering::Relaxed),
         }
     }
 
     /// Takes ready turns out of the session: captured and with a resolved next state (or any captured
-    /// turn when the PRM is off, which needs no next state).
+    /// turn in RL mode with the PRM off, which needs no next state). OPD and Combine always wait for
+    /// the next state: the hint judge needs it whatever the PRM setting.
     fn collect_ready(&self, id: &str, s: &mut Session, jobs: &mut Vec<Job>) {
-        let prm = self.0.config.prm_enabled;
+        let needs_next = self.0.config.prm_enabled || self.0.config.mode != BufferMode::Rl;
         let ready: Vec<u64> = s
             .slots
             .iter()
             .filter(|(_, slot)| {
-                slot.captured.is_some() && (!prm || !matches!(slot.next, Next::Pending))
+                slot.captured.is_some() && (!needs_next || !matches!(slot.next, Next::Pending))
             })
             .map(|(n, _)| *n)
             .collect();
@@ -633,7 +654,11 @@ impl SessionBuffer {
             };
             metrics::counter!(m::PRM_VOTES_TOTAL, "outcome" => outcome).increment(1);
         }
-        lock(&self.0.eval_scores).push(score.score);
+        // OPD eval mode and Combine record every eval majority (a dropped turn's too, as the
+        // reference); RL records the score of every submitted sample instead (see `drain`).
+        if self.0.config.mode != BufferMode::Rl {
+            lock(&self.0.eval_scores).push(score.score);
+        }
         Some(score)
     }
 
@@ -867,6 +892,11 @@ impl SessionBuffer {
                     return;
                 };
                 s.origins.remove(&s.next_submit);
+                if s.ready.contains_key(&s.next_submit)
+                    && s.conversation_starts.remove(&s.next_submit)
+                {
+                    s.has_effective = false;
+                }
                 match s.ready.remove(&s.next_submit) {
                     None => {
                         s.submitting = false;
@@ -897,6 +927,11 @@ impl SessionBuffer {
                             s.has_effective,
                         );
                         s.has_effective |= decision.effective;
+                        if self.0.config.prm_enabled {
+                            // `rollout/prm_eval_score` covers every submitted RL sample, as in
+                            // the reference: its reward, 0 for a turn without a next state.
+                            lock(&self.0.eval_scores).push(decision.reward);
+                        }
                         let c = &self.0.counters;
                         if decision.effective {
                             c.effective.fetch_add(1, Ordering::Relaxed);
@@ -915,6 +950,47 @@ impl SessionBuffer {
         }
     }
 
+    /// Counts the positions of a stored sample whose rollout log-prob is a placeholder.
+    fn count_placeholders(&self, sample: &ps_core::sample::Sample) {
+        let listed = |key: &str| {
+            sample
+                .metadata
+                .get(key)
+                .and_then(Value::as_array)
+                .map_or(0, |a| a.len() as u64)
+        };
+        let trained = listed(crate::rules::TRAINED_WITHOUT_ROLLOUT_LOGPROB);
+        let masked = listed(crate::opd::MASKED_WITHOUT_LOGPROB);
+        let c = &self.0.counters;
+        c.trained_placeholders.fetch_add(trained, Ordering::Relaxed);
+        c.masked_placeholders.fetch_add(masked, Ordering::Relaxed);
+        if trained > 0 {
+            metrics::counter!(m::SAMPLE_POSITIONS_WITHOUT_LOGPROB_TOTAL, "outcome" => "trained")
+                .increment(trained);
+            if !c.trained_placeholders_logged.swap(true, Ordering::Relaxed) {
+                tracing::info!(
+                    session_id = %sample.session_id, turn = sample.turn, positions = trained,
+                    "a sample trains positions whose rollout log-prob the upstream did not report \
+                     (0.0 placeholders, listed in metadata.trained_without_rollout_logprob): a trainer \
+                     that uses rollout log-probs must leave them out, or set \
+                     capture.train_eos_without_logprob = false (logged once; counted in /v1/rollout/status)"
+                );
+            }
+        }
+        if masked > 0 {
+            metrics::counter!(m::SAMPLE_POSITIONS_WITHOUT_LOGPROB_TOTAL, "outcome" => "masked")
+                .increment(masked);
+            if !c.masked_placeholders_logged.swap(true, Ordering::Relaxed) {
+                tracing::info!(
+                    session_id = %sample.session_id, turn = sample.turn, positions = masked,
+                    "a Combine RL-only sample had trained positions without a rollout log-prob: they \
+                     are taken out of the loss (metadata.masked_without_logprob) so that no placeholder \
+                     enters teacher_log_probs (logged once; counted in /v1/rollout/status)"
+                );
+            }
+        }
+    }
+
     async fn submit(&self, sample: ps_core::sample::Sample) {
         let (session_id, turn) = (sample.session_id.clone(), sample.turn);
         let effective = sample.loss_mask.iter().any(|b| *b != 0);
@@ -922,6 +998,7 @@ impl SessionBuffer {
             match self.0.sink.submit(sample.clone()).await {
                 Ok(seq) => {
                     self.0.counters.submitted.fetch_add(1, Ordering::Relaxed);
+                    self.count_placeholders(&sample);
                     let outcome = if effective { "effective" } else { "excluded" };
                     metrics::counter!(m::SAMPLES_SUBMITTED_TOTAL, "outcome" => outcome)
                         .increment(1);
@@ -984,9 +1061,15 @@ impl TurnSink for SessionBuffer {
             let s = sessions
                 .entry(session_id.to_owned())
                 .or_insert_with(|| Session::new(now));
-            s.closing = false;
-            s.last_activity = now;
             let n = s.next_turn;
+            if std::mem::replace(&mut s.closing, false) {
+                // The id is reused after the session closed (`X-Session-Done`, the shared
+                // `unknown` session, a timeout while its last turns were still being judged): a
+                // new conversation, whose at-least-one state starts afresh at this turn, as the
+                // reference clears it at done. Earlier turns keep the old conversation's state.
+                s.conversation_starts.insert(n);
+            }
+            s.last_activity = now;
             s.next_turn += 1;
             if let Some(prev) = s.slots.get_mut(&(n - 1))
                 && matches!(prev.next, Next::Pending)
@@ -1009,6 +1092,29 @@ impl TurnSink for SessionBuffer {
         };
         self.dispatch(jobs);
         n
+    }
+
+    fn advance(&self, session_id: &str, last_message: &Value, done: bool) {
+        let mut jobs = Vec::new();
+        {
+            let mut sessions = lock(&self.0.sessions);
+            let Some(s) = sessions.get_mut(session_id) else {
+                // No turn of this session waits for a next state.
+                return;
+            };
+            s.last_activity = Instant::now();
+            if let Some(prev) = s.slots.get_mut(&(s.next_turn - 1))
+                && matches!(prev.next, Next::Pending)
+            {
+                prev.next = Next::State(last_message.clone());
+            }
+            if done && !s.closing {
+                metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
+                close(s);
+            }
+            self.collect_ready(session_id, s, &mut jobs);
+        }
+        self.dispatch(jobs);
     }
 
     fn end_session(&self, session_id: &str) {

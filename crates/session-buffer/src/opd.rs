@@ -23,7 +23,7 @@ use ps_teacher_client::{TeacherLogprobs, TeacherScorer};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::rules::{RlDecision, rl_sample};
+use crate::rules::{RlDecision, list_trained_placeholders, rl_sample};
 
 /// What OPD needs besides the PRM: the hint judge, the teacher and the policy's tokenizer (to render
 /// the hinted prompt), with the cap on concurrent teacher calls (`teacher.max_concurrency`).
@@ -138,6 +138,7 @@ pub(crate) fn distill_sample(
     };
     let mut s = rl_sample(turn, &decision, eval);
     s.loss_mask = vec![1; turn.response_ids.len()];
+    list_trained_placeholders(&mut s, turn);
     s.teacher_log_probs = Some(signal.log_probs);
     s.teacher_topk_log_probs = signal.topk_log_probs;
     s.teacher_topk_indices = signal.topk_indices;
@@ -146,8 +147,16 @@ pub(crate) fn distill_sample(
     s
 }
 
+/// `metadata` key of Combine's RL-only samples: the positions taken out of the loss mask because
+/// their rollout log-prob, copied into `teacher_log_probs`, would be a placeholder.
+pub const MASKED_WITHOUT_LOGPROB: &str = "masked_without_logprob";
+
 /// Combine's RL-only sample: the RL rules' mask and reward, with the rollout log-probs as teacher
-/// log-probs so that every sample of a batch has the teacher fields.
+/// log-probs so that every sample of a batch has the teacher fields (teacher − rollout = 0: no
+/// distillation signal). A trained position whose rollout log-prob is a placeholder (the
+/// end-of-turn token the upstream reported no value for) would put that `0.0` into a teacher field
+/// and give the token a spurious positive advantage in the combined loss, so it is taken out of the
+/// loss mask and listed under [`MASKED_WITHOUT_LOGPROB`].
 pub(crate) fn combine_rl_sample(
     turn: &CapturedTurn,
     eval: &PrmScore,
@@ -160,6 +169,19 @@ pub(crate) fn combine_rl_sample(
         excluded: None,
     };
     let mut s = rl_sample(turn, &decision, Some(eval));
+    let mut masked = Vec::new();
+    for (i, lp) in turn.alignment.logprobs.iter().enumerate() {
+        if lp.is_none()
+            && let Some(m) = s.loss_mask.get_mut(i)
+            && *m != 0
+        {
+            *m = 0;
+            masked.push(i);
+        }
+    }
+    list_trained_placeholders(&mut s, turn);
+    s.metadata
+        .insert(MASKED_WITHOUT_LOGPROB.into(), json!(masked));
     s.teacher_log_probs = Some(s.rollout_log_probs.clone());
     annotate(&mut s, "combine", hint, Some(eval));
     s.metadata.insert("teacher".into(), json!("rollout"));
@@ -207,6 +229,8 @@ pub(crate) fn opd_record(
         "eval_score": eval.map(|e| e.score),
         "eval_votes": eval.map(|e| &e.votes),
         "teacher_log_probs_len": signal.map(|s| s.log_probs.len()),
+        // The operators' field name for the teacher log-probs themselves.
+        "teacher_lp": signal.map(|s| &s.log_probs),
         "teacher_log_probs_sum": signal.map(|s| s.log_probs.iter().sum::<f64>()),
         "reason": dropped.map(|d| d.0),
         "detail": dropped.map(|d| d.1),

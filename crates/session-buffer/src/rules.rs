@@ -84,6 +84,28 @@ pub fn rl_decision(
     excluded(Exclusion::ScoreZero)
 }
 
+/// `metadata` key listing the response positions that are trained (loss mask 1) although their
+/// `rollout_log_probs` entry is a `0.0` placeholder (the upstream reported no log-prob there: the
+/// end-of-turn token under `capture.train_eos_without_logprob`, template tokens under
+/// `capture.train_unsampled`, every such position of an OPD sample). A trainer that uses rollout
+/// log-probs (importance-sampling corrections, Slime's `--use-rollout-logprobs`) must leave them out.
+pub const TRAINED_WITHOUT_ROLLOUT_LOGPROB: &str = "trained_without_rollout_logprob";
+
+/// Lists (in `metadata`, under [`TRAINED_WITHOUT_ROLLOUT_LOGPROB`]) the trained positions of `s`
+/// whose rollout log-prob is a placeholder, from the turn's alignment and the sample's final mask.
+pub(crate) fn list_trained_placeholders(s: &mut Sample, turn: &CapturedTurn) {
+    let positions: Vec<usize> = turn
+        .alignment
+        .logprobs
+        .iter()
+        .zip(&s.loss_mask)
+        .enumerate()
+        .filter_map(|(i, (lp, &mask))| (lp.is_none() && mask != 0).then_some(i))
+        .collect();
+    s.metadata
+        .insert(TRAINED_WITHOUT_ROLLOUT_LOGPROB.into(), json!(positions));
+}
+
 /// Builds the sample of one turn. `index`/`group_index` are set by the sink.
 pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&PrmScore>) -> Sample {
     let a = &turn.alignment;
@@ -128,7 +150,7 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
     metadata.insert("prompt_is_prefix".into(), json!(turn.prompt_is_prefix));
     metadata.insert("finish_reason".into(), json!(turn.finish_reason));
     metadata.insert("streamed".into(), json!(turn.streamed));
-    Sample {
+    let mut sample = Sample {
         index: 0,
         group_index: 0,
         prompt: turn.prompt_text.clone(),
@@ -151,7 +173,9 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
         teacher_topk_log_probs: None,
         teacher_topk_indices: None,
         metadata,
-    }
+    };
+    list_trained_placeholders(&mut sample, turn);
+    sample
 }
 
 #[cfg(test)]

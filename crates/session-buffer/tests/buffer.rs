@@ -565,3 +565,91 @@ async fn a_turn_beyond_the_judge_backlog_is_dropped_and_counted_and_later_turns_
     wait_for("a's turn 1 submitted", || r.sink.taken().len() == 2).await;
     assert_eq!(r.sink.taken()[1].reward.score, 1.0);
 }
+
+/// `pause_mode = "serve"`: a main request served while paused is not captured, but it is still the
+/// message that directly follows the previous turn, so it is that turn's next state; the first
+/// request after the resume must not become it.
+#[tokio::test]
+async fn a_request_served_while_paused_is_the_previous_turns_next_state() {
+    let r = rig();
+    let t1 = r.buffer.begin("s", &user("q"), false);
+    r.buffer.accept(captured("s", t1));
+    r.buffer
+        .advance("s", &user("during the pause score:1"), false);
+    r.buffer
+        .advance("s", &user("later in the pause score:-1"), false);
+    wait_for("turn 1's sample", || r.sink.taken().len() == 1).await;
+    let t2 = r
+        .buffer
+        .begin("s", &user("after the resume score:-1"), false);
+    assert_eq!(t2, 2, "paused requests take no turn number");
+    r.buffer.accept(captured("s", t2));
+    let s = &r.sink.taken()[0];
+    assert_eq!((s.turn, s.reward.score), (1, 1.0));
+    let inputs = r.scorer.inputs.lock().unwrap().clone();
+    assert_eq!(inputs.len(), 1, "turn 2 waits for its own next state");
+    assert_eq!(inputs[0].next_state_text, "during the pause score:1");
+    // A paused request that ends the session is turn 2's next state, and closes the session.
+    r.buffer.advance("s", &user("bye score:-1"), true);
+    wait_for("turn 2's sample", || r.sink.taken().len() == 2).await;
+    assert_eq!(r.sink.taken()[1].reward.score, -1.0);
+    assert_eq!(
+        r.scorer.inputs.lock().unwrap()[1].next_state_text,
+        "bye score:-1"
+    );
+    assert_eq!(r.buffer.status().live_sessions, 0);
+    // A paused request of a session nobody knows creates nothing.
+    r.buffer.advance("other", &user("x"), false);
+    wait_for("session s removed", || r.buffer.status().live_sessions == 0).await;
+}
+
+/// The reference clears a session's at-least-one state at done: a new conversation under the same
+/// id (the shared `unknown` session included) gets its own guarantee, while the earlier
+/// conversation's turns keep theirs.
+#[tokio::test]
+async fn a_session_id_reused_after_done_starts_a_fresh_at_least_one_state() {
+    let r = rig();
+    let t1 = r.buffer.begin("s", &user("q"), false);
+    r.buffer.accept(captured("s", t1));
+    let t2 = r.buffer.begin("s", &user("score:1"), true);
+    // The id comes back before the first conversation is drained (its turn 2 is not captured yet).
+    let t3 = r.buffer.begin("s", &user("a new conversation"), false);
+    r.buffer.accept(captured("s", t2));
+    r.buffer.accept(captured("s", t3));
+    let t4 = r.buffer.begin("s", &user("score:0"), false);
+    let t5 = r.buffer.begin("s", &user("score:0 again"), true);
+    r.buffer.accept(captured("s", t4));
+    r.buffer.abandon("s", t5, "test");
+    wait_for("four samples", || r.sink.taken().len() == 4).await;
+    let s = r.sink.taken();
+    assert_eq!(s[0].reward.score, 1.0, "conversation 1: effective");
+    assert_eq!(s[1].metadata["excluded"], "no_next_state");
+    assert_eq!(s[2].turn, 3);
+    assert_eq!(
+        s[2].metadata["at_least_one"], true,
+        "the new conversation's first scored turn is kept: {:?}",
+        s[2].metadata
+    );
+    assert_eq!(s[2].loss_mask, vec![1, 1, 1, 0]);
+    assert_eq!(s[3].metadata["excluded"], "score_zero");
+}
+
+/// `rollout/prm_eval_score` is the mean over every submitted RL sample (0 for a turn without a
+/// next state, 0 for an excluded zero), in submission order, as the reference records it.
+#[tokio::test]
+async fn the_eval_score_covers_every_submitted_rl_sample() {
+    let r = rig();
+    let t1 = r.buffer.begin("s", &user("q"), false);
+    r.buffer.accept(captured("s", t1));
+    let t2 = r.buffer.begin("s", &user("score:1"), false);
+    r.buffer.accept(captured("s", t2));
+    let t3 = r.buffer.begin("s", &user("score:0"), true);
+    r.buffer.accept(captured("s", t3));
+    wait_for("three samples", || r.sink.taken().len() == 3).await;
+    // turn 1 scored 1; turn 2 scored 0 (excluded, the session has an effective sample); turn 3
+    // has no next state.
+    let scores = r.buffer.drain_eval_scores();
+    assert_eq!(scores, vec![1.0, 0.0, 0.0]);
+    let mean = scores.iter().sum::<f64>() / scores.len() as f64;
+    assert!((mean - 1.0 / 3.0).abs() < 1e-12);
+}

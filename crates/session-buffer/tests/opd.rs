@@ -118,6 +118,15 @@ struct Rig {
 }
 
 fn rig_with(mode: BufferMode, opd: OpdOptions, teacher: MockTeacherScorer) -> Rig {
+    rig_prm(mode, opd, teacher, true)
+}
+
+fn rig_prm(
+    mode: BufferMode,
+    opd: OpdOptions,
+    teacher: MockTeacherScorer,
+    prm_enabled: bool,
+) -> Rig {
     let tok = Arc::new(ChatTokenizer::mini());
     let sink = Arc::new(CollectSink::default());
     let records = Arc::new(CollectRecords::default());
@@ -125,7 +134,7 @@ fn rig_with(mode: BufferMode, opd: OpdOptions, teacher: MockTeacherScorer) -> Ri
         BufferConfig {
             mode,
             opd,
-            prm_enabled: true,
+            prm_enabled,
             session_timeout: Duration::from_secs(60),
             max_sessions: 100,
             max_judge_backlog: usize::MAX,
@@ -155,6 +164,17 @@ fn rig(mode: BufferMode) -> Rig {
 /// A real captured turn rendered with the mini model: the teacher input built from it ends with
 /// exactly these response ids.
 fn captured(tok: &ChatTokenizer, session: &str, turn: u64) -> CapturedTurn {
+    captured_unreported(tok, session, turn, 1)
+}
+
+/// As [`captured`], with the upstream reporting no log-prob for the last `unreported` response
+/// tokens (2: the end-of-turn token the model stopped on, and the template's newline after it).
+fn captured_unreported(
+    tok: &ChatTokenizer,
+    session: &str,
+    turn: u64,
+    unreported: usize,
+) -> CapturedTurn {
     let messages = vec![json!({"role": "user", "content": "How far is the moon?"})];
     let response = json!({"role": "assistant", "content": "About 384,400 km.", "reasoning_content": "Recall the mean distance."});
     let t = tok
@@ -165,7 +185,7 @@ fn captured(tok: &ChatTokenizer, session: &str, turn: u64) -> CapturedTurn {
             template_kwargs: None,
         })
         .unwrap();
-    let sampled: Vec<SampledToken> = t.response_ids[..t.response_ids.len() - 1]
+    let sampled: Vec<SampledToken> = t.response_ids[..t.response_ids.len() - unreported]
         .iter()
         .map(|&id| SampledToken {
             token: tok.token_text(id),
@@ -439,4 +459,117 @@ async fn dropped_turns_do_not_block_later_samples_of_the_session() {
     r.buffer.accept(captured(&r.tok, "s", t3));
     wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
     assert_eq!(samples(&r)[0].turn, 2);
+}
+
+/// OPD needs the real next state whatever `prm.enabled` says: with the PRM off a turn waits for
+/// the next main request like any other, instead of being dropped as `no_next_state` (or
+/// hint-judged against an empty message) the moment it is captured.
+#[tokio::test]
+async fn opd_with_the_prm_off_waits_for_the_real_next_state() {
+    for drop_without_next_state in [true, false] {
+        let opd = OpdOptions {
+            drop_without_next_state,
+            ..OpdOptions::default()
+        };
+        let r = rig_prm(BufferMode::Opd, opd, echo_teacher(Arc::default()), false);
+        let t1 = r.buffer.begin("s", &user("q"), false);
+        r.buffer.accept(captured(&r.tok, "s", t1));
+        tokio::task::yield_now().await;
+        assert_eq!(
+            r.buffer.status().pending.waiting_next_state,
+            1,
+            "drop_without_next_state = {drop_without_next_state}"
+        );
+        let t2 = r
+            .buffer
+            .begin("s", &user("hint:Answer in miles for a US user|"), true);
+        r.buffer.abandon("s", t2, "test");
+        wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
+        let s = &samples(&r)[0];
+        assert_eq!(s.metadata["hint"], "Answer in miles for a US user");
+        assert_eq!(r.buffer.status().turns_dropped, 0);
+    }
+}
+
+fn eos_position(tok: &ChatTokenizer, s: &Sample) -> usize {
+    let eos = tok.eos_token_id().unwrap();
+    let response = &s.tokens[s.tokens.len() - s.response_length..];
+    response.iter().rposition(|&id| id == eos).unwrap()
+}
+
+/// Combine's RL-only sample copies the rollout log-probs into `teacher_log_probs`; the end-of-turn
+/// token (trained by `capture.train_eos_without_logprob`) has no reported log-prob, so its copy
+/// would be a 0.0 placeholder and a spurious positive advantage. It is taken out of the loss.
+#[tokio::test]
+async fn combine_rl_samples_never_train_a_placeholder_teacher_value() {
+    let r = rig(BufferMode::Combine);
+    let t1 = r.buffer.begin("s", &user("q"), false);
+    r.buffer.accept(captured_unreported(&r.tok, "s", t1, 2));
+    let t2 = r.buffer.begin("s", &user("eval:1 no hint here"), true);
+    r.buffer.abandon("s", t2, "test");
+    wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
+    let s = &samples(&r)[0];
+    assert_eq!(s.metadata["teacher"], "rollout");
+    let missing: Vec<usize> =
+        serde_json::from_value(s.metadata["logprob_missing_positions"].clone()).unwrap();
+    let eos = eos_position(&r.tok, s);
+    assert!(missing.contains(&eos), "the EOS had no reported log-prob");
+    for &i in &missing {
+        assert_eq!(
+            s.loss_mask[i], 0,
+            "position {i} is a placeholder and must not be trained"
+        );
+    }
+    assert!(
+        s.loss_mask.contains(&1),
+        "the sampled tokens are still trained"
+    );
+    assert_eq!(s.metadata["masked_without_logprob"], json!([eos]));
+    assert_eq!(s.metadata["trained_without_rollout_logprob"], json!([]));
+    let st = r.buffer.status();
+    assert_eq!(
+        (
+            st.positions_masked_without_logprob,
+            st.positions_trained_without_logprob
+        ),
+        (1, 0)
+    );
+}
+
+/// Every trained position whose rollout log-prob is a placeholder is listed per sample (OPD trains
+/// every position) and counted in the status.
+#[tokio::test]
+async fn trained_positions_without_a_rollout_logprob_are_listed_and_counted() {
+    let r = rig(BufferMode::Opd);
+    let t1 = r.buffer.begin("s", &user("q"), false);
+    r.buffer.accept(captured_unreported(&r.tok, "s", t1, 2));
+    let t2 = r
+        .buffer
+        .begin("s", &user("hint:Answer in miles for a US user|"), true);
+    r.buffer.abandon("s", t2, "test");
+    wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
+    let s = &samples(&r)[0];
+    let t = s.response_length;
+    assert_eq!(s.loss_mask, vec![1; t]);
+    assert_eq!(
+        s.metadata["trained_without_rollout_logprob"],
+        json!([t - 2, t - 1]),
+        "the EOS and the template newline after it"
+    );
+    assert_eq!(s.rollout_log_probs[t - 2], 0.0);
+    assert_eq!(r.buffer.status().positions_trained_without_logprob, 2);
+}
+
+/// OPD records carry the teacher log-probs themselves under the operators' name `teacher_lp`.
+#[tokio::test]
+async fn opd_records_carry_the_teacher_log_probs_as_teacher_lp() {
+    let r = rig(BufferMode::Opd);
+    one_turn(&r, "s", "hint:Answer in miles for a US user|").await;
+    let s = &samples(&r)[0];
+    let rec = &opd_records(&r)[0];
+    assert_eq!(
+        rec["teacher_lp"],
+        json!(s.teacher_log_probs.as_ref().unwrap())
+    );
+    assert_eq!(rec["teacher_log_probs_len"], s.response_length);
 }
