@@ -1,8 +1,9 @@
 """Slime rollout function: ``--rollout-function-path policy_serving_rollout.generate_rollout``.
 
-Each call: resume submission, pull (long-poll) until ``args.rollout_batch_size`` groups, skip
-aborted samples, commit through the highest seq consumed, pause submission, convert, and return
-the groups with the ``rollout/prm_eval_score`` metric.
+Each call, in the reference's order: reset the eval scores, resume submission, pull (long-poll)
+until ``args.rollout_batch_size`` groups, skip aborted samples, commit through the highest seq
+consumed, pause submission, convert, and return the groups with the ``rollout/prm_eval_score``
+metric of exactly this rollout.
 
 Nothing pulled is lost: samples pulled beyond the batch size stay in the bridge's carry-over
 buffer (uncommitted on the server) and are returned first by the next call.
@@ -174,7 +175,7 @@ def generate_rollout(
 
     Returns Slime's ``RolloutFnTrainOutput`` (or :class:`RolloutOutput` without Slime) with
     ``samples`` a list of groups of one and ``metrics`` ``{"rollout/prm_eval_score": mean}`` when
-    eval scores were drained, else ``None``.
+    eval scores were collected during this call, else ``None``.
     """
     if evaluation:
         raise NotImplementedError(
@@ -190,6 +191,9 @@ def generate_rollout(
     )
     timeout = getattr(args, "policy_serving_timeout_sec", None)
     client = bridge.client
+    # As the reference: reset the scores, then resume, so that the metric covers exactly the
+    # samples scored while this rollout collected (not those scored while paused).
+    client.drain_eval_scores()
     client.resume()
     try:
         batch = bridge.next_batch(n, timeout_sec=timeout)

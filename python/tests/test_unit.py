@@ -45,12 +45,23 @@ class FakeClient:
         self.commits: List[int] = []
         self.calls: List[str] = []
         self.fail_commit = fail_commit
+        self.mode = "rl"
+        self.enabled = False
+        # Scores already drainable (e.g. turns scored while paused), and scores of turns scored
+        # once submission is on again (they arrive with the first pull after resume).
         self.scores: List[float] = []
+        self.incoming: List[float] = []
+        self.pull_sizes: List[int] = []
 
     def status(self) -> Dict[str, Any]:
-        return {"committed_seq": self.committed}
+        self.calls.append("status")
+        return {"committed_seq": self.committed, "mode": self.mode}
 
     def pull(self, after: int, max: int = 64, wait_ms: int = 0) -> Tuple[List[Dict[str, Any]], int]:
+        self.pull_sizes.append(max)
+        if self.enabled:
+            self.scores += self.incoming
+            self.incoming = []
         page = [s for s in self.samples if s["seq"] > after][:max]
         return page, max_seq(self.samples)
 
@@ -63,10 +74,12 @@ class FakeClient:
 
     def resume(self) -> Dict[str, Any]:
         self.calls.append("resume")
+        self.enabled = True
         return {"submission_enabled": True}
 
     def pause(self) -> Dict[str, Any]:
         self.calls.append("pause")
+        self.enabled = False
         return {"submission_enabled": False}
 
     def drain_eval_scores(self) -> Dict[str, Any]:
@@ -80,6 +93,7 @@ def max_seq(samples: List[Dict[str, Any]]) -> int:
 
 
 def install(client: FakeClient, url: str = "http://fake") -> RolloutBridge:
+    client.base_url = url
     bridge = RolloutBridge(client, wait_ms=0)  # type: ignore[arg-type]
     sr._BRIDGES[(url, None)] = bridge
     return bridge
@@ -93,12 +107,11 @@ def args(n: int) -> Any:
 
 def test_aborted_groups_are_skipped_but_consumed() -> None:
     c = FakeClient([api_sample(1), api_sample(2, "aborted"), api_sample(3), api_sample(4), api_sample(5)])
-    c.scores = [1.0, 0.0]
+    c.incoming = [1.0, 0.0]
     install(c)
     out = generate_rollout(args(3), 0, None)
     assert [g[0]["index"] for g in out.samples] == [1, 3, 4]
     assert c.commits == [4], "the skipped aborted sample is committed with the batch, 5 is not"
-    assert c.calls == ["resume", "pause", "drain"]
     assert out.metrics == {"rollout/prm_eval_score": 0.5}
     out = generate_rollout(args(1), 1, None)
     assert [g[0]["index"] for g in out.samples] == [5]
@@ -126,9 +139,23 @@ def test_timeout_restores_carry_over() -> None:
     assert [s["seq"] for s in bridge.carry] == [1] and c.commits == []
 
 
-def test_evaluation_is_not_implemented() -> None:
-    with pytest.raises(NotImplementedError, match="evaluation"):
-        generate_rollout(args(1), 0, None, evaluation=True)
+def test_eval_scores_are_reset_before_resume_so_the_metric_covers_this_rollout_only() -> None:
+    c = FakeClient([api_sample(1), api_sample(2)])
+    c.scores = [-1.0, -1.0, -1.0]  # scored while paused: not this rollout's samples
+    c.incoming = [1.0, 0.0]  # scored while this rollout collects
+    install(c)
+    out = generate_rollout(args(2), 0, None)
+    assert [x for x in c.calls if x != "status"] == ["drain", "resume", "pause", "drain"]
+    assert out.metrics == {"rollout/prm_eval_score": 0.5}, "the pre-resume -1 scores are not counted"
+    assert c.scores == []
+
+
+def test_reset_happens_before_resume_even_when_no_score_arrives() -> None:
+    c = FakeClient([api_sample(1)])
+    c.scores = [1.0]
+    install(c)
+    out = generate_rollout(args(1), 0, None)
+    assert out.metrics is None, "a score from before the resume is no metric of this rollout"
 
 
 def test_plain_dicts_without_slime(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,3 +261,8 @@ def test_generate_rollout_returns_slime_output(fake_slime: type) -> None:
     assert type(out).__name__ == "RolloutFnTrainOutput"
     assert all(isinstance(g[0], fake_slime) for g in out.samples)
     assert [g[0].index for g in out.samples] == [1, 2]
+
+
+def test_evaluation_is_not_implemented() -> None:
+    with pytest.raises(NotImplementedError, match="evaluation"):
+        generate_rollout(args(1), 0, None, evaluation=True)
