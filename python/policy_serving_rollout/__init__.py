@@ -1,6 +1,7 @@
 """Client and Slime rollout bridge for the policy-serving rollout API (docs/rollout-api.md)."""
 
 from .client import RolloutAPIError, RolloutClient, RolloutConnectionError, RolloutError
+from .config import ConfigError
 from .convert import sample_to_slime, to_slime_groups
 from .slime_rollout import (
     RolloutBridge,
@@ -11,6 +12,7 @@ from .slime_rollout import (
 )
 
 __all__ = [
+    "ConfigError",
     "RolloutAPIError",
     "RolloutBridge",
     "RolloutClient",
