@@ -3,7 +3,7 @@
 Each call, in the reference's order: reset the eval scores, resume submission, pull (long-poll)
 until ``args.rollout_batch_size`` groups, skip aborted samples, commit through the highest seq
 consumed, pause submission, convert, and return the groups with the ``rollout/prm_eval_score``
-metric of exactly this rollout.
+metric of exactly this rollout. ``evaluation=True`` runs Slime's own evaluation rollout.
 
 Nothing pulled is lost: samples pulled beyond the batch size stay in the bridge's carry-over
 buffer (uncommitted on the server) and are returned first by the next call.
@@ -183,6 +183,28 @@ def _output(groups: List[List[Any]], metrics: Optional[Dict[str, Any]]) -> Any:
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
 
+def eval_rollout(args: Any, rollout_id: int) -> Any:
+    """Slime's own evaluation rollout, as the reference runs it.
+
+    ``slime.rollout.sglang_rollout.eval_rollout(args, rollout_id)`` (a coroutine returning
+    ``(RolloutFnEvalOutput, [])``) run on Slime's loop (``slime.utils.async_utils.run``); its
+    output is returned. Not ``sglang_rollout.generate_rollout(..., evaluation=True)``: that one
+    asserts ``args.rollout_global_dataset``, which the reference's scripts turn off
+    (``--disable-rollout-global-dataset``).
+    """
+    try:
+        from slime.rollout.sglang_rollout import eval_rollout as slime_eval  # type: ignore
+        from slime.utils.async_utils import run  # type: ignore
+    except ImportError as e:
+        raise RuntimeError(
+            "policy_serving_rollout.generate_rollout(evaluation=True) runs Slime's own evaluation "
+            "rollout (slime.rollout.sglang_rollout.eval_rollout), but Slime is not importable "
+            f"here ({e}): run it inside Slime's training process, with Slime installed"
+        ) from e
+    output, _ = run(slime_eval(args, rollout_id))
+    return output
+
+
 def generate_rollout(
     args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False
 ) -> Any:
@@ -198,14 +220,11 @@ def generate_rollout(
 
     Returns Slime's ``RolloutFnTrainOutput`` (or :class:`RolloutOutput` without Slime) with
     ``samples`` a list of groups of one and ``metrics`` ``{"rollout/prm_eval_score": mean}`` when
-    eval scores were collected during this call, else ``None``.
+    eval scores were collected during this call, else ``None``. With ``evaluation=True``: Slime's
+    own evaluation rollout (:func:`eval_rollout`), as in the reference.
     """
     if evaluation:
-        raise NotImplementedError(
-            "policy_serving_rollout.generate_rollout serves training rollouts only; "
-            "evaluation samples come from live agent traffic and have no eval dataset. "
-            "Use Slime's own eval rollout (e.g. --eval-function-path) for evaluation."
-        )
+        return eval_rollout(args, rollout_id)
     cfg = load_for(args)
     n = int(args.rollout_batch_size)
     url = _server_url(args, cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import sys
@@ -11,12 +12,14 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
+import policy_serving_rollout.slime_hooks as hooks
 import policy_serving_rollout.slime_rollout as sr
 from policy_serving_rollout import (
     ConfigError,
     RolloutBridge,
     config,
     generate_rollout,
+    reward_func,
     sample_to_slime,
     to_slime_groups,
 )
@@ -271,9 +274,75 @@ def test_generate_rollout_returns_slime_output(fake_slime: type) -> None:
     assert [g[0].index for g in out.samples] == [1, 2]
 
 
-def test_evaluation_is_not_implemented() -> None:
-    with pytest.raises(NotImplementedError, match="evaluation"):
+# -- evaluation: Slime's own eval rollout ---------------------------------------------------------
+
+
+@pytest.fixture
+def fake_slime_eval(fake_slime: type, monkeypatch: pytest.MonkeyPatch) -> Iterator[List[Any]]:
+    """Stand-ins for slime.rollout.sglang_rollout.eval_rollout and slime.utils.async_utils.run."""
+    seen: List[Any] = []
+
+    async def eval_rollout(a: Any, rollout_id: int) -> Tuple[Any, List[Any]]:
+        seen.append(("eval_rollout", a, rollout_id))
+        return ("EVAL-OUTPUT", [])
+
+    def run(coro: Any) -> Any:
+        seen.append(("run",))
+        return asyncio.run(coro)
+
+    rollout_mod = types.ModuleType("slime.rollout.sglang_rollout")
+    rollout_mod.eval_rollout = eval_rollout  # type: ignore[attr-defined]
+    async_mod = types.ModuleType("slime.utils.async_utils")
+    async_mod.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "slime.rollout.sglang_rollout", rollout_mod)
+    monkeypatch.setitem(sys.modules, "slime.utils.async_utils", async_mod)
+    yield seen
+
+
+def test_evaluation_runs_slimes_own_eval_rollout(fake_slime_eval: List[Any]) -> None:
+    c = FakeClient([api_sample(1)])
+    install(c)
+    a = args(1)
+    out = generate_rollout(a, 7, None, evaluation=True)
+    assert out == "EVAL-OUTPUT", "the eval output of Slime's eval_rollout, not the (output, []) pair"
+    assert fake_slime_eval == [("run",), ("eval_rollout", a, 7)]
+    assert c.calls == [] and c.commits == [], "an eval rollout neither resumes nor takes samples"
+
+
+def test_evaluation_without_slime_says_slime_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "slime", None)
+    with pytest.raises(RuntimeError, match="Slime is not importable") as e:
         generate_rollout(args(1), 0, None, evaluation=True)
+    assert "slime.rollout.sglang_rollout.eval_rollout" in str(e.value)
+
+
+# -- reward_func: --custom-rm-path ------------------------------------------------------------------
+
+
+def test_reward_func_gives_the_servers_score_under_the_reward_key() -> None:
+    a = types.SimpleNamespace(reward_key="score", eval_reward_key=None)
+    s = types.SimpleNamespace(reward={"score": -1.0, "other": 5})
+    assert asyncio.run(reward_func(a, s)) == {"score": -1.0}
+    # Slime reads it back as reward[reward_key], as with the reference's reward_func
+    assert asyncio.run(reward_func(a, s))[a.reward_key] == -1.0
+    plain = types.SimpleNamespace(reward_key=None, eval_reward_key=None)
+    assert asyncio.run(reward_func(plain, s)) == -1.0
+    assert asyncio.run(reward_func(plain, types.SimpleNamespace(reward=0.5))) == 0.5
+    both = types.SimpleNamespace(reward_key="score", eval_reward_key="acc")
+    assert asyncio.run(reward_func(both, s)) == {"score": -1.0, "acc": -1.0}
+
+
+def test_reward_func_batches_and_samples_without_reward(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hooks, "_warned_no_reward", False)
+    a = types.SimpleNamespace(reward_key="score")
+    group = [types.SimpleNamespace(reward={"score": 1.0}), types.SimpleNamespace(reward=None)]
+    with caplog.at_level("WARNING"):
+        assert asyncio.run(reward_func(a, group)) == [{"score": 1.0}, {"score": 0.0}]
+        assert asyncio.run(reward_func(a, types.SimpleNamespace(reward=None))) == {"score": 0.0}
+    warned = [r for r in caplog.records if "has no reward" in r.getMessage()]
+    assert len(warned) == 1, "one warning, not one per sample"
 
 
 # -- the operators' config.toml -------------------------------------------------------------------
