@@ -1,8 +1,9 @@
 """Slime rollout function: ``--rollout-function-path policy_serving_rollout.generate_rollout``.
 
-Each call: resume submission, pull (long-poll) until ``args.rollout_batch_size`` groups, skip
-aborted samples, commit through the highest seq consumed, pause submission, convert, and return
-the groups with the ``rollout/prm_eval_score`` metric.
+Each call, in the reference's order: reset the eval scores, resume submission, pull (long-poll)
+until ``args.rollout_batch_size`` groups, skip aborted samples, commit through the highest seq
+consumed, pause submission, convert, and return the groups with the ``rollout/prm_eval_score``
+metric of exactly this rollout. ``evaluation=True`` runs Slime's own evaluation rollout.
 
 Nothing pulled is lost: samples pulled beyond the batch size stay in the bridge's carry-over
 buffer (uncommitted on the server) and are returned first by the next call.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .client import PulledSample, RolloutClient
+from .config import OperatorConfig, load_for
 from .convert import to_slime_groups
 
 log = logging.getLogger(__name__)
@@ -55,11 +57,19 @@ class RolloutBridge:
     """
 
     def __init__(
-        self, client: RolloutClient, page_size: int = 64, wait_ms: int = 5000
+        self,
+        client: RolloutClient,
+        page_size: int = 64,
+        wait_ms: int = 5000,
+        max_carry: Optional[int] = None,
     ) -> None:
         self.client = client
         self.page_size = page_size
         self.wait_ms = wait_ms
+        # Bound on the samples pulled beyond a batch (config.toml rollout.output_queue_size):
+        # a pull never asks for more than the batch still needs plus this.
+        self.max_carry = max_carry
+        self.mode_checked = False
         self.cursor: Optional[int] = None
         self.carry: List[PulledSample] = []
         self._lock = threading.Lock()
@@ -83,7 +93,10 @@ class RolloutBridge:
         try:
             while len(taken) < n:
                 if not self.carry:
-                    want = min(MAX_PAGE, max(self.page_size, n - len(taken)))
+                    extra = self.page_size
+                    if self.max_carry is not None:
+                        extra = min(extra, self.max_carry)
+                    want = min(MAX_PAGE, max(extra, n - len(taken)))
                     wait = self.wait_ms
                     if timeout_sec is not None:
                         left = timeout_sec - (time.monotonic() - start)
@@ -146,12 +159,20 @@ def reset_bridges() -> None:
         _BRIDGES.clear()
 
 
-def _server_url(args: Any) -> str:
+def _server_url(args: Any, cfg: Optional[OperatorConfig] = None) -> str:
     return (
         getattr(args, "policy_serving_url", None)
         or os.environ.get(URL_ENV)
+        or (cfg.api_server_url if cfg is not None else None)
         or DEFAULT_URL
     )
+
+
+def _timeout(args: Any, cfg: Optional[OperatorConfig]) -> Optional[float]:
+    explicit = getattr(args, "policy_serving_timeout_sec", None)
+    if explicit is not None:
+        return float(explicit)
+    return cfg.sample_timeout_sec if cfg is not None else None
 
 
 def _output(groups: List[List[Any]], metrics: Optional[Dict[str, Any]]) -> Any:
@@ -162,37 +183,67 @@ def _output(groups: List[List[Any]], metrics: Optional[Dict[str, Any]]) -> Any:
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
 
+def eval_rollout(args: Any, rollout_id: int) -> Any:
+    """Slime's own evaluation rollout, as the reference runs it.
+
+    ``slime.rollout.sglang_rollout.eval_rollout(args, rollout_id)`` (a coroutine returning
+    ``(RolloutFnEvalOutput, [])``) run on Slime's loop (``slime.utils.async_utils.run``); its
+    output is returned. Not ``sglang_rollout.generate_rollout(..., evaluation=True)``: that one
+    asserts ``args.rollout_global_dataset``, which the reference's scripts turn off
+    (``--disable-rollout-global-dataset``).
+    """
+    try:
+        from slime.rollout.sglang_rollout import eval_rollout as slime_eval  # type: ignore
+        from slime.utils.async_utils import run  # type: ignore
+    except ImportError as e:
+        raise RuntimeError(
+            "policy_serving_rollout.generate_rollout(evaluation=True) runs Slime's own evaluation "
+            "rollout (slime.rollout.sglang_rollout.eval_rollout), but Slime is not importable "
+            f"here ({e}): run it inside Slime's training process, with Slime installed"
+        ) from e
+    output, _ = run(slime_eval(args, rollout_id))
+    return output
+
+
 def generate_rollout(
     args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False
 ) -> Any:
     """Slime rollout function backed by a policy-serving server.
 
     Reads ``args.rollout_batch_size``; optional ``args.policy_serving_url`` (else env
-    ``POLICY_SERVING_URL``, else ``http://127.0.0.1:30000``), ``args.policy_serving_wait_ms``
-    (long-poll per request, default 5000), ``args.policy_serving_timeout_sec`` (default: wait
-    forever). The admin key comes from env ``POLICY_SERVING_ADMIN_KEY``.
+    ``POLICY_SERVING_URL``, else config.toml ``rollout.api_server_url``, else
+    ``http://127.0.0.1:30000``), ``args.policy_serving_wait_ms`` (long-poll per request, default
+    5000), ``args.policy_serving_timeout_sec`` (else config.toml ``rollout.sample_timeout_sec``,
+    else wait forever), ``args.policy_serving_config`` (else env ``POLICY_SERVING_CONFIG``: the
+    operators' config.toml, see :mod:`policy_serving_rollout.config`). The admin key comes from
+    env ``POLICY_SERVING_ADMIN_KEY``.
 
     Returns Slime's ``RolloutFnTrainOutput`` (or :class:`RolloutOutput` without Slime) with
     ``samples`` a list of groups of one and ``metrics`` ``{"rollout/prm_eval_score": mean}`` when
-    eval scores were drained, else ``None``.
+    eval scores were collected during this call, else ``None``. With ``evaluation=True``: Slime's
+    own evaluation rollout (:func:`eval_rollout`), as in the reference.
     """
     if evaluation:
-        raise NotImplementedError(
-            "policy_serving_rollout.generate_rollout serves training rollouts only; "
-            "evaluation samples come from live agent traffic and have no eval dataset. "
-            "Use Slime's own eval rollout (e.g. --eval-function-path) for evaluation."
-        )
+        return eval_rollout(args, rollout_id)
+    cfg = load_for(args)
     n = int(args.rollout_batch_size)
+    url = _server_url(args, cfg)
     bridge = get_bridge(
-        _server_url(args),
+        url,
         os.environ.get(ADMIN_KEY_ENV) or None,
         wait_ms=int(getattr(args, "policy_serving_wait_ms", None) or 5000),
     )
-    timeout = getattr(args, "policy_serving_timeout_sec", None)
+    bridge.max_carry = cfg.output_queue_size if cfg is not None else None
     client = bridge.client
+    if cfg is not None and not bridge.mode_checked:
+        cfg.check_server_mode(client.status().get("mode"), client.base_url)
+        bridge.mode_checked = True
+    # As the reference: reset the scores, then resume, so that the metric covers exactly the
+    # samples scored while this rollout collected (not those scored while paused).
+    client.drain_eval_scores()
     client.resume()
     try:
-        batch = bridge.next_batch(n, timeout_sec=timeout)
+        batch = bridge.next_batch(n, timeout_sec=_timeout(args, cfg))
     finally:
         try:
             client.pause()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import types
-from typing import Any, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 
@@ -15,6 +16,7 @@ from policy_serving_rollout import (
     RolloutClient,
     RolloutConnectionError,
     generate_rollout,
+    get_bridge,
     reset_bridges,
 )
 
@@ -40,10 +42,34 @@ def seqs(out: Any) -> List[int]:
     return [g[0]["index"] for g in out.samples]
 
 
+def during_rollout(stack: Stack, traffic: Callable[[], None]) -> threading.Thread:
+    """Runs `traffic` once the rollout has resumed submission (the server starts paused here)."""
+    stack.client().pause()
+    errors: List[BaseException] = []
+
+    def go() -> None:
+        try:
+            stack.wait_for(lambda st: st["submission_enabled"] is True)
+            traffic()
+        except BaseException as e:  # surfaced by join_ok
+            errors.append(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.errors = errors  # type: ignore[attr-defined]
+    t.start()
+    return t
+
+
+def join_ok(t: threading.Thread) -> None:
+    t.join(timeout=60)
+    assert not t.is_alive(), "the traffic thread did not finish"
+    assert not t.errors, t.errors  # type: ignore[attr-defined]
+
+
 def test_rl_round_trip(rl_stack: Stack) -> None:
-    rl_stack.two_turns("s1", "Great, that worked. FAKE_VOTES=1")
-    rl_stack.settled(2)
+    t = during_rollout(rl_stack, lambda: rl_stack.two_turns("s1", "Great, that worked. FAKE_VOTES=1"))
     out = generate_rollout(args_for(rl_stack, 2), 0, None)
+    join_ok(t)
     assert [len(g) for g in out.samples] == [1, 1]
     first, second = out.samples[0][0], out.samples[1][0]
     assert isinstance(first, dict), "plain dicts without slime"
@@ -65,6 +91,40 @@ def test_rl_round_trip(rl_stack: Stack) -> None:
     rl_stack.settled(4)
     out2 = generate_rollout(args_for(rl_stack, 2), 1, None)
     assert seqs(out2) == [3, 4]
+
+
+def test_eval_scores_from_before_the_resume_are_not_counted(rl_stack: Stack) -> None:
+    # A conversation judged -1 while no rollout is collecting (as turns judged after a pause).
+    rl_stack.two_turns("before", "No, that is wrong, do it again. FAKE_VOTES=-1")
+    before = rl_stack.settled(2)
+    assert before["eval_scores"]["count"] >= 1 and before["eval_scores"]["mean"] < 0
+    client = rl_stack.client()
+    drained: List[Dict[str, Any]] = []
+    calls: List[str] = []
+    real_drain, real_resume = client.drain_eval_scores, client.resume
+
+    def drain() -> Dict[str, Any]:
+        calls.append("drain")
+        drained.append(real_drain())
+        return drained[-1]
+
+    def resume() -> Dict[str, Any]:
+        calls.append("resume")
+        return real_resume()
+
+    bridge = get_bridge(rl_stack.url, None, wait_ms=500)
+    bridge.client = client
+    client.drain_eval_scores, client.resume = drain, resume  # type: ignore[method-assign]
+    t = during_rollout(rl_stack, lambda: rl_stack.two_turns("during", "Thanks, perfect. FAKE_VOTES=1"))
+    out = generate_rollout(args_for(rl_stack, 4), 0, None)
+    join_ok(t)
+    assert seqs(out) == [1, 2, 3, 4]
+    assert calls == ["drain", "resume", "drain"], "reset, resume, ..., drain"
+    reset, final = drained
+    assert -1.0 in reset["scores"], "the reset took the scores judged before the resume"
+    assert final["count"] >= 1 and -1.0 not in final["scores"]
+    assert out.metrics == {"rollout/prm_eval_score": final["mean"]}
+    assert out.metrics["rollout/prm_eval_score"] > 0
 
 
 def test_no_eval_scores_means_no_metric(rl_stack: Stack) -> None:
