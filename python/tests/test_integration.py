@@ -81,7 +81,8 @@ def test_rl_round_trip(rl_stack: Stack) -> None:
     assert t > 0 and len(first["loss_mask"]) == t and len(first["rollout_log_probs"]) == t
     assert any(first["loss_mask"])
     assert len(first["tokens"]) > t
-    assert out.metrics == {"rollout/prm_eval_score": 1.0}
+    # every submitted RL sample's score: turn 1 scored 1, turn 2 (no next state) 0
+    assert out.metrics == {"rollout/prm_eval_score": 0.5}
     st = rl_stack.client().status()
     assert st["committed_seq"] == 2
     assert st["submission_enabled"] is False, "the rollout pauses submission at the end"
