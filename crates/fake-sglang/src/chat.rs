@@ -15,9 +15,10 @@ use crate::{
     det::{hex_id, mix, policy_logprob},
     http::{Route, blocking, either, faulted_json, flat_error, prelude, sse, sse_response},
     model::{
-        ChatParams, ChatSample, Finish, Part, SampleError, chat_logprob_entry, parse_chat,
-        sample_chat,
+        ChatParams, ChatSample, Finish, Part, SampleError, SampledToken, chat_logprob_entry,
+        parse_chat, sample_chat,
     },
+    quirks::{IdField, Quirks, StreamLogprobs},
     state::FakeState,
 };
 
@@ -36,6 +37,7 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
 
     let tok = state.tokenizer().clone();
     let reasoning = state.config().reasoning;
+    let quirks = state.config().quirks.clone();
     let id = hex_id(mix(state.next_seq(), 0x6368_6174), 32);
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -45,7 +47,7 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
     if params.stream {
         let events = blocking(Route::OpenAi, move || {
             let sample = sample_chat(&tok, &params, reasoning)?;
-            Ok::<_, SampleError>(stream_events(&tok, &params, &sample, &id, created))
+            Ok::<_, SampleError>(stream_events(&tok, &params, &sample, &id, created, &quirks))
         })
         .await?
         .map_err(sample_error)?;
@@ -67,7 +69,7 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
         let body = blocking(Route::OpenAi, move || {
             let sample = sample_chat(&tok, &params, reasoning)?;
             Ok::<_, SampleError>(completion_json(
-                &tok, &params, &sample, &id, created, started,
+                &tok, &params, &sample, &id, created, started, &quirks,
             ))
         })
         .await?
@@ -124,6 +126,27 @@ fn finish_json(sample: &ChatSample) -> Value {
     }
 }
 
+/// A log-prob entry as this build gives it (short top lists under [`Quirks::short_top_lists`]).
+fn entry(tok: &ChatTokenizer, t: &SampledToken, pos: usize, top: usize, q: &Quirks) -> Value {
+    let mut e = chat_logprob_entry(tok, t, pos, top);
+    if q.short_top_lists
+        && let Some(list) = e.get_mut("top_logprobs").and_then(Value::as_array_mut)
+        && list.len() > 1
+    {
+        // Two ids that decode to the same text collapse: the list is shorter than asked and, here,
+        // lacks the sampled token.
+        list.remove(0);
+        list.pop();
+    }
+    e
+}
+
+/// `sglext` with the engine's ids (one list per choice for the outputs).
+fn sglext_json(sample: &ChatSample) -> Value {
+    let sampled: Vec<u32> = sample.tokens.iter().map(|t| t.id).collect();
+    json!({"input_ids": sample.prompt_ids, "output_ids": [sampled]})
+}
+
 fn completion_json(
     tok: &ChatTokenizer,
     p: &ChatParams,
@@ -131,16 +154,23 @@ fn completion_json(
     id: &str,
     created: u64,
     started: Instant,
+    q: &Quirks,
 ) -> Value {
     let logprobs = if p.logprobs {
         json!({"content": sample
             .tokens
             .iter()
             .enumerate()
-            .map(|(pos, t)| chat_logprob_entry(tok, t, pos, p.top_logprobs))
+            .map(|(pos, t)| entry(tok, t, pos, p.top_logprobs, q))
             .collect::<Vec<_>>()})
     } else {
         Value::Null
+    };
+    // A non-streamed answer that ends in tool calls reports no matched stop (Gotcha 14).
+    let matched_stop = if sample.tool_call.is_some() {
+        Value::Null
+    } else {
+        json!(sample.matched_stop)
     };
     let mut choice = json!({
         "index": 0,
@@ -152,16 +182,35 @@ fn completion_json(
         },
         "logprobs": logprobs,
         "finish_reason": sample.finish.as_str(),
-        "matched_stop": sample.matched_stop,
+        "matched_stop": matched_stop,
     });
+    let mut top_level = Map::new();
     if let Some(c) = choice.as_object_mut() {
         let ids = |v: &[u32]| Value::from(v.to_vec());
-        if p.return_token_ids || p.return_prompt_token_ids {
+        let sampled: Vec<u32> = sample.tokens.iter().map(|t| t.id).collect();
+        let prompt_in_choice = !matches!(q.id_field, IdField::Vllm | IdField::Sglext);
+        if prompt_in_choice
+            && (p.return_prompt_token_ids || (p.return_token_ids && q.id_field != IdField::None))
+        {
             c.insert("prompt_token_ids".into(), ids(&sample.prompt_ids));
         }
         if p.return_token_ids {
-            let sampled: Vec<u32> = sample.tokens.iter().map(|t| t.id).collect();
-            c.insert("token_ids".into(), ids(&sampled));
+            match q.id_field {
+                IdField::ResponseTokenIds => {
+                    c.insert("response_token_ids".into(), ids(&sampled));
+                }
+                IdField::TokenIds => {
+                    c.insert("token_ids".into(), ids(&sampled));
+                }
+                IdField::Vllm => {
+                    c.insert("token_ids".into(), ids(&sampled));
+                    top_level.insert("prompt_token_ids".into(), ids(&sample.prompt_ids));
+                }
+                IdField::Sglext | IdField::None => {}
+            }
+        }
+        if q.id_field == IdField::Sglext {
+            top_level.insert("sglext".into(), sglext_json(sample));
         }
         if p.return_meta_info {
             let mut meta = Map::new();
@@ -170,7 +219,9 @@ fn completion_json(
             meta.insert("prompt_tokens".into(), json!(sample.prompt_ids.len()));
             meta.insert("completion_tokens".into(), json!(sample.tokens.len()));
             meta.insert("cached_tokens".into(), json!(0));
-            meta.insert("weight_version".into(), json!("default"));
+            if let Some(v) = &q.weight_version {
+                meta.insert("weight_version".into(), json!(v));
+            }
             if p.logprobs {
                 let triples: Vec<Value> = sample
                     .tokens
@@ -184,15 +235,21 @@ fn completion_json(
             c.insert("meta_info".into(), Value::Object(meta));
         }
     }
-    json!({
+    let mut answer = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": p.model,
         "choices": [choice],
         "usage": usage_json(sample),
-        "metadata": {"weight_version": "default"},
-    })
+    });
+    if let Some(o) = answer.as_object_mut() {
+        if let Some(v) = &q.weight_version {
+            o.insert("metadata".into(), json!({"weight_version": v}));
+        }
+        o.extend(top_level);
+    }
+    answer
 }
 
 /// The `data:` events of a streamed answer (without `[DONE]`).
@@ -202,6 +259,7 @@ fn stream_events(
     sample: &ChatSample,
     id: &str,
     created: u64,
+    q: &Quirks,
 ) -> Vec<Bytes> {
     let chunk = |choices: Value| {
         json!({
@@ -228,7 +286,64 @@ fn stream_events(
         Value::Null,
     ))];
     let last_head = sample.tokens.iter().rposition(|t| t.part == Part::ToolHead);
+    // Before PR #28601 a request with tools and a tool parser gets no log-probs at all.
+    let no_logprobs_at_all =
+        q.stream_logprobs == StreamLogprobs::NullOnParsedChunks && p.tools.is_some();
+    // Steps waiting to be sent in one chunk (tokens_per_chunk > 1): their deltas merged, their
+    // entries each repeating the first token's top list.
+    let per_chunk = q.tokens_per_chunk.max(1);
+    let mut pending: Vec<(Value, Value)> = Vec::new();
+    let flush = |pending: &mut Vec<(Value, Value)>, events: &mut Vec<Value>| {
+        if pending.is_empty() {
+            return;
+        }
+        let mut delta = Map::new();
+        let mut entries = Vec::new();
+        let mut first_top: Option<Value> = None;
+        let mut any_logprobs = false;
+        for (d, lp) in pending.drain(..) {
+            for (k, v) in d.as_object().cloned().unwrap_or_default() {
+                match (delta.get_mut(&k), &v) {
+                    (Some(Value::String(acc)), Value::String(more)) => acc.push_str(more),
+                    (Some(_), _) => {}
+                    (None, _) => {
+                        delta.insert(k, v);
+                    }
+                }
+            }
+            if let Some(mut e) = lp.as_object().cloned() {
+                any_logprobs = true;
+                match &first_top {
+                    None => first_top = e.get("top_logprobs").cloned(),
+                    Some(top) => {
+                        e.insert("top_logprobs".into(), top.clone());
+                    }
+                }
+                entries.push(Value::Object(e));
+            }
+        }
+        let logprobs = if any_logprobs {
+            json!({"content": entries})
+        } else {
+            Value::Null
+        };
+        events.push(chunk(choice(
+            Value::Object(delta),
+            logprobs,
+            Value::Null,
+            Value::Null,
+        )));
+    };
     for (pos, t) in sample.tokens.iter().enumerate() {
+        let parsed = matches!(t.part, Part::Reasoning | Part::ToolHead | Part::ToolArgs);
+        let entry_here = if !p.logprobs
+            || no_logprobs_at_all
+            || (parsed && q.stream_logprobs == StreamLogprobs::NullOnParsedChunks)
+        {
+            Value::Null
+        } else {
+            entry(tok, t, pos, p.top_logprobs, q)
+        };
         let delta = match t.part {
             Part::Reasoning if !t.text.is_empty() => json!({"reasoning_content": t.text}),
             Part::Content if !t.text.is_empty() => json!({"content": t.text}),
@@ -248,16 +363,19 @@ fn stream_events(
                 "function": {"name": null, "arguments": t.text},
             }]}),
             // Empty text delta (markers swallowed by the parsers, stripped whitespace, the eos):
-            // SGLang sends no chunk, and this step's logprob is lost (Gotcha 3).
-            _ => continue,
+            // without a parser SGLang sends no chunk, and this step's logprob is lost; builds
+            // after PR #28601 send it on a standalone chunk with an empty delta (Gotcha 3).
+            _ => match q.stream_logprobs {
+                StreamLogprobs::StepChunks if !entry_here.is_null() => json!({}),
+                _ => continue,
+            },
         };
-        let logprobs = if p.logprobs {
-            json!({"content": [chat_logprob_entry(tok, t, pos, p.top_logprobs)]})
-        } else {
-            Value::Null
-        };
-        events.push(chunk(choice(delta, logprobs, Value::Null, Value::Null)));
+        pending.push((delta, entry_here));
+        if pending.len() >= per_chunk {
+            flush(&mut pending, &mut events);
+        }
     }
+    flush(&mut pending, &mut events);
     events.push(chunk(choice(
         json!({}),
         Value::Null,
@@ -270,6 +388,14 @@ fn stream_events(
             o.insert("usage".into(), usage_json(sample));
         }
         events.push(usage_chunk);
+    }
+    if q.id_field == IdField::Sglext {
+        // Streamed sglext ids come once, in a final `choices: []` chunk.
+        let mut ids_chunk = chunk(json!([]));
+        if let Some(o) = ids_chunk.as_object_mut() {
+            o.insert("sglext".into(), sglext_json(sample));
+        }
+        events.push(ids_chunk);
     }
     events.iter().map(|e| sse(&e.to_string())).collect()
 }

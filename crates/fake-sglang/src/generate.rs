@@ -134,6 +134,8 @@ struct Case {
     logprob_start: usize,
     top_k: usize,
     text_in_logprobs: bool,
+    /// `meta_info.weight_version` ([`crate::Quirks::weight_version`]).
+    weight_version: Option<String>,
 }
 
 impl Case {
@@ -163,7 +165,9 @@ impl Case {
         meta.insert("prompt_tokens".into(), json!(self.prompt_ids.len()));
         meta.insert("completion_tokens".into(), json!(k));
         meta.insert("cached_tokens".into(), json!(0));
-        meta.insert("weight_version".into(), json!("default"));
+        if let Some(v) = &self.weight_version {
+            meta.insert("weight_version".into(), json!(v));
+        }
         if self.return_logprob {
             let with_text = self.text_in_logprobs;
             let p = &self.prompt_ids;
@@ -330,6 +334,7 @@ fn run(state: &FakeState, body: &Value) -> Result<Output, String> {
                 logprob_start: start,
                 top_k,
                 text_in_logprobs,
+                weight_version: state.config().quirks.weight_version.clone(),
             });
         }
     }

@@ -50,6 +50,7 @@ mod http;
 mod model;
 mod net;
 mod provider;
+mod quirks;
 mod server_task;
 mod state;
 
@@ -76,6 +77,7 @@ pub use generate::teacher_top_logprobs;
 pub use provider::{
     FakeProvider, FakeProviderBuilder, FakeProviderHandle, ProviderFault, ProviderRequest,
 };
+pub use quirks::{IdField, Quirks, StreamLogprobs};
 pub use state::{FakeState, RecordedRequest};
 
 use crate::server_task::ServerTask;
@@ -104,6 +106,7 @@ pub struct FakeBuilder {
     api_key: Option<String>,
     reasoning: bool,
     record_limit: Option<usize>,
+    quirks: Quirks,
 }
 
 impl Default for FakeBuilder {
@@ -116,6 +119,7 @@ impl Default for FakeBuilder {
             api_key: None,
             reasoning: true,
             record_limit: None,
+            quirks: Quirks::default(),
         }
     }
 }
@@ -169,6 +173,12 @@ impl FakeBuilder {
         self
     }
 
+    /// Behave like another SGLang build ([`Quirks`]; default: current SGLang).
+    pub fn quirks(mut self, quirks: Quirks) -> Self {
+        self.quirks = quirks;
+        self
+    }
+
     /// Keep only the `n` most recent recorded requests. Tests keep them all (the default); a
     /// long-running standalone fake (benchmarks) would otherwise grow by every request it answered.
     pub fn record_limit(mut self, n: usize) -> Self {
@@ -188,6 +198,7 @@ impl FakeBuilder {
             api_key: self.api_key,
             reasoning: self.reasoning,
             record_limit: self.record_limit,
+            quirks: self.quirks,
         })
     }
 

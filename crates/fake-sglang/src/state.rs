@@ -38,6 +38,7 @@ pub(crate) struct Config {
     pub reasoning: bool,
     /// Keep at most this many recorded requests (the most recent); `None`: all.
     pub record_limit: Option<usize>,
+    pub quirks: crate::Quirks,
 }
 
 #[derive(Default)]

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{chat, spawn, sse_events, user};
-use ps_fake_sglang::{FakeSglang, policy_logprob};
+use ps_fake_sglang::{FakeSglang, Quirks, StreamLogprobs, policy_logprob};
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -40,7 +40,8 @@ async fn non_stream_logprobs_cover_every_sampled_token() {
     let eos = tok.eos_token_id().expect("mini has an eos");
     assert_eq!(choice["matched_stop"], json!(eos));
 
-    let ids: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).expect("token_ids");
+    let ids: Vec<u32> =
+        serde_json::from_value(choice["response_token_ids"].clone()).expect("token_ids");
     let entries = choice["logprobs"]["content"].as_array().expect("logprobs");
     assert_eq!(entries.len(), ids.len());
     assert_eq!(*ids.last().expect("ids"), eos);
@@ -143,7 +144,10 @@ async fn max_tokens_cuts_with_finish_length() {
     let choice = &body["choices"][0];
     assert_eq!(choice["finish_reason"], "length");
     assert!(choice["matched_stop"].is_null());
-    assert_eq!(choice["token_ids"].as_array().expect("ids").len(), 5);
+    assert_eq!(
+        choice["response_token_ids"].as_array().expect("ids").len(),
+        5
+    );
     assert_eq!(
         choice["logprobs"]["content"].as_array().expect("lp").len(),
         5
@@ -151,7 +155,7 @@ async fn max_tokens_cuts_with_finish_length() {
     assert_eq!(body["usage"]["completion_tokens"], 5);
     let eos = fake.state().tokenizer().eos_token_id().expect("eos");
     assert!(
-        !choice["token_ids"]
+        !choice["response_token_ids"]
             .as_array()
             .expect("ids")
             .contains(&json!(eos))
@@ -186,7 +190,7 @@ async fn tool_call_when_asked() {
     let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("string"))
         .expect("json");
     assert_eq!(args, json!({"city": "Paris please"}));
-    let ids: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).expect("ids");
+    let ids: Vec<u32> = serde_json::from_value(choice["response_token_ids"].clone()).expect("ids");
     let sampled: String = ids.iter().map(|id| tok.token_text(*id)).collect();
     assert!(
         sampled.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris please\"}}\n</tool_call>"),
@@ -273,7 +277,15 @@ async fn streamed_tool_call_fragments() {
 
 #[tokio::test]
 async fn stream_chunk_sequence_loses_empty_delta_logprobs() {
-    let fake = spawn().await;
+    // A server without reasoning/tool parsers (Gotcha 3, first behaviour).
+    let fake = FakeSglang::builder()
+        .quirks(Quirks {
+            stream_logprobs: StreamLogprobs::DropEmptyDeltas,
+            ..Quirks::default()
+        })
+        .spawn()
+        .await
+        .expect("spawn");
     let tok = fake.state().tokenizer().clone();
     let base = json!({"model": "m", "messages": [user("Stream me a reply")], "logprobs": true});
     let full: Value = chat(&fake, {
@@ -504,7 +516,7 @@ async fn return_meta_info_carries_exact_ids() {
     let meta = &choice["meta_info"];
     let triples = meta["output_token_logprobs"].as_array().expect("triples");
     let ids: Vec<Value> = triples.iter().map(|t| t[1].clone()).collect();
-    assert_eq!(json!(ids), choice["token_ids"]);
+    assert_eq!(json!(ids), choice["response_token_ids"]);
     assert_eq!(meta["finish_reason"]["type"], "stop");
     assert_eq!(
         meta["completion_tokens"],
@@ -536,4 +548,31 @@ async fn a_record_limit_keeps_only_the_most_recent_requests() {
         })
         .collect();
     assert_eq!(kept, vec!["two", "three"]);
+}
+
+/// Builds after PR #28601 (the default): every step's log-prob is streamed, a step without text on
+/// a standalone chunk with an empty delta, so the streamed entries are exactly the non-streamed ones.
+#[tokio::test]
+async fn streamed_step_chunks_carry_every_sampled_tokens_logprob() {
+    let fake = spawn().await;
+    let base = json!({"model": "m", "messages": [user("Stream me a reply")], "logprobs": true});
+    let full: Value = chat(&fake, base.clone()).await.json().await.expect("json");
+    let mut streamed = base.clone();
+    streamed["stream"] = json!(true);
+    let events: Vec<Value> = sse_events(chat(&fake, streamed).await.text().await.expect("text"))
+        .into_iter()
+        .map(|e| e.expect("json"))
+        .collect();
+    let entries: Vec<Value> = events
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(json!(entries), full["choices"][0]["logprobs"]["content"]);
+    assert!(
+        events.iter().any(
+            |c| c["choices"][0]["delta"] == json!({}) && !c["choices"][0]["logprobs"].is_null()
+        ),
+        "a standalone chunk with an empty delta carries a step's log-prob"
+    );
 }

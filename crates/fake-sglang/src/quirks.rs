@@ -1,0 +1,65 @@
+//! Switches for the ways real SGLang builds differ (docs/upstream-protocols.md, 1.5 and Gotchas 3,
+//! 5, 14, 15), so that tests run across them instead of against one idealised server. The defaults
+//! follow current SGLang with a reasoning parser.
+
+/// Where a non-streamed answer puts the sampled ids it was asked for (`return_token_ids`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdField {
+    /// `choices[].response_token_ids` + `choices[].prompt_token_ids`: SGLang after its August 2026
+    /// rename (PR #35225).
+    #[default]
+    ResponseTokenIds,
+    /// `choices[].token_ids` + `choices[].prompt_token_ids`: SGLang between July and August 2026.
+    TokenIds,
+    /// vLLM: `choices[].token_ids` and the prompt ids at the response level.
+    Vllm,
+    /// `sglext.input_ids` / `sglext.output_ids` (server flag `--return-output-ids`): on every answer,
+    /// streamed ones too (a final `choices: []` chunk before `[DONE]`), whatever the request asked.
+    Sglext,
+    /// A build before July 2026: `return_token_ids` is ignored, no ids come back.
+    None,
+}
+
+/// How a streamed answer carries its log-probs (Gotcha 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamLogprobs {
+    /// A parser active, builds after PR #28601 (mid-2026): a step's log-probs ride on its chunk, or
+    /// on a standalone chunk with an empty `delta: {}` when the step emitted no text (markers, EOS).
+    #[default]
+    StepChunks,
+    /// No reasoning/tool parser: a step whose text delta is empty sends no chunk, and its log-prob
+    /// is lost (the EOS, the think markers and the whitespace around them).
+    DropEmptyDeltas,
+    /// A parser active, builds before PR #28601: reasoning and tool-call chunks carry
+    /// `logprobs: null`, and a request with `tools` gets no log-probs at all.
+    NullOnParsedChunks,
+}
+
+/// The build the fake behaves like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quirks {
+    pub id_field: IdField,
+    pub stream_logprobs: StreamLogprobs,
+    /// Sampled tokens per streamed chunk (SGLang batches steps under load); every entry of a chunk
+    /// repeats the first token's top list. Default 1.
+    pub tokens_per_chunk: usize,
+    /// `metadata.weight_version` of non-streamed answers (and `meta_info` of `/generate`); `None`
+    /// leaves it out (builds before weight versions). Default `"default"`, as SGLang without
+    /// `--weight-version`.
+    pub weight_version: Option<String>,
+    /// Top lists shorter than asked and missing the sampled token (ids that decode to the same text
+    /// collapse; Gotcha 5). Default false.
+    pub short_top_lists: bool,
+}
+
+impl Default for Quirks {
+    fn default() -> Self {
+        Self {
+            id_field: IdField::default(),
+            stream_logprobs: StreamLogprobs::default(),
+            tokens_per_chunk: 1,
+            weight_version: Some("default".into()),
+            short_top_lists: false,
+        }
+    }
+}
