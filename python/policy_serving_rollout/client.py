@@ -191,9 +191,17 @@ class RolloutClient:
         """Stop collecting samples (weight update). Returns ``{"submission_enabled": False}``."""
         return self._request("POST", "/v1/rollout/pause")
 
-    def resume(self) -> Dict[str, Any]:
-        """Collect samples again. Returns ``{"submission_enabled": True}``."""
-        return self._request("POST", "/v1/rollout/resume")
+    def resume(self, weight_version: Optional[str] = None) -> Dict[str, Any]:
+        """Collect samples again. Returns ``{"submission_enabled": True, "weight_version"}``.
+
+        ``weight_version``: the policy version the trainer has just loaded; the server stamps it on
+        samples whose answer carries none (streamed answers).
+        """
+        if weight_version is None:
+            return self._request("POST", "/v1/rollout/resume")
+        return self._request(
+            "POST", "/v1/rollout/resume", body={"weight_version": str(weight_version)}
+        )
 
     def status(self) -> Dict[str, Any]:
         """The server's rollout status (``committed_seq``, ``last_seq``, ``pending``...)."""

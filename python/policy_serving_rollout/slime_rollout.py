@@ -28,6 +28,7 @@ DEFAULT_URL = "http://127.0.0.1:30000"
 URL_ENV = "POLICY_SERVING_URL"
 ADMIN_KEY_ENV = "POLICY_SERVING_ADMIN_KEY"
 METRIC = "rollout/prm_eval_score"
+STALE_METRIC = "rollout/stale_samples_skipped"
 MAX_PAGE = 1024
 
 
@@ -46,6 +47,32 @@ class Batch:
     samples: List[PulledSample]  # returned, in seq order
     skipped: List[PulledSample] = field(default_factory=list)  # aborted, consumed, not returned
     committed_seq: Optional[int] = None
+    # more than ``max_staleness`` policy versions behind the trainer: consumed, not returned
+    stale: List[PulledSample] = field(default_factory=list)
+
+
+def _version_number(version: Any) -> Optional[int]:
+    """The integer a policy version ends with (``"12"``, ``"step-12"``), or ``None``."""
+    digits = ""
+    for ch in reversed(str(version)):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits) if digits else None
+
+
+def is_stale(sample: Dict[str, Any], current: Optional[str], max_staleness: Optional[int]) -> bool:
+    """Whether ``sample`` was produced more than ``max_staleness`` versions before ``current``.
+
+    Versions compare by the integer they end with; a sample (or trainer) without a numbered
+    version is never stale: there is nothing to compare.
+    """
+    if max_staleness is None or current is None:
+        return False
+    now = _version_number(current)
+    versions = sample.get("weight_versions") or []
+    then = _version_number(versions[-1]) if versions else None
+    return now is not None and then is not None and now - then > max_staleness
 
 
 class RolloutBridge:
@@ -74,21 +101,36 @@ class RolloutBridge:
         self.carry: List[PulledSample] = []
         self._lock = threading.Lock()
 
-    def next_batch(self, n: int, timeout_sec: Optional[float] = None) -> Batch:
+    def next_batch(
+        self,
+        n: int,
+        timeout_sec: Optional[float] = None,
+        current_version: Optional[str] = None,
+        max_staleness: Optional[int] = None,
+    ) -> Batch:
         """Consume ``n`` non-aborted samples (carry-over first) and commit through the last one.
 
         ``timeout_sec`` (``None``: wait forever, like the reference) bounds the wait; on time-out
         a ``TimeoutError`` is raised and everything consumed so far goes back to the carry-over.
+        With ``max_staleness`` (off by default), samples more than that many policy versions
+        behind ``current_version`` are consumed but not returned (:func:`is_stale`).
         """
         with self._lock:
-            return self._next_batch(n, timeout_sec)
+            return self._next_batch(n, timeout_sec, current_version, max_staleness)
 
-    def _next_batch(self, n: int, timeout_sec: Optional[float]) -> Batch:
+    def _next_batch(
+        self,
+        n: int,
+        timeout_sec: Optional[float],
+        current_version: Optional[str] = None,
+        max_staleness: Optional[int] = None,
+    ) -> Batch:
         if self.cursor is None:
             self.cursor = int(self.client.status().get("committed_seq") or 0)
         consumed: List[PulledSample] = []
         taken: List[PulledSample] = []
         skipped: List[PulledSample] = []
+        stale: List[PulledSample] = []
         start = last_progress = time.monotonic()
         try:
             while len(taken) < n:
@@ -123,6 +165,9 @@ class RolloutBridge:
                 if (item.get("sample") or {}).get("status") == "aborted":
                     skipped.append(item)
                     continue
+                if is_stale(item.get("sample") or {}, current_version, max_staleness):
+                    stale.append(item)
+                    continue
                 taken.append(item)
             committed: Optional[int] = None
             if consumed:
@@ -133,7 +178,7 @@ class RolloutBridge:
             # Nothing is lost: what was consumed goes back in front of the carry-over.
             self.carry[:0] = consumed
             raise
-        return Batch(samples=taken, skipped=skipped, committed_seq=committed)
+        return Batch(samples=taken, skipped=skipped, committed_seq=committed, stale=stale)
 
 
 _BRIDGES: Dict[Tuple[str, Optional[str]], RolloutBridge] = {}
@@ -216,7 +261,10 @@ def generate_rollout(
     5000), ``args.policy_serving_timeout_sec`` (else config.toml ``rollout.sample_timeout_sec``,
     else wait forever), ``args.policy_serving_config`` (else env ``POLICY_SERVING_CONFIG``: the
     operators' config.toml, see :mod:`policy_serving_rollout.config`). The admin key comes from
-    env ``POLICY_SERVING_ADMIN_KEY``.
+    env ``POLICY_SERVING_ADMIN_KEY``. ``args.policy_serving_weight_version``: the policy version
+    the trainer has loaded, announced at resume (stamped on streamed samples);
+    ``args.policy_serving_max_weight_staleness`` (off by default): skip samples more than that
+    many versions behind it, reported as ``rollout/stale_samples_skipped``.
 
     Returns Slime's ``RolloutFnTrainOutput`` (or :class:`RolloutOutput` without Slime) with
     ``samples`` a list of groups of one and ``metrics`` ``{"rollout/prm_eval_score": mean}`` when
@@ -241,9 +289,17 @@ def generate_rollout(
     # As the reference: reset the scores, then resume, so that the metric covers exactly the
     # samples scored while this rollout collected (not those scored while paused).
     client.drain_eval_scores()
-    client.resume()
+    version = getattr(args, "policy_serving_weight_version", None)
+    version = None if version is None else str(version)
+    client.resume(version)
+    max_staleness = getattr(args, "policy_serving_max_weight_staleness", None)
     try:
-        batch = bridge.next_batch(n, timeout_sec=_timeout(args, cfg))
+        batch = bridge.next_batch(
+            n,
+            timeout_sec=_timeout(args, cfg),
+            current_version=version,
+            max_staleness=None if max_staleness is None else int(max_staleness),
+        )
     finally:
         try:
             client.pause()
@@ -255,5 +311,15 @@ def generate_rollout(
         metrics = {METRIC: float(scores["mean"])}
     if batch.skipped:
         log.info("policy-serving: skipped %d aborted samples", len(batch.skipped))
+    if max_staleness is not None:
+        metrics = dict(metrics or {})
+        metrics[STALE_METRIC] = len(batch.stale)
+        if batch.stale:
+            log.info(
+                "policy-serving: skipped %d samples more than %s policy versions behind %s",
+                len(batch.stale),
+                max_staleness,
+                version,
+            )
     groups = to_slime_groups([item["sample"] for item in batch.samples])
     return _output(groups, metrics)

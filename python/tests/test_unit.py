@@ -83,10 +83,11 @@ class FakeClient:
         self.committed = through
         return {"committed_seq": through, "last_seq": max_seq(self.samples)}
 
-    def resume(self) -> Dict[str, Any]:
+    def resume(self, weight_version: Optional[str] = None) -> Dict[str, Any]:
         self.calls.append("resume")
+        self.announced = weight_version
         self.enabled = True
-        return {"submission_enabled": True}
+        return {"submission_enabled": True, "weight_version": weight_version}
 
     def pause(self) -> Dict[str, Any]:
         self.calls.append("pause")
@@ -519,3 +520,33 @@ def test_every_known_key_is_in_the_readme() -> None:
         row = [line for line in readme.splitlines() if line.startswith(f"| `{key}` |")]
         assert row, f"python/README.md has no row for {key}"
         assert all(side in row[0] for side in who), f"README row of {key} must say {who}"
+
+
+def test_samples_too_many_versions_behind_are_skipped_and_reported() -> None:
+    c = FakeClient(
+        [
+            api_sample(1, weight_versions=["step-3"]),  # 4 behind: stale
+            api_sample(2, weight_versions=["step-5"]),  # 2 behind: kept
+            api_sample(3),  # no version: kept (nothing to compare)
+            api_sample(4, weight_versions=["7"]),
+        ]
+    )
+    install(c)
+    a = args(3)
+    a.policy_serving_weight_version = "step-7"
+    a.policy_serving_max_weight_staleness = 2
+    out = generate_rollout(a, 0, None)
+    assert c.announced == "step-7", "the version is announced at resume"
+    assert [g[0]["index"] for g in out.samples] == [2, 3, 4]
+    assert c.commits == [4], "the stale sample is consumed with the batch"
+    assert out.metrics == {"rollout/stale_samples_skipped": 1}
+
+
+def test_staleness_is_off_by_default() -> None:
+    c = FakeClient([api_sample(1, weight_versions=["0"]), api_sample(2, weight_versions=["100"])])
+    install(c)
+    a = args(2)
+    a.policy_serving_weight_version = "100"
+    out = generate_rollout(a, 0, None)
+    assert [g[0]["index"] for g in out.samples] == [1, 2]
+    assert out.metrics is None

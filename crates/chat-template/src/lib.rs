@@ -93,6 +93,15 @@ pub struct TurnTokens {
     pub response_ids: Vec<u32>,
 }
 
+/// A turn rendered but not tokenized: the texts of [`TurnTokens`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnTexts {
+    pub prompt_text: String,
+    pub full_text: String,
+    pub response_text: String,
+    pub prompt_is_prefix: bool,
+}
+
 fn read_file(path: &Path) -> Result<String, ChatTemplateError> {
     std::fs::read_to_string(path).map_err(|source| ChatTemplateError::ReadFile {
         path: path.to_owned(),
@@ -340,6 +349,30 @@ impl ChatTokenizer {
         input: &TurnInput<'_>,
         prev: Option<&EncodedPrefix>,
     ) -> Result<(TurnTokens, Option<EncodedPrefix>), ChatTemplateError> {
+        let TurnTexts {
+            prompt_text,
+            full_text,
+            response_text,
+            prompt_is_prefix,
+        } = self.render_turn(input)?;
+        let (prompt_ids, next) = self.encode_incremental(&prompt_text, prev)?;
+        let response_ids = self.encode(&response_text)?;
+        Ok((
+            TurnTokens {
+                prompt_text,
+                full_text,
+                response_text,
+                prompt_is_prefix,
+                prompt_ids,
+                response_ids,
+            },
+            next,
+        ))
+    }
+
+    /// Renders a turn as [`ChatTokenizer::split_turn`] does, without tokenizing: for turns whose
+    /// ids come from the engine, the texts are what the judges read.
+    pub fn render_turn(&self, input: &TurnInput<'_>) -> Result<TurnTexts, ChatTemplateError> {
         let prepared = Prepared::new(input.tools, input.template_kwargs);
         let mut messages: Vec<MjValue> = normalize_messages(input.messages)
             .iter()
@@ -355,19 +388,12 @@ impl ChatTokenizer {
             Some(rest) => (true, rest.to_owned()),
             None => (false, full_text.clone()),
         };
-        let (prompt_ids, next) = self.encode_incremental(&prompt_text, prev)?;
-        let response_ids = self.encode(&response_text)?;
-        Ok((
-            TurnTokens {
-                prompt_text,
-                full_text,
-                response_text,
-                prompt_is_prefix,
-                prompt_ids,
-                response_ids,
-            },
-            next,
-        ))
+        Ok(TurnTexts {
+            prompt_text,
+            full_text,
+            response_text,
+            prompt_is_prefix,
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! Checks 3 and 4: the SGLang policy server's `/health`, and a tiny chat round trip that must carry
 //! per-token log-probs (and the sampled token ids when `sglang.return_token_ids` is set).
 
-use ps_config::{EnvLookup, Settings};
+use ps_config::{EnvLookup, Settings, TokenIdsMode};
 use ps_server::wiring::StartupError;
 use ps_sglang_client::{PolicyClient, SglangClient, SglangClientConfig, SglangError};
 use serde_json::{Value, json};
@@ -133,7 +133,7 @@ fn probe_body(s: &Settings) -> Value {
         "logprobs": true,
         "top_logprobs": 1,
     });
-    if s.sglang.return_token_ids
+    if s.sglang.token_ids_mode() != TokenIdsMode::Retokenize
         && let Some(o) = body.as_object_mut()
     {
         o.insert("return_token_ids".into(), json!(true));
@@ -141,7 +141,8 @@ fn probe_body(s: &Settings) -> Value {
     body
 }
 
-const TOKEN_IDS_FIX: &str = "newer SGLang needed, or set sglang.return_token_ids = false";
+const TOKEN_IDS_FIX: &str = "SGLang from July 2026 on returns them (return_token_ids); or set \
+     sglang.token_ids = \"auto\" to re-tokenize exactly when they are missing";
 
 pub(crate) async fn chat(s: &Settings, env: EnvLookup<'_>, policy: &Policy) -> Outcome {
     let client = match &policy.client {
@@ -198,23 +199,31 @@ pub(crate) async fn chat(s: &Settings, env: EnvLookup<'_>, policy: &Policy) -> O
         );
     };
     let mut detail = format!("{} tokens with log-probs", content.len());
-    if s.sglang.return_token_ids {
-        let ids = choice
-            .get("token_ids")
-            .and_then(Value::as_array)
-            .filter(|ids| !ids.is_empty() && ids.iter().all(Value::is_u64));
-        match ids {
-            Some(ids) => detail.push_str(&format!(", {} token ids", ids.len())),
-            None => {
-                return Outcome::fail(
-                    format!(
-                        "{url} answered without choices[0].token_ids although \
-                         sglang.return_token_ids = true asked for them"
-                    ),
-                    TOKEN_IDS_FIX,
-                );
-            }
+    // Which id source this deployment will use (docs/architecture.md, "Where a turn's ids come from").
+    let mode = s.sglang.token_ids_mode();
+    match (mode, ps_sglang_client::engine_ids(&answer)) {
+        (TokenIdsMode::Retokenize, _) => detail.push_str(
+            "; token ids: re-tokenized (sglang.token_ids = \"retokenize\": the engine is not asked)",
+        ),
+        (_, Some(ids)) => detail.push_str(&format!(
+            "; token ids: from the engine ({}, {} ids): non-streamed turns are trained on the \
+             engine's own ids, streamed ones re-tokenized",
+            ids.field,
+            ids.response.len()
+        )),
+        (TokenIdsMode::Engine, None) => {
+            return Outcome::fail(
+                format!(
+                    "{url} answered without token ids (no response_token_ids, token_ids or sglext \
+                     ids) although sglang.token_ids = \"engine\" needs them"
+                ),
+                TOKEN_IDS_FIX,
+            );
         }
+        (TokenIdsMode::Auto, None) => detail.push_str(
+            "; token ids: re-tokenized (the engine answered without its ids: an SGLang build \
+             before July 2026 or a router that strips them; samples stay exact)",
+        ),
     }
     Outcome::ok(format!("{detail} from {url}"))
 }
@@ -258,10 +267,15 @@ fn status_failure(
             "set sglang.chat_url to the full chat URL, such as \
              http://127.0.0.1:30001/v1/chat/completions",
         ),
-        400 | 422 if s.sglang.return_token_ids && message.contains("token_ids") => Outcome::fail(
-            format!("SGLang at {url} rejected return_token_ids (HTTP {status}: {message})"),
-            TOKEN_IDS_FIX,
-        ),
+        400 | 422
+            if s.sglang.token_ids_mode() != TokenIdsMode::Retokenize
+                && message.contains("token_ids") =>
+        {
+            Outcome::fail(
+                format!("SGLang at {url} rejected return_token_ids (HTTP {status}: {message})"),
+                TOKEN_IDS_FIX,
+            )
+        }
         400..=499 => Outcome::fail(
             format!("SGLang at {url} rejected the probe chat (HTTP {status}: {message})"),
             format!(
@@ -288,9 +302,12 @@ mod tests {
         assert_eq!(b["max_tokens"], 8);
         assert_eq!(b["logprobs"], true);
         assert_eq!(b["top_logprobs"], 1);
-        assert!(b.get("return_token_ids").is_none());
-        s.sglang.return_token_ids = true;
-        assert_eq!(probe_body(&s)["return_token_ids"], true);
+        assert_eq!(
+            b["return_token_ids"], true,
+            "auto asks the engine for its ids"
+        );
+        s.sglang.token_ids = TokenIdsMode::Retokenize;
+        assert!(probe_body(&s).get("return_token_ids").is_none());
         assert_eq!(
             health_url("http://127.0.0.1:30001/v1/chat/completions?x=1"),
             "http://127.0.0.1:30001/health"

@@ -118,10 +118,14 @@ async fn every_check_passes_against_the_fake_in_opd_mode_with_token_ids() {
     let fake = FakeSglang::builder().spawn().await.unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let mut s = opd_settings(&fake, tmp.path());
-    s.sglang.return_token_ids = true;
+    s.sglang.token_ids = ps_config::TokenIdsMode::Engine;
     let r = run_checks(&s, &no_env).await;
     assert!(r.all_passed(), "{}", r.render());
-    assert!(detail(&r, CheckId::ChatLogprobs).contains("token ids"));
+    let chat = detail(&r, CheckId::ChatLogprobs);
+    assert!(
+        chat.contains("token ids: from the engine (response_token_ids"),
+        "{chat}"
+    );
     let teacher = detail(&r, CheckId::Teacher);
     assert!(
         teacher.contains(&format!("{TEACHER_PROBE_TOKENS} log-probs and top-2"))
@@ -215,6 +219,8 @@ async fn a_chat_without_logprobs_fails() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = rl_settings(&fake, tmp.path());
     s.sglang.chat_url = format!("{upstream}/v1/chat/completions");
+    // Not asking for ids: the stub then answers without log-probs.
+    s.sglang.token_ids = ps_config::TokenIdsMode::Retokenize;
     let r = run_checks(&s, &no_env).await;
     assert!(outcome(&r, CheckId::SglangHealth).is_ok());
     let (cause, fix) = failure(&r, CheckId::ChatLogprobs);
@@ -229,14 +235,16 @@ async fn missing_token_ids_name_the_setting_to_turn_off() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = rl_settings(&fake, tmp.path());
     s.sglang.chat_url = format!("{upstream}/v1/chat/completions");
-    s.sglang.return_token_ids = true;
+    s.sglang.token_ids = ps_config::TokenIdsMode::Engine;
     let r = run_checks(&s, &no_env).await;
     let (cause, fix) = failure(&r, CheckId::ChatLogprobs);
-    assert!(cause.contains("choices[0].token_ids"), "{cause}");
-    assert_eq!(
-        fix,
-        "newer SGLang needed, or set sglang.return_token_ids = false"
-    );
+    assert!(cause.contains("without token ids"), "{cause}");
+    assert!(fix.contains("sglang.token_ids = \"auto\""), "{fix}");
+    // With `auto` the same server passes, and check says the samples will be re-tokenized.
+    s.sglang.token_ids = ps_config::TokenIdsMode::Auto;
+    let r = run_checks(&s, &no_env).await;
+    let chat = detail(&r, CheckId::ChatLogprobs);
+    assert!(chat.contains("token ids: re-tokenized"), "{chat}");
 }
 
 #[tokio::test]

@@ -32,8 +32,6 @@ pub const SGLANG_TIMEOUT_SEC: u64 = 120;
 pub const SGLANG_CONNECT_TIMEOUT_SEC: u64 = 5;
 /// `sglang.stream`.
 pub const SGLANG_STREAM: bool = true;
-/// `sglang.return_token_ids`.
-pub const SGLANG_RETURN_TOKEN_IDS: bool = false;
 /// `sglang.max_concurrency`.
 pub const SGLANG_MAX_CONCURRENCY: usize = 256;
 
@@ -86,6 +84,10 @@ pub const LOGGING_LEVEL: &str = "INFO";
 pub const CAPTURE_TRAIN_EOS_WITHOUT_LOGPROB: bool = true;
 /// `capture.train_unsampled`.
 pub const CAPTURE_TRAIN_UNSAMPLED: bool = false;
+/// `capture.drift_check_first`.
+pub const CAPTURE_DRIFT_CHECK_FIRST: u64 = 100;
+/// `capture.drift_check_every`.
+pub const CAPTURE_DRIFT_CHECK_EVERY: u64 = 100;
 
 /// `store.path`.
 pub const STORE_PATH: &str = "./data/samples";

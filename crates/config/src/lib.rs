@@ -34,7 +34,7 @@ pub use redact::REDACTED;
 pub use schema::{
     CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PauseMode,
     PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings, Settings,
-    SglangSettings, StoreKind, StoreSettings, TeacherBackend, TeacherSettings,
+    SglangSettings, StoreKind, StoreSettings, TeacherBackend, TeacherSettings, TokenIdsMode,
 };
 pub use secret::{
     EnvLookup, LEGACY_CLIENT_KEY_ENV, Secret, process_env, resolve_optional_secret, resolve_secret,

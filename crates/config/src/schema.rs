@@ -198,9 +198,14 @@ pub struct SglangSettings {
     /// true: stream upstream when the client asks for a stream. false: always call upstream without
     /// streaming and synthesise the answer as chunks for streaming clients. Default true.
     pub stream: bool,
-    /// Ask SGLang for the sampled token ids on non-streamed calls (newer SGLang builds only).
-    /// Default false.
-    pub return_token_ids: bool,
+    /// Where a main turn's token ids come from: `auto` (default: ask the engine for its own prompt
+    /// and sampled ids on non-streamed calls and use them; when it answers without them, count it,
+    /// say so once, and re-tokenize exactly), `engine` (such a turn gives no sample, reason
+    /// `no_engine_ids`) or `retokenize` (never ask; render and re-tokenize every turn).
+    pub token_ids: TokenIdsMode,
+    /// Deprecated: `false` is `token_ids = "retokenize"`, `true` is `auto`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub return_token_ids: Option<bool>,
     /// Cap on concurrent upstream chat requests; a permit is held until a streamed body ends. A
     /// request beyond it gets 429 with Retry-After. Default 256.
     pub max_concurrency: usize,
@@ -215,7 +220,8 @@ impl Default for SglangSettings {
             timeout_sec: d::SGLANG_TIMEOUT_SEC,
             connect_timeout_sec: d::SGLANG_CONNECT_TIMEOUT_SEC,
             stream: d::SGLANG_STREAM,
-            return_token_ids: d::SGLANG_RETURN_TOKEN_IDS,
+            token_ids: TokenIdsMode::default(),
+            return_token_ids: None,
             max_concurrency: d::SGLANG_MAX_CONCURRENCY,
         }
     }
@@ -236,13 +242,45 @@ impl fmt::Debug for SglangSettings {
             .field("timeout_sec", &self.timeout_sec)
             .field("connect_timeout_sec", &self.connect_timeout_sec)
             .field("stream", &self.stream)
+            .field("token_ids", &self.token_ids)
             .field("return_token_ids", &self.return_token_ids)
             .field("max_concurrency", &self.max_concurrency)
             .finish()
     }
 }
 
+/// `sglang.token_ids`: where a main turn's token ids come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenIdsMode {
+    /// The engine's ids when it returns them, exact re-tokenization otherwise (counted, logged).
+    #[default]
+    Auto,
+    /// Only the engine's ids: a turn without them gives no sample.
+    Engine,
+    /// Never ask for ids: render and re-tokenize every turn.
+    Retokenize,
+}
+
+impl TokenIdsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Engine => "engine",
+            Self::Retokenize => "retokenize",
+        }
+    }
+}
+
 impl SglangSettings {
+    /// `token_ids`, with the deprecated `return_token_ids = false` read as `retokenize`.
+    pub fn token_ids_mode(&self) -> TokenIdsMode {
+        match (self.token_ids, self.return_token_ids) {
+            (TokenIdsMode::Auto, Some(false)) => TokenIdsMode::Retokenize,
+            (mode, _) => mode,
+        }
+    }
+
     /// `timeout_sec` as a duration.
     pub fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout_sec)
@@ -693,6 +731,11 @@ pub struct CaptureSettings {
     pub train_eos_without_logprob: bool,
     /// Train tokens the model never sampled (template scaffolding). Default false.
     pub train_unsampled: bool,
+    /// Engine-id turns also re-tokenized to check that our template and tokenizer agree with the
+    /// engine (`retokenize_drift_total`): the first this many turns of the process… Default 100.
+    pub drift_check_first: u64,
+    /// …then one turn in this many (0: none after the first). Default 100.
+    pub drift_check_every: u64,
 }
 
 impl Default for CaptureSettings {
@@ -700,6 +743,8 @@ impl Default for CaptureSettings {
         Self {
             train_eos_without_logprob: d::CAPTURE_TRAIN_EOS_WITHOUT_LOGPROB,
             train_unsampled: d::CAPTURE_TRAIN_UNSAMPLED,
+            drift_check_first: d::CAPTURE_DRIFT_CHECK_FIRST,
+            drift_check_every: d::CAPTURE_DRIFT_CHECK_EVERY,
         }
     }
 }

@@ -35,6 +35,42 @@ pub struct CapturedTurn {
     pub alignment: Alignment,
     pub finish_reason: Option<String>,
     pub streamed: bool,
+    /// Where `prompt_ids` and `response_ids` came from.
+    #[serde(default)]
+    pub token_source: TokenSource,
+    /// The policy version that produced the answer, and where it was learnt (`engine`: the
+    /// upstream's answer; `trainer`: the version the trainer announced at its last resume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<WeightVersion>,
+}
+
+/// Where a captured turn's token ids came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenSource {
+    /// The engine's own prompt and sampled ids (SGLang's or vLLM's `return_token_ids`, `sglext`):
+    /// every response position carries its own log-prob, nothing was re-tokenized.
+    Engine,
+    /// Re-rendered with the chat template and re-tokenized, log-probs aligned to the tokens.
+    #[default]
+    Retokenized,
+}
+
+impl TokenSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Engine => "engine",
+            Self::Retokenized => "retokenized",
+        }
+    }
+}
+
+/// A policy version and where it was learnt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightVersion {
+    pub version: String,
+    /// `engine` (the answer carried it) or `trainer` (announced with `POST /v1/rollout/resume`).
+    pub source: String,
 }
 
 /// Follows the main turns of every session. The server calls [`TurnSink::begin`] when a main request

@@ -22,10 +22,10 @@ pub mod session;
 pub mod sink;
 
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
-pub use capture::{CapturedTurn, TurnGuard, TurnSink};
+pub use capture::{CapturedTurn, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use errors::error_chain;
 pub use log::{LogError, SampleLog, StoreStats, StoredSample};
 pub use pending::{PendingStore, PendingTurn};
-pub use rollout::{FinishReason, RolloutResponse, SampledToken};
+pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 pub use session::{SessionHeaders, TurnType};
 pub use sink::{SampleSink, SinkError};

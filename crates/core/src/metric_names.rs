@@ -8,7 +8,8 @@ pub const REQUESTS_TOTAL: &str = "policy_serving_requests_total";
 pub const STREAM_CANCELLED_TOTAL: &str = "policy_serving_stream_cancelled_total";
 /// Streams that broke upstream after the answer started.
 pub const STREAM_BROKEN_TOTAL: &str = "policy_serving_stream_broken_total";
-/// Main turns handed to capture, labelled `outcome` (`captured`|`queue_full`|`render_failed`|`not_usable`).
+/// Main turns handed to capture, labelled `outcome` (`captured`|`queue_full`|`render_failed`|
+/// `turn_too_long`|`no_engine_ids`|`engine_logprob_count_mismatch`|`stream_logprobs_missing`).
 pub const CAPTURE_TOTAL: &str = "policy_serving_capture_total";
 /// Turns whose full text did not start with the prompt text (response = full text).
 pub const PROMPT_NOT_PREFIX_TOTAL: &str = "policy_serving_capture_prompt_not_prefix_total";
@@ -22,6 +23,14 @@ pub const MARKED_POSITIONS_TOTAL: &str = "policy_serving_capture_marked_position
 /// field would otherwise have carried the placeholder: Combine's RL-only samples).
 pub const SAMPLE_POSITIONS_WITHOUT_LOGPROB_TOTAL: &str =
     "policy_serving_sample_positions_without_logprob_total";
+/// Captured main turns by where their token ids came from, labelled `source` (`engine`|`retokenized`).
+pub const TOKEN_SOURCE_TOTAL: &str = "policy_serving_capture_token_source_total";
+/// Turns whose engine was asked for its token ids and answered without them (an old build, a router
+/// that strips them): re-tokenized under `sglang.token_ids = "auto"`, no sample under `"engine"`.
+pub const ENGINE_IDS_MISSING_TOTAL: &str = "policy_serving_capture_engine_ids_missing_total";
+/// Engine-id turns whose re-tokenization differs from the engine's ids, labelled `part`
+/// (`prompt`|`response`): our template or tokenizer disagrees with the engine's.
+pub const RETOKENIZE_DRIFT_TOTAL: &str = "policy_serving_retokenize_drift_total";
 /// Time from request to upstream answer headers (non-stream: whole answer).
 pub const UPSTREAM_SECONDS: &str = "policy_serving_upstream_seconds";
 /// Time a capture worker spent rendering, tokenizing and aligning one turn.

@@ -39,6 +39,17 @@ impl FinishReason {
     }
 }
 
+/// The token ids the engine itself used for one answer: the prompt it rendered and tokenized, and
+/// the ids it sampled (end-of-turn token included), taken before any reasoning or tool-call parsing.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EngineIds {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    /// Where the response ids were found (`response_token_ids`, `token_ids`, `sglext.output_ids`,
+    /// `meta_info`), for logs and the sample's metadata.
+    pub field: String,
+}
+
 /// The assembled answer of one chat completion (streamed or not), for the first choice.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RolloutResponse {
@@ -49,4 +60,16 @@ pub struct RolloutResponse {
     pub finish: FinishReason,
     /// Whether the answer came as a stream (streamed answers may lack log-probs of empty deltas).
     pub streamed: bool,
+    /// The engine's own prompt and response ids, when it returned both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_ids: Option<EngineIds>,
+    /// The policy version that produced the answer (`metadata.weight_version` of a non-streamed
+    /// SGLang answer); streamed answers carry none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
+    /// Streamed chunks that carried answer text but no log-probs (SGLang builds with a reasoning or
+    /// tool parser before mid-2026): their sampled tokens are unexplained, so the answer cannot be
+    /// trained on with exact log-probs.
+    #[serde(default)]
+    pub chunks_without_logprobs: usize,
 }

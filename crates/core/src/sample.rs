@@ -42,6 +42,10 @@ pub struct Sample {
     pub status: SampleStatus,
     pub session_id: String,
     pub turn: u64,
+    /// The policy version(s) that produced the response (Slime's `Sample.weight_versions`); empty
+    /// when neither the answer nor the trainer's last resume named one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weight_versions: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teacher_log_probs: Option<Vec<f64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -365,13 +365,25 @@ pub fn describe(s: &Sample, tok: &ChatTokenizer) -> String {
         .unwrap_or_default();
     let _ = writeln!(
         out,
-        "\nsession {} turn {}: {} prompt tokens, {} response tokens ({} without a log-prob), reward {}",
+        "\nsession {} turn {}: {} prompt tokens, {} response tokens ({} without a log-prob), reward {}, ids {}{}",
         s.session_id,
         s.turn,
         s.tokens.len() - s.response_length,
         s.response_length,
         missing.len(),
         s.reward.score,
+        s.metadata
+            .get("token_source")
+            .and_then(Value::as_str)
+            .map_or("?", |src| if src == "engine" {
+                "from the engine"
+            } else {
+                "re-tokenized"
+            }),
+        s.weight_versions
+            .last()
+            .map(|v| format!(", policy version {v}"))
+            .unwrap_or_default(),
     );
     let teacher = s.teacher_log_probs.as_ref();
     if teacher.is_some() {

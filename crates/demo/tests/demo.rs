@@ -30,6 +30,19 @@ async fn the_demo_runs_end_to_end_and_the_trainer_side_gets_every_main_turn() {
     );
     assert!(report.samples[2].sample.loss_mask.iter().all(|b| *b == 0));
     assert!(report.samples[2].sample.response.contains("<tool_call>"));
+    // Non-streamed turns carry the engine's own ids; the streamed one is re-tokenized. The
+    // tool-call turn has no position without a log-prob (no re-serialised JSON to misalign).
+    let sources: Vec<&str> = report
+        .samples
+        .iter()
+        .map(|s| s.sample.metadata["token_source"].as_str().unwrap())
+        .collect();
+    assert_eq!(sources, ["engine", "retokenized", "engine"]);
+    assert_eq!(
+        report.samples[2].sample.metadata["logprob_missing_positions"],
+        serde_json::json!([])
+    );
+    assert!(text.contains("ids from the engine") && text.contains("ids re-tokenized"));
     assert!(text.contains("=== samples pulled from GET /v1/rollout/samples ==="));
     assert!(text.contains("not captured"));
     assert!(text.contains("committed through seq"));

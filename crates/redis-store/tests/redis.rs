@@ -451,6 +451,8 @@ async fn pending_turns_are_kept_per_replica_and_taken_once() {
             },
             finish_reason: Some("stop".into()),
             streamed: false,
+            token_source: ps_core::TokenSource::Retokenized,
+            weight_version: None,
         },
         next: Some(serde_json::json!({"role": "user", "content": "next"})),
         session_had_effective: t == 2,

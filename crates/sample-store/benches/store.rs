@@ -144,6 +144,7 @@ fn sample(n: u64) -> Sample {
         status: SampleStatus::Completed,
         session_id: format!("session-{}", n % 97),
         turn: n / 97,
+        weight_versions: Vec::new(),
         teacher_log_probs: None,
         teacher_topk_log_probs: None,
         teacher_topk_indices: None,

@@ -282,6 +282,7 @@ fn full_sample() -> Sample {
         status: SampleStatus::Truncated,
         session_id: "sess-ü".into(),
         turn: 7,
+        weight_versions: Vec::new(),
         teacher_log_probs: Some(vec![-0.0, -2.5, f64::NEG_INFINITY]),
         teacher_topk_log_probs: Some(vec![vec![-0.1, -2.3], vec![], vec![f64::MIN_POSITIVE]]),
         teacher_topk_indices: Some(vec![vec![5, 151_935], vec![], vec![u32::MAX]]),

@@ -102,6 +102,7 @@ fn topk_sample(k: usize) -> Sample {
         status: SampleStatus::Completed,
         session_id: "s".into(),
         turn: 1,
+        weight_versions: Vec::new(),
         teacher_log_probs: Some((0..t).map(|x| -((x % 89) as f64) / 17.0).collect()),
         teacher_topk_log_probs: Some(
             (0..t)

@@ -10,8 +10,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ps_chat_template::{ChatTemplateError, ChatTokenizer, EncodedPrefix, TurnInput};
+use ps_config::TokenIdsMode;
 use ps_core::{
-    AlignPolicy, CapturedTurn, PositionSource, RolloutResponse, TurnGuard, TurnSink, align_logprobs,
+    AlignPolicy, Alignment, CapturedTurn, PositionSource, RolloutResponse, TokenSource, TurnGuard,
+    TurnSink, WeightVersion, align_logprobs,
 };
 use serde_json::{Map, Value};
 
@@ -30,6 +32,100 @@ pub struct CaptureJob {
     /// The client closed the session with this turn (`X-Session-Done`): no later turn will extend
     /// its prompt, so the session's cached prefix is dropped rather than kept.
     pub session_done: bool,
+    /// `sglang.token_ids`, and whether the engine was asked for its ids (non-streamed calls).
+    pub token_ids: TokenIdsMode,
+    pub asked_for_ids: bool,
+    /// The version the trainer announced at its last resume, for answers that carry none.
+    pub trainer_weight_version: Option<String>,
+}
+
+/// Why a turn cannot become a correct sample (it is abandoned with `reason`).
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(transparent)]
+    Template(#[from] ChatTemplateError),
+    #[error("{detail}")]
+    Refused {
+        reason: &'static str,
+        detail: String,
+    },
+}
+
+impl CaptureError {
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::Template(_) => "render_failed",
+            Self::Refused { reason, .. } => reason,
+        }
+    }
+}
+
+/// Engine-id turns re-tokenized to check that our template and tokenizer agree with the engine:
+/// the first `first` of the process, then one in `every`.
+#[derive(Debug, Default)]
+pub struct DriftCheck {
+    first: u64,
+    every: u64,
+    seen: AtomicU64,
+    checked: AtomicU64,
+    drifted: AtomicU64,
+    last: std::sync::Mutex<Option<serde_json::Value>>,
+}
+
+impl DriftCheck {
+    pub fn new(first: u64, every: u64) -> Self {
+        Self {
+            first,
+            every,
+            ..Self::default()
+        }
+    }
+
+    fn due(&self) -> bool {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed);
+        n < self.first || (self.every > 0 && (n - self.first).is_multiple_of(self.every))
+    }
+}
+
+/// What capture counted: where ids came from, fallbacks, drift.
+#[derive(Debug, Default)]
+pub struct CaptureStats {
+    pub engine: AtomicU64,
+    pub retokenized: AtomicU64,
+    /// Turns whose engine was asked for ids and answered without them.
+    pub engine_ids_missing: AtomicU64,
+    pub drift: DriftCheck,
+    /// Refusal reasons already explained in the log (each is logged once with its fix).
+    explained: std::sync::Mutex<std::collections::HashSet<&'static str>>,
+}
+
+impl CaptureStats {
+    pub fn new(drift: DriftCheck) -> Self {
+        Self {
+            drift,
+            ..Self::default()
+        }
+    }
+
+    /// `/v1/rollout/status`'s `token_ids` section.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "engine": self.engine.load(Ordering::Relaxed),
+            "retokenized": self.retokenized.load(Ordering::Relaxed),
+            "engine_ids_missing": self.engine_ids_missing.load(Ordering::Relaxed),
+            "drift_checked": self.drift.checked.load(Ordering::Relaxed),
+            "drift": self.drift.drifted.load(Ordering::Relaxed),
+            "last_drift": self.drift.last.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        })
+    }
+
+    /// Whether `reason` is logged for the first time (then with its fix).
+    fn first_time(&self, reason: &'static str) -> bool {
+        self.explained
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(reason)
+    }
 }
 
 /// Sessions whose last prompt is kept for incremental tokenization; past it the cache starts over.
@@ -149,17 +245,269 @@ pub fn capture_turn(
     tok: &ChatTokenizer,
     job: &CaptureJob,
     policy: AlignPolicy,
-) -> Result<CapturedTurn, ChatTemplateError> {
-    capture_turn_with(tok, job, policy, None)
+) -> Result<CapturedTurn, CaptureError> {
+    capture_turn_with(tok, job, policy, None, &CaptureStats::default())
 }
 
-/// [`capture_turn`], encoding the prompt incrementally from the session's previous prompt.
+/// [`capture_turn`], encoding the prompt incrementally from the session's previous prompt, and
+/// counting in `stats`. A turn whose engine returned its own ids takes them (no re-tokenization,
+/// every position its own log-prob); otherwise it is re-rendered and re-tokenized
+/// (docs/architecture.md, "Where a turn's ids come from").
 pub fn capture_turn_with(
     tok: &ChatTokenizer,
     job: &CaptureJob,
     policy: AlignPolicy,
     cache: Option<&PrefixCache>,
-) -> Result<CapturedTurn, ChatTemplateError> {
+    stats: &CaptureStats,
+) -> Result<CapturedTurn, CaptureError> {
+    let rollout = &job.rollout;
+    let weight_version = match (&rollout.weight_version, &job.trainer_weight_version) {
+        (Some(v), _) => Some(WeightVersion {
+            version: v.clone(),
+            source: "engine".into(),
+        }),
+        (None, Some(v)) => Some(WeightVersion {
+            version: v.clone(),
+            source: "trainer".into(),
+        }),
+        (None, None) => None,
+    };
+    let use_engine = job.token_ids != TokenIdsMode::Retokenize;
+    if let (true, Some(ids)) = (use_engine, &rollout.engine_ids) {
+        let mut turn = engine_turn(tok, job, ids)?;
+        turn.weight_version = weight_version;
+        if let (Some(cache), true) = (cache, job.session_done) {
+            cache.forget(job.guard.session_id());
+        }
+        if stats.drift.due() {
+            check_drift(tok, job, &turn, cache, &stats.drift)?;
+        }
+        stats.engine.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::TOKEN_SOURCE_TOTAL, "source" => "engine").increment(1);
+        return Ok(turn);
+    }
+    if job.asked_for_ids {
+        stats.engine_ids_missing.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::ENGINE_IDS_MISSING_TOTAL).increment(1);
+        let engine_only = job.token_ids == TokenIdsMode::Engine;
+        if stats.first_time("no_engine_ids") {
+            tracing::warn!(
+                session_id = %job.guard.session_id(), turn = job.guard.turn(),
+                "the policy server was asked for its token ids (return_token_ids) and answered without \
+                 them: an SGLang build before July 2026, or a router that strips them. {} \
+                 (logged once; counted as engine_ids_missing in /v1/rollout/status)",
+                if engine_only {
+                    "sglang.token_ids = \"engine\": such turns give no sample; upgrade SGLang or use \"auto\""
+                } else {
+                    "Falling back to exact re-tokenization for such turns"
+                }
+            );
+        }
+        if engine_only {
+            return Err(CaptureError::Refused {
+                reason: "no_engine_ids",
+                detail: "the engine returned no token ids and sglang.token_ids = \"engine\"".into(),
+            });
+        }
+    } else if job.token_ids == TokenIdsMode::Engine && rollout.streamed {
+        return Err(CaptureError::Refused {
+            reason: "no_engine_ids",
+            detail: "a streamed answer carries no token ids (no sglext ids) and sglang.token_ids = \"engine\"; \
+                     set sglang.stream = false so the upstream call is whole"
+                .into(),
+        });
+    }
+    if rollout.streamed && stream_logprobs_incomplete(rollout) {
+        return Err(CaptureError::Refused {
+            reason: "stream_logprobs_missing",
+            detail: format!(
+                "the streamed answer reported no log-probs for some of its text ({} chunks without, {} \
+                 log-probs in all): this SGLang build drops them with a reasoning or tool parser. Set \
+                 sglang.stream = false so the upstream call is whole and every token's log-prob comes back",
+                rollout.chunks_without_logprobs,
+                rollout.tokens.len()
+            ),
+        });
+    }
+    let mut turn = retokenized_turn(tok, job, policy, cache)?;
+    turn.weight_version = weight_version;
+    stats.retokenized.fetch_add(1, Ordering::Relaxed);
+    metrics::counter!(m::TOKEN_SOURCE_TOTAL, "source" => "retokenized").increment(1);
+    Ok(turn)
+}
+
+/// A streamed answer whose log-probs cannot explain its text: chunks with text but no log-probs, or
+/// none at all for a non-empty answer.
+fn stream_logprobs_incomplete(rollout: &RolloutResponse) -> bool {
+    let has_text = ["content", "reasoning_content"].iter().any(|k| {
+        rollout
+            .message
+            .get(*k)
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+    }) || rollout
+        .message
+        .get("tool_calls")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|c| !c.is_empty());
+    rollout.chunks_without_logprobs > 0 || (has_text && rollout.tokens.is_empty())
+}
+
+fn turn_input(job: &CaptureJob) -> TurnInput<'_> {
+    TurnInput {
+        messages: &job.messages,
+        tools: job.tools.as_ref(),
+        response_message: &job.rollout.message,
+        template_kwargs: job.template_kwargs.as_ref(),
+    }
+}
+
+/// A turn from the engine's own ids: tokens = engine prompt + response ids, one engine log-prob per
+/// response id. The texts are still rendered with the template (what the judges read).
+fn engine_turn(
+    tok: &ChatTokenizer,
+    job: &CaptureJob,
+    ids: &ps_core::EngineIds,
+) -> Result<CapturedTurn, CaptureError> {
+    let rollout = &job.rollout;
+    if ids.response.len() != rollout.tokens.len() {
+        return Err(CaptureError::Refused {
+            reason: "engine_logprob_count_mismatch",
+            detail: format!(
+                "the engine returned {} response ids ({}) but {} log-probs: no exact log-prob per token",
+                ids.response.len(),
+                ids.field,
+                rollout.tokens.len()
+            ),
+        });
+    }
+    let texts = tok.render_turn(&turn_input(job))?;
+    let n = ids.response.len();
+    let alignment = Alignment {
+        logprobs: rollout.tokens.iter().map(|t| Some(t.logprob)).collect(),
+        sources: vec![PositionSource::Sampled; n],
+        loss_mask: vec![1; n],
+        matched_by_ids: true,
+        unmatched_upstream: 0,
+        first_unmatched_upstream: None,
+    };
+    Ok(CapturedTurn {
+        session_id: job.guard.session_id().to_owned(),
+        turn: job.guard.turn(),
+        arrival_seq: job.arrival_seq,
+        messages: job.messages.clone(),
+        tools: job.tools.clone(),
+        template_kwargs: job.template_kwargs.clone(),
+        response_message: rollout.message.clone(),
+        prompt_text: texts.prompt_text,
+        response_text: texts.response_text,
+        prompt_is_prefix: texts.prompt_is_prefix,
+        prompt_ids: ids.prompt.clone(),
+        response_ids: ids.response.clone(),
+        alignment,
+        finish_reason: rollout.finish.reason.clone(),
+        streamed: rollout.streamed,
+        token_source: TokenSource::Engine,
+        weight_version: None,
+    })
+}
+
+/// Re-tokenizes an engine-id turn and compares: the prompt ids must be equal, and every sampled id
+/// must find its place in the re-rendered response. A difference is counted and the first one kept
+/// (position and both token texts) for `/v1/rollout/status`.
+fn check_drift(
+    tok: &ChatTokenizer,
+    job: &CaptureJob,
+    engine: &CapturedTurn,
+    cache: Option<&PrefixCache>,
+    drift: &DriftCheck,
+) -> Result<(), CaptureError> {
+    let session_id = job.guard.session_id();
+    let prev = cache.and_then(|c| c.get(session_id));
+    let (ours, next) = tok.split_turn_incremental(&turn_input(job), prev.as_deref())?;
+    if let (Some(cache), Some(next)) = (cache, next)
+        && !job.session_done
+    {
+        cache.put(session_id, next);
+    }
+    drift.checked.fetch_add(1, Ordering::Relaxed);
+    let first_diff = |a: &[u32], b: &[u32]| {
+        a.iter()
+            .zip(b)
+            .position(|(x, y)| x != y)
+            .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
+    };
+    let text = |ids: &[u32], i: usize| ids.get(i).map(|&id| tok.token_text(id));
+    let found = if let Some(i) = first_diff(&engine.prompt_ids, &ours.prompt_ids) {
+        Some((
+            "prompt",
+            i,
+            text(&engine.prompt_ids, i),
+            text(&ours.prompt_ids, i),
+        ))
+    } else {
+        let sampled: Vec<ps_core::SampledToken> = engine
+            .response_ids
+            .iter()
+            .map(|&id| ps_core::SampledToken {
+                token: String::new(),
+                id: Some(id),
+                logprob: 0.0,
+            })
+            .collect();
+        let a = align_logprobs(
+            &ours.response_ids,
+            |id| tok.token_text(id),
+            &sampled,
+            &job.rollout.finish,
+            tok.eos_token_id(),
+            AlignPolicy::default(),
+        );
+        a.first_unmatched_upstream.map(|i| {
+            (
+                "response",
+                i,
+                text(&engine.response_ids, i),
+                text(&ours.response_ids, i),
+            )
+        })
+    };
+    if let Some((part, position, engine_token, ours_token)) = found {
+        let first = drift.drifted.fetch_add(1, Ordering::Relaxed) == 0;
+        metrics::counter!(m::RETOKENIZE_DRIFT_TOTAL, "part" => part).increment(1);
+        let record = serde_json::json!({
+            "session_id": session_id,
+            "turn": job.guard.turn(),
+            "part": part,
+            "position": position,
+            "engine_token": engine_token,
+            "retokenized_token": ours_token,
+        });
+        if first {
+            tracing::warn!(
+                session_id,
+                turn = job.guard.turn(),
+                part,
+                position,
+                ?engine_token,
+                ?ours_token,
+                "re-tokenizing an engine-id turn gives other ids than the engine used: the chat template \
+                 or tokenizer here differs from the engine's (samples use the engine's ids; counted as \
+                 retokenize_drift_total, the latest in /v1/rollout/status)"
+            );
+        }
+        *drift.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
+    }
+    Ok(())
+}
+
+/// A turn re-rendered and re-tokenized, its log-probs aligned to the tokens.
+fn retokenized_turn(
+    tok: &ChatTokenizer,
+    job: &CaptureJob,
+    policy: AlignPolicy,
+    cache: Option<&PrefixCache>,
+) -> Result<CapturedTurn, CaptureError> {
     let session_id = job.guard.session_id();
     let prev = cache.and_then(|c| c.get(session_id));
     let (tokens, next) = tok.split_turn_incremental(
@@ -200,6 +548,8 @@ pub fn capture_turn_with(
         alignment,
         finish_reason: job.rollout.finish.reason.clone(),
         streamed: job.rollout.streamed,
+        token_source: TokenSource::Retokenized,
+        weight_version: None,
     })
 }
 
@@ -242,6 +592,7 @@ fn report(turn: &CapturedTurn) {
 /// The bounded queue in front of the capture workers.
 pub struct CaptureQueue {
     sink: Arc<dyn TurnSink>,
+    stats: Arc<CaptureStats>,
     max_turn_tokens: Arc<std::sync::atomic::AtomicUsize>,
     prefixes: Arc<PrefixCache>,
     tx: std::sync::Mutex<Option<SyncSender<CaptureJob>>>,
@@ -260,6 +611,7 @@ impl CaptureQueue {
         tokenizer: Arc<ChatTokenizer>,
         sink: Arc<dyn TurnSink>,
         policy: AlignPolicy,
+        drift: DriftCheck,
         capacity: usize,
         workers: usize,
     ) -> std::io::Result<Self> {
@@ -267,22 +619,25 @@ impl CaptureQueue {
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let max_turn_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let prefixes = Arc::new(PrefixCache::default());
+        let stats = Arc::new(CaptureStats::new(drift));
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
-            let (rx, tok, max, prefixes) = (
+            let (rx, tok, max, prefixes, stats) = (
                 rx.clone(),
                 tokenizer.clone(),
                 max_turn_tokens.clone(),
                 prefixes.clone(),
+                stats.clone(),
             );
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("capture-{i}"))
-                    .spawn(move || worker(&rx, &tok, policy, &max, &prefixes))?,
+                    .spawn(move || worker(&rx, &tok, policy, &max, &prefixes, &stats))?,
             );
         }
         Ok(Self {
             sink,
+            stats,
             max_turn_tokens,
             prefixes,
             tx: std::sync::Mutex::new(Some(tx)),
@@ -309,6 +664,11 @@ impl CaptureQueue {
     /// Sessions whose last prompt is cached for incremental tokenization.
     pub fn cached_prefixes(&self) -> usize {
         self.prefixes.len()
+    }
+
+    /// What capture counted (id sources, fallbacks, drift).
+    pub fn stats(&self) -> &CaptureStats {
+        &self.stats
     }
 
     /// The sink captured turns go to.
@@ -360,6 +720,7 @@ fn worker(
     policy: AlignPolicy,
     max_turn_tokens: &std::sync::atomic::AtomicUsize,
     prefixes: &PrefixCache,
+    stats: &CaptureStats,
 ) -> usize {
     let mut captured = 0;
     loop {
@@ -374,7 +735,7 @@ fn worker(
             }
         };
         let started = Instant::now();
-        match capture_turn_with(tok, &job, policy, Some(prefixes)) {
+        match capture_turn_with(tok, &job, policy, Some(prefixes), stats) {
             Ok(turn)
                 if turn.prompt_ids.len() + turn.response_ids.len()
                     > max_turn_tokens.load(std::sync::atomic::Ordering::Relaxed) =>
@@ -395,14 +756,27 @@ fn worker(
                 job.guard.accept(turn);
                 captured += 1;
             }
-            Err(e) => {
+            Err(e @ CaptureError::Template(_)) => {
                 metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "render_failed").increment(1);
                 tracing::error!(
                     session_id = %job.guard.session_id(), turn = job.guard.turn(), error = %e,
                     "capture failed: the turn could not be rendered or tokenized"
                 );
                 let mut job = job;
-                job.guard.set_reason("render_failed");
+                job.guard.set_reason(e.reason());
+            }
+            Err(e @ CaptureError::Refused { .. }) => {
+                let reason = e.reason();
+                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => reason).increment(1);
+                if stats.first_time(reason) {
+                    tracing::warn!(
+                        session_id = %job.guard.session_id(), turn = job.guard.turn(), reason, error = %e,
+                        "turn not trained on: it cannot become a correct sample (logged once per reason; \
+                         counted in /v1/rollout/status turns_abandoned_by_reason)"
+                    );
+                }
+                let mut job = job;
+                job.guard.set_reason(reason);
             }
         }
     }
@@ -437,8 +811,12 @@ mod tests {
                     matched_stop: Value::Null,
                 },
                 streamed: false,
+                ..RolloutResponse::default()
             },
             session_done,
+            token_ids: TokenIdsMode::Auto,
+            asked_for_ids: false,
+            trainer_weight_version: None,
         }
     }
 
@@ -451,13 +829,33 @@ mod tests {
         let tok = ChatTokenizer::mini();
         let cache = PrefixCache::default();
         let mut history = vec![json!({"role": "user", "content": "First question"})];
-        capture_turn_with(&tok, &job("a", 1, &history, false), policy(), Some(&cache)).unwrap();
-        capture_turn_with(&tok, &job("b", 1, &history, false), policy(), Some(&cache)).unwrap();
+        capture_turn_with(
+            &tok,
+            &job("a", 1, &history, false),
+            policy(),
+            Some(&cache),
+            &CaptureStats::default(),
+        )
+        .unwrap();
+        capture_turn_with(
+            &tok,
+            &job("b", 1, &history, false),
+            policy(),
+            Some(&cache),
+            &CaptureStats::default(),
+        )
+        .unwrap();
         assert_eq!(cache.len(), 2, "each open session keeps its last prompt");
         history.push(json!({"role": "assistant", "content": "Answer 1."}));
         history.push(json!({"role": "user", "content": "Second question"}));
-        let done =
-            capture_turn_with(&tok, &job("a", 2, &history, true), policy(), Some(&cache)).unwrap();
+        let done = capture_turn_with(
+            &tok,
+            &job("a", 2, &history, true),
+            policy(),
+            Some(&cache),
+            &CaptureStats::default(),
+        )
+        .unwrap();
         assert!(!done.prompt_ids.is_empty());
         assert_eq!(cache.len(), 1, "the closed session's prefix is gone");
         assert!(cache.get("a").is_none() && cache.get("b").is_some());
@@ -486,5 +884,189 @@ mod tests {
         cache.forget("again");
         cache.forget("never-there");
         assert!(cache.is_empty());
+    }
+
+    /// A job whose engine returned `prompt` and `response` ids with one log-prob per response id
+    /// (`logprobs` of them).
+    fn engine_job(
+        tok: &ChatTokenizer,
+        ids: Option<(Vec<u32>, Vec<u32>)>,
+        logprobs: usize,
+    ) -> CaptureJob {
+        let history = vec![json!({"role": "user", "content": "First question"})];
+        let mut j = job("e", 1, &history, false);
+        let response = ids.as_ref().map_or_else(Vec::new, |(_, r)| r.clone());
+        j.rollout.tokens = (0..logprobs)
+            .map(|i| ps_core::SampledToken {
+                token: response
+                    .get(i)
+                    .map(|&id| tok.token_text(id))
+                    .unwrap_or_default(),
+                id: response.get(i).copied(),
+                logprob: -0.1 * (i + 1) as f64,
+            })
+            .collect();
+        j.rollout.engine_ids = ids.map(|(prompt, response)| ps_core::EngineIds {
+            prompt,
+            response,
+            field: "response_token_ids".into(),
+        });
+        j.asked_for_ids = true;
+        j
+    }
+
+    /// The ids an engine with our very template and tokenizer would use for `engine_job`'s turn.
+    fn true_ids(tok: &ChatTokenizer) -> (Vec<u32>, Vec<u32>) {
+        let j = job(
+            "e",
+            1,
+            &[json!({"role": "user", "content": "First question"})],
+            false,
+        );
+        let t = tok.split_turn(&turn_input(&j)).unwrap();
+        // The engine samples the answer and stops on the end-of-turn token; the template's newline
+        // after it is never sampled.
+        let eos = tok.eos_token_id().unwrap();
+        let end = t.response_ids.iter().rposition(|&id| id == eos).unwrap();
+        (t.prompt_ids, t.response_ids[..=end].to_vec())
+    }
+
+    #[test]
+    fn an_engine_id_turn_takes_the_engines_ids_and_every_log_prob() {
+        let tok = ChatTokenizer::mini();
+        let (prompt, response) = true_ids(&tok);
+        let stats = CaptureStats::new(DriftCheck::new(10, 0));
+        let j = engine_job(
+            &tok,
+            Some((prompt.clone(), response.clone())),
+            response.len(),
+        );
+        let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+        assert_eq!(t.token_source, TokenSource::Engine);
+        assert_eq!(
+            (t.prompt_ids, t.response_ids.clone()),
+            (prompt, response.clone())
+        );
+        assert_eq!(t.alignment.loss_mask, vec![1; response.len()]);
+        assert_eq!(
+            t.alignment.marked(),
+            0,
+            "every position has its own log-prob"
+        );
+        assert_eq!(t.alignment.logprobs[0], Some(-0.1));
+        assert!(
+            t.response_text.ends_with("<|im_end|>\n"),
+            "the judges read the rendering"
+        );
+        let st = stats.to_json();
+        assert_eq!(
+            (st["engine"].as_u64(), st["drift_checked"].as_u64()),
+            (Some(1), Some(1))
+        );
+        assert_eq!(st["drift"], 0, "same template and tokenizer: no drift");
+    }
+
+    #[test]
+    fn a_log_prob_count_that_differs_from_the_engine_ids_refuses_the_turn() {
+        let tok = ChatTokenizer::mini();
+        let ids = true_ids(&tok);
+        let n = ids.1.len();
+        let j = engine_job(&tok, Some(ids), n - 1);
+        match capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()) {
+            Err(e @ CaptureError::Refused { .. }) => {
+                assert_eq!(e.reason(), "engine_logprob_count_mismatch");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn re_tokenization_that_differs_from_the_engine_is_counted_with_its_first_position() {
+        let tok = ChatTokenizer::mini();
+        let (mut prompt, response) = true_ids(&tok);
+        let changed = prompt.len() - 2;
+        prompt[changed] = response[0];
+        let stats = CaptureStats::new(DriftCheck::new(10, 0));
+        let j = engine_job(
+            &tok,
+            Some((prompt.clone(), response.clone())),
+            response.len(),
+        );
+        let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+        assert_eq!(t.prompt_ids, prompt, "the sample keeps the engine's ids");
+        let st = stats.to_json();
+        assert_eq!(st["drift"], 1);
+        assert_eq!(st["last_drift"]["part"], "prompt");
+        assert_eq!(st["last_drift"]["position"], changed);
+        assert_eq!(
+            st["last_drift"]["engine_token"],
+            tok.token_text(response[0])
+        );
+    }
+
+    #[test]
+    fn the_drift_check_runs_on_the_first_turns_then_one_in_every() {
+        let d = DriftCheck::new(2, 3);
+        let due: Vec<bool> = (0..9).map(|_| d.due()).collect();
+        assert_eq!(
+            due,
+            [true, true, true, false, false, true, false, false, true]
+        );
+        let never = DriftCheck::new(0, 0);
+        assert!(!(0..5).any(|_| never.due()));
+    }
+
+    #[test]
+    fn an_engine_asked_for_ids_that_gave_none_falls_back_or_refuses_by_mode() {
+        let tok = ChatTokenizer::mini();
+        let stats = CaptureStats::default();
+        let auto = engine_job(&tok, None, 0);
+        let t = capture_turn_with(&tok, &auto, policy(), None, &stats).unwrap();
+        assert_eq!(t.token_source, TokenSource::Retokenized);
+        let mut engine_only = engine_job(&tok, None, 0);
+        engine_only.token_ids = TokenIdsMode::Engine;
+        let e = capture_turn_with(&tok, &engine_only, policy(), None, &stats).unwrap_err();
+        assert_eq!(e.reason(), "no_engine_ids");
+        assert_eq!(stats.to_json()["engine_ids_missing"], 2);
+        // With `retokenize` the engine's ids are not used even when present.
+        let mut retok = engine_job(&tok, Some(true_ids(&tok)), true_ids(&tok).1.len());
+        retok.token_ids = TokenIdsMode::Retokenize;
+        retok.asked_for_ids = false;
+        let t = capture_turn_with(&tok, &retok, policy(), None, &stats).unwrap();
+        assert_eq!(t.token_source, TokenSource::Retokenized);
+    }
+
+    #[test]
+    fn a_streamed_answer_whose_log_probs_cannot_explain_its_text_is_refused() {
+        let tok = ChatTokenizer::mini();
+        let mut j = job("s", 1, &[json!({"role": "user", "content": "q"})], false);
+        j.rollout.streamed = true;
+        j.rollout.chunks_without_logprobs = 3;
+        let e = capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()).unwrap_err();
+        assert_eq!(e.reason(), "stream_logprobs_missing");
+        assert!(e.to_string().contains("sglang.stream = false"), "{e}");
+        // No log-probs at all for a non-empty answer: refused too.
+        j.rollout.chunks_without_logprobs = 0;
+        assert!(j.rollout.tokens.is_empty());
+        let e = capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()).unwrap_err();
+        assert_eq!(e.reason(), "stream_logprobs_missing");
+    }
+
+    #[test]
+    fn the_weight_version_comes_from_the_answer_else_from_the_trainer() {
+        let tok = ChatTokenizer::mini();
+        let stats = CaptureStats::default();
+        let mut j = job("w", 1, &[json!({"role": "user", "content": "q"})], false);
+        j.trainer_weight_version = Some("step-7".into());
+        let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+        let v = t.weight_version.unwrap();
+        assert_eq!(
+            (v.version.as_str(), v.source.as_str()),
+            ("step-7", "trainer")
+        );
+        j.rollout.weight_version = Some("v3".into());
+        let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+        let v = t.weight_version.unwrap();
+        assert_eq!((v.version.as_str(), v.source.as_str()), ("v3", "engine"));
     }
 }

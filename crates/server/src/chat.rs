@@ -30,6 +30,10 @@ pub(crate) struct TurnContext {
     pub tools: Option<Value>,
     pub template_kwargs: Option<Map<String, Value>>,
     pub session_done: bool,
+    pub token_ids: ps_config::TokenIdsMode,
+    /// Whether the upstream call asked the engine for its ids.
+    pub asked_for_ids: bool,
+    pub trainer_weight_version: Option<String>,
 }
 
 impl TurnContext {
@@ -42,6 +46,9 @@ impl TurnContext {
             template_kwargs: self.template_kwargs,
             rollout,
             session_done: self.session_done,
+            token_ids: self.token_ids,
+            asked_for_ids: self.asked_for_ids,
+            trainer_weight_version: self.trainer_weight_version,
         }
     }
 }
@@ -211,6 +218,8 @@ async fn handle(
         }
         None
     };
+    let upstream_stream = req.stream && opts.upstream_stream;
+    let asks_for_ids = !upstream_stream && opts.token_ids != ps_config::TokenIdsMode::Retokenize;
     let turn = turn.map(|guard| TurnContext {
         guard,
         arrival_seq,
@@ -227,12 +236,14 @@ async fn handle(
             .and_then(Value::as_object)
             .cloned(),
         session_done: req.session.done,
+        token_ids: opts.token_ids,
+        asked_for_ids: asks_for_ids,
+        trainer_weight_version: app.trainer_weight_version(),
     });
-    let upstream_stream = req.stream && opts.upstream_stream;
     let forward_opts = ForwardOptions {
         served_model_name: &opts.served_model_name,
         stream: upstream_stream,
-        return_token_ids: opts.return_token_ids,
+        return_token_ids: asks_for_ids,
     };
     let forwarded = request::forward_body(&req.body, &forward_opts);
     let shape = ClientShape::of(&req.body, &forwarded);

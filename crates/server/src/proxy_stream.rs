@@ -55,6 +55,12 @@ impl ClientShape {
         if !self.needs_reshape() {
             return;
         }
+        if self.injected_token_ids
+            && let Some(top) = answer.as_object_mut()
+        {
+            // vLLM answers the prompt ids at the response level.
+            top.remove("prompt_token_ids");
+        }
         let Some(choices) = answer.get_mut("choices").and_then(Value::as_array_mut) else {
             return;
         };
@@ -63,7 +69,9 @@ impl ClientShape {
                 continue;
             };
             if self.injected_token_ids {
+                // Wherever the build put them (docs/upstream-protocols.md, 1.5).
                 choice.remove("token_ids");
+                choice.remove("response_token_ids");
                 choice.remove("prompt_token_ids");
             }
             if !self.logprobs {

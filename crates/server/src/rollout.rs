@@ -243,11 +243,43 @@ pub async fn pause(State(app): State<AppState>) -> Result<Json<Value>, ApiError>
     Ok(Json(json!({"submission_enabled": false})))
 }
 
-pub async fn resume(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// `POST /v1/rollout/resume`, with an optional body `{"weight_version": V}`: the policy version the
+/// trainer has just loaded, stamped on samples whose answer carries none (streamed answers).
+pub async fn resume(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Value>, ApiError> {
     rollout(&app)?;
+    let body = crate::chat::read_body(&headers, body, MAX_ADMIN_BODY_BYTES).await?;
+    let version = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let v: Value =
+            serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+        match v.get("weight_version") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_owned()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "invalid_weight_version",
+                    format!("`weight_version` must be a non-empty string or a number, got {other}"),
+                ));
+            }
+        }
+    };
+    if let Some(v) = &version {
+        app.set_trainer_weight_version(Some(v.clone()));
+    }
     app.set_submission(true);
-    tracing::info!("submission resumed by the trainer");
-    Ok(Json(json!({"submission_enabled": true})))
+    tracing::info!(
+        weight_version = version.as_deref(),
+        "submission resumed by the trainer"
+    );
+    Ok(Json(
+        json!({"submission_enabled": true, "weight_version": app.trainer_weight_version()}),
+    ))
 }
 
 pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
@@ -276,6 +308,11 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         "teacher_mismatches": b.teacher_mismatches,
         // Positions of stored samples whose rollout log-prob is a 0.0 placeholder: trained (listed
         // per sample in metadata.trained_without_rollout_logprob) or taken out of the loss.
+        "turns_abandoned_by_reason": b.turns_abandoned_by_reason,
+        "token_ids": app.capture().stats().to_json(),
+        "samples_by_token_source": b.samples_by_token_source,
+        "samples_by_weight_version": b.samples_by_weight_version,
+        "trainer_weight_version": app.trainer_weight_version(),
         "positions_without_logprob": {
             "trained": b.positions_trained_without_logprob,
             "masked": b.positions_masked_without_logprob,

@@ -40,8 +40,9 @@ pub struct ServerOptions {
     /// Stream upstream when the client streams (`sglang.stream`); otherwise the answer is fetched whole
     /// and sent as synthesised chunks.
     pub upstream_stream: bool,
-    /// Ask for sampled token ids on non-streamed calls (`sglang.return_token_ids`).
-    pub return_token_ids: bool,
+    /// Where main turns' token ids come from (`sglang.token_ids`); unless `retokenize`, non-streamed
+    /// calls ask the engine for its ids.
+    pub token_ids: ps_config::TokenIdsMode,
     pub align_policy: AlignPolicy,
     /// What chat requests get while submission is paused (`server.pause_mode`).
     pub pause_mode: PauseMode,
@@ -69,7 +70,7 @@ impl Default for ServerOptions {
             client_api_key: None,
             submission_enabled: true,
             upstream_stream: true,
-            return_token_ids: false,
+            token_ids: ps_config::TokenIdsMode::Auto,
             align_policy: AlignPolicy::default(),
             pause_mode: PauseMode::Reject,
             pause_hold_max: Duration::from_secs(30),
@@ -93,6 +94,8 @@ pub(crate) struct Inner {
     /// Permits for upstream chat requests, held until a streamed body ends.
     pub upstream_permits: Arc<tokio::sync::Semaphore>,
     warned: Mutex<HashSet<String>>,
+    /// The policy version the trainer announced at its last resume (`{"weight_version": ..}`).
+    trainer_weight_version: Mutex<Option<String>>,
 }
 
 /// Cloneable handle on the state (one `Arc`).
@@ -135,6 +138,7 @@ impl AppState {
             metrics,
             arrival: AtomicU64::new(1),
             warned: Mutex::new(HashSet::new()),
+            trainer_weight_version: Mutex::new(None),
         }))
     }
 
@@ -156,6 +160,23 @@ impl AppState {
 
     pub(crate) fn set_submission(&self, enabled: bool) {
         self.0.submission.send_replace(enabled);
+    }
+
+    /// The policy version the trainer announced last, for answers that carry none (streamed).
+    pub fn trainer_weight_version(&self) -> Option<String> {
+        self.0
+            .trainer_weight_version
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_trainer_weight_version(&self, version: Option<String>) {
+        *self
+            .0
+            .trainer_weight_version
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = version;
     }
 
     /// The rollout parts (store, session buffer), when enabled.

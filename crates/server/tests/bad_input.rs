@@ -531,7 +531,8 @@ async fn rollout_bodies_and_queries_of_the_wrong_types_are_400_with_a_code() {
             assert_openai_error(r, 400, q).await;
         }
     }
-    // Routes without a body ignore whatever is sent.
+    // Routes without a body ignore whatever is sent; `resume` reads an optional JSON body
+    // (`weight_version`), so a body that is not JSON is refused rather than ignored.
     for path in ["pause", "resume", "eval-scores/drain"] {
         for body in [&b"\xff\xfe not json"[..], b"{\"deep\": [[[[[]]]]]}", b""] {
             let r = s
@@ -541,9 +542,21 @@ async fn rollout_bodies_and_queries_of_the_wrong_types_are_400_with_a_code() {
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(r.status(), 200, "{path}");
+            if path == "resume" && body.starts_with(b"\xff") {
+                assert_openai_error(r, 400, "resume with a body that is not JSON").await;
+            } else {
+                assert_eq!(r.status(), 200, "{path}");
+            }
         }
     }
+    let r = s
+        .http()
+        .post(format!("{}/v1/rollout/resume", s.url))
+        .json(&json!({"weight_version": ["not", "a", "version"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_openai_error(r, 400, "resume with a weight_version of the wrong type").await;
     assert_eq!(s.status().await["submission_enabled"], true, "resumed last");
     s.assert_alive("rollout queries").await;
     s.stop().await;

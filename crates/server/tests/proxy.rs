@@ -25,6 +25,13 @@ fn conversation() -> Value {
     ])
 }
 
+/// The server re-tokenizes every turn (`sglang.token_ids = "retokenize"`): the tests of that path.
+fn retokenizing() -> Setup {
+    let mut setup = Setup::default();
+    setup.options.token_ids = ps_config::TokenIdsMode::Retokenize;
+    setup
+}
+
 async fn post(h: &Harness, body: Value, headers: &[(&str, &str)]) -> reqwest::Response {
     let mut req = client().post(h.chat_url()).json(&body);
     for (k, v) in headers {
@@ -93,7 +100,8 @@ async fn sse_data(resp: reqwest::Response) -> Vec<String> {
 
 #[tokio::test]
 async fn non_streamed_main_turn_is_answered_unchanged_and_captured_exactly() {
-    let mut h = Harness::start().await;
+    // The re-tokenization path (engine ids: tests/engine_ids.rs).
+    let mut h = Harness::with(retokenizing()).await;
     let body = json!({"messages": conversation(), "logprobs": true, "top_logprobs": 2,
                       "foo": {"kept": true}, "session_done": "no"});
     let resp = post(&h, body, MAIN).await;
@@ -169,7 +177,16 @@ async fn a_client_that_did_not_ask_for_logprobs_does_not_get_them() {
 
 #[tokio::test]
 async fn streamed_main_turn_is_forwarded_and_captured_with_marked_positions() {
-    let mut h = Harness::start().await;
+    // A server without parsers: empty deltas lose their log-probs (tests/engine_ids.rs runs the
+    // other streaming behaviours).
+    let mut h = Harness::with(Setup {
+        fake: Some(FakeSglang::builder().quirks(ps_fake_sglang::Quirks {
+            stream_logprobs: ps_fake_sglang::StreamLogprobs::DropEmptyDeltas,
+            ..ps_fake_sglang::Quirks::default()
+        })),
+        ..Setup::default()
+    })
+    .await;
     let body = json!({"messages": conversation(), "stream": true, "logprobs": true});
     let resp = post(&h, body, MAIN).await;
     assert_eq!(resp.status(), 200);
@@ -735,7 +752,7 @@ async fn a_turn_over_the_token_limit_is_answered_but_not_captured() {
 #[tokio::test]
 async fn every_turn_of_a_long_session_captures_exactly_the_full_render_tokens() {
     // The capture workers encode each prompt incrementally from the session's previous one.
-    let mut h = Harness::start().await;
+    let mut h = Harness::with(retokenizing()).await;
     let mut history = vec![json!({"role": "system", "content": "You are terse."})];
     for i in 0..6 {
         history.push(

@@ -127,7 +127,17 @@ pub struct BufferStatus {
     /// Positions of submitted samples taken out of the loss because a teacher field would have
     /// carried a placeholder (Combine's RL-only samples, `metadata.masked_without_logprob`).
     pub positions_masked_without_logprob: u64,
+    /// Abandoned turns by reason (`upstream_failed`, `no_engine_ids`, `stream_logprobs_missing`, …).
+    pub turns_abandoned_by_reason: std::collections::BTreeMap<String, u64>,
+    /// Stored samples by where their ids came from (`engine`, `retokenized`).
+    pub samples_by_token_source: std::collections::BTreeMap<String, u64>,
+    /// Stored samples by policy version (`none` when unknown; at most
+    /// [`MAX_TRACKED_VERSIONS`] versions, later ones under `other`).
+    pub samples_by_weight_version: std::collections::BTreeMap<String, u64>,
 }
+
+/// Distinct policy versions counted in [`BufferStatus::samples_by_weight_version`].
+pub const MAX_TRACKED_VERSIONS: usize = 256;
 
 enum Next {
     Pending,
@@ -218,7 +228,16 @@ struct Counters {
     masked_placeholders_logged: std::sync::atomic::AtomicBool,
 }
 
+/// Counts kept by name (bounded by their callers).
+#[derive(Default)]
+struct Tallies {
+    abandoned: std::collections::BTreeMap<String, u64>,
+    token_source: std::collections::BTreeMap<String, u64>,
+    weight_version: std::collections::BTreeMap<String, u64>,
+}
+
 struct Inner {
+    tallies: Mutex<Tallies>,
     config: BufferConfig,
     scorer: Option<Arc<dyn TurnScorer>>,
     opd: Option<OpdParts>,
@@ -285,6 +304,7 @@ impl SessionBuffer {
         records: Option<Arc<dyn RecordSink>>,
     ) -> Self {
         Self(Arc::new(Inner {
+            tallies: Mutex::new(Tallies::default()),
             config,
             scorer,
             opd,
@@ -516,6 +536,15 @@ impl SessionBuffer {
             )
         };
         let c = &self.0.counters;
+        // One lock for the three (a temporary guard per field would deadlock the second).
+        let tallies = {
+            let t = lock(&self.0.tallies);
+            Tallies {
+                abandoned: t.abandoned.clone(),
+                token_source: t.token_source.clone(),
+                weight_version: t.weight_version.clone(),
+            }
+        };
         BufferStatus {
             live_sessions: live,
             pending,
@@ -532,6 +561,9 @@ impl SessionBuffer {
             eval_score_mean: mean,
             positions_trained_without_logprob: c.trained_placeholders.load(Ordering::Relaxed),
             positions_masked_without_logprob: c.masked_placeholders.load(Ordering::Relaxed),
+            turns_abandoned_by_reason: tallies.abandoned,
+            samples_by_token_source: tallies.token_source,
+            samples_by_weight_version: tallies.weight_version,
         }
     }
 
@@ -950,6 +982,31 @@ impl SessionBuffer {
         }
     }
 
+    /// Counts a stored sample by token source and policy version.
+    fn tally_stored(&self, sample: &ps_core::sample::Sample) {
+        let source = sample
+            .metadata
+            .get("token_source")
+            .and_then(Value::as_str)
+            .unwrap_or("retokenized")
+            .to_owned();
+        let mut t = lock(&self.0.tallies);
+        *t.token_source.entry(source).or_default() += 1;
+        let version = sample
+            .weight_versions
+            .last()
+            .cloned()
+            .unwrap_or_else(|| "none".to_owned());
+        let key = if t.weight_version.contains_key(&version)
+            || t.weight_version.len() < MAX_TRACKED_VERSIONS
+        {
+            version
+        } else {
+            "other".to_owned()
+        };
+        *t.weight_version.entry(key).or_default() += 1;
+    }
+
     /// Counts the positions of a stored sample whose rollout log-prob is a placeholder.
     fn count_placeholders(&self, sample: &ps_core::sample::Sample) {
         let listed = |key: &str| {
@@ -999,6 +1056,7 @@ impl SessionBuffer {
                 Ok(seq) => {
                     self.0.counters.submitted.fetch_add(1, Ordering::Relaxed);
                     self.count_placeholders(&sample);
+                    self.tally_stored(&sample);
                     let outcome = if effective { "effective" } else { "excluded" };
                     metrics::counter!(m::SAMPLES_SUBMITTED_TOTAL, "outcome" => outcome)
                         .increment(1);
@@ -1159,6 +1217,11 @@ impl TurnSink for SessionBuffer {
 
     fn abandon(&self, session_id: &str, turn: u64, reason: &str) {
         self.0.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+        {
+            // Reasons are a small fixed set of snake_case words chosen by the server.
+            let mut t = lock(&self.0.tallies);
+            *t.abandoned.entry(reason.to_owned()).or_default() += 1;
+        }
         metrics::counter!(m::TURNS_ABANDONED_TOTAL, "reason" => reason.to_owned()).increment(1);
         tracing::info!(%session_id, turn, reason, "turn abandoned: it will not become a sample");
         let start_drain = {

@@ -58,6 +58,10 @@ pub(crate) async fn teacher_signal(
     hint: &str,
     top_k: usize,
 ) -> Result<TeacherLogprobs, TeacherFailure> {
+    // A turn with the engine's own ids is scored on exactly those response ids, after the hinted
+    // prompt; a re-tokenized turn's response text is appended and the whole text tokenized once.
+    let engine_response =
+        (turn.token_source == ps_core::TokenSource::Engine).then(|| turn.response_ids.clone());
     let (tok, messages, tools, kwargs, response_text, hint_owned) = (
         parts.tokenizer.clone(),
         turn.messages.clone(),
@@ -73,10 +77,16 @@ pub(crate) async fn teacher_signal(
             &messages,
             tools.as_ref(),
             &hint_owned,
-            &response_text,
+            if engine_response.is_some() {
+                ""
+            } else {
+                &response_text
+            },
             kwargs.as_ref(),
         )?;
-        tok.encode(&text)
+        let mut ids = tok.encode(&text)?;
+        ids.extend(engine_response.unwrap_or_default());
+        Ok::<_, ps_chat_template::ChatTemplateError>(ids)
     })
     .await
     .map_err(|e| TeacherFailure {

@@ -136,7 +136,12 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
         decision.excluded.map_or(Value::Null, |e| json!(e.as_str())),
     );
     metadata.insert("at_least_one".into(), json!(decision.at_least_one));
-    metadata.insert("token_source".into(), json!("rendered"));
+    // `engine`: the engine's own prompt and sampled ids; `retokenized`: rendered with the chat
+    // template and re-tokenized, log-probs aligned to the tokens.
+    metadata.insert("token_source".into(), json!(turn.token_source.as_str()));
+    if let Some(v) = &turn.weight_version {
+        metadata.insert("weight_version_source".into(), json!(v.source));
+    }
     metadata.insert(
         "logprobs_matched_by".into(),
         json!(if a.matched_by_ids { "ids" } else { "text" }),
@@ -169,6 +174,11 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
         },
         session_id: turn.session_id.clone(),
         turn: turn.turn,
+        weight_versions: turn
+            .weight_version
+            .iter()
+            .map(|v| v.version.clone())
+            .collect(),
         teacher_log_probs: None,
         teacher_topk_log_probs: None,
         teacher_topk_indices: None,

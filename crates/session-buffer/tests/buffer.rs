@@ -151,6 +151,8 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
         alignment,
         finish_reason: Some("stop".into()),
         streamed: false,
+        token_source: ps_core::TokenSource::Retokenized,
+        weight_version: None,
     }
 }
 

@@ -220,6 +220,8 @@ fn captured_unreported(
         alignment,
         finish_reason: Some("stop".into()),
         streamed: false,
+        token_source: ps_core::TokenSource::Retokenized,
+        weight_version: None,
     }
 }
 

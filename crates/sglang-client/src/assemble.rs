@@ -1,7 +1,7 @@
 //! Assembling an answer: the assistant message and the sampled tokens' log-probs, from a non-streamed
 //! response or from the chunks of a stream.
 
-use ps_core::{FinishReason, RolloutResponse, SampledToken};
+use ps_core::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 use serde_json::{Map, Value, json};
 
 fn first_choice(resp: &Value) -> Option<&Value> {
@@ -34,30 +34,88 @@ fn push_logprob_entries(logprobs: Option<&Value>, out: &mut Vec<SampledToken>) {
     }
 }
 
-/// Sampled ids, when the upstream returned them: `choices[0].token_ids` (`return_token_ids`) or the ids
-/// of `choices[0].meta_info.output_token_logprobs` (`return_meta_info`).
-fn sampled_ids(choice: &Value) -> Option<Vec<u32>> {
-    let as_ids = |v: &Value| -> Option<Vec<u32>> {
-        v.as_array()?
-            .iter()
-            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-            .collect()
-    };
+fn as_ids(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?
+        .iter()
+        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// `sglext.<key>` ids of the first choice: a flat list, or one list per choice.
+fn sglext_ids(sglext: Option<&Value>, key: &str) -> Option<Vec<u32>> {
+    let v = sglext?.get(key)?;
+    match v.as_array()?.first() {
+        Some(Value::Array(_)) => as_ids(v.as_array()?.first()?),
+        _ => as_ids(v),
+    }
+}
+
+/// The engine's sampled ids, where each build puts them (docs/upstream-protocols.md, 1.5): SGLang after
+/// its August 2026 rename `choices[].response_token_ids`, earlier SGLang and vLLM
+/// `choices[].token_ids`, `sglext.output_ids` (per choice or response-level), and the ids of
+/// `meta_info.output_token_logprobs` (`return_meta_info`). Returns the ids and the field's name.
+fn response_ids(resp: &Value, choice: &Value) -> Option<(Vec<u32>, &'static str)> {
+    if let Some(ids) = choice.get("response_token_ids").and_then(as_ids) {
+        return Some((ids, "response_token_ids"));
+    }
     if let Some(ids) = choice.get("token_ids").and_then(as_ids) {
-        return Some(ids);
+        return Some((ids, "token_ids"));
+    }
+    if let Some(ids) = sglext_ids(choice.get("sglext"), "output_ids")
+        .or_else(|| sglext_ids(resp.get("sglext"), "output_ids"))
+    {
+        return Some((ids, "sglext.output_ids"));
     }
     let triples = choice
         .get("meta_info")?
         .get("output_token_logprobs")?
         .as_array()?;
-    triples
+    let ids: Option<Vec<u32>> = triples
         .iter()
         .map(|t| {
             t.get(1)
                 .and_then(Value::as_u64)
                 .and_then(|n| u32::try_from(n).ok())
         })
-        .collect()
+        .collect();
+    ids.map(|ids| (ids, "meta_info.output_token_logprobs"))
+}
+
+/// The engine's prompt ids: `choices[].prompt_token_ids` (SGLang), the response-level
+/// `prompt_token_ids` (vLLM), or `sglext.input_ids`.
+fn prompt_ids(resp: &Value, choice: &Value) -> Option<Vec<u32>> {
+    choice
+        .get("prompt_token_ids")
+        .and_then(as_ids)
+        .or_else(|| resp.get("prompt_token_ids").and_then(as_ids))
+        .or_else(|| sglext_ids(choice.get("sglext"), "input_ids"))
+        .or_else(|| sglext_ids(resp.get("sglext"), "input_ids"))
+}
+
+/// Both the engine's prompt and response ids, when it returned both.
+pub fn engine_ids(resp: &Value) -> Option<EngineIds> {
+    let choice = first_choice(resp)?;
+    let (response, field) = response_ids(resp, choice)?;
+    let prompt = prompt_ids(resp, choice)?;
+    Some(EngineIds {
+        prompt,
+        response,
+        field: field.to_owned(),
+    })
+}
+
+/// The policy version of a non-streamed answer: `metadata.weight_version` (chat), or
+/// `meta_info.weight_version` of the first choice.
+fn weight_version(resp: &Value) -> Option<String> {
+    let v = resp
+        .get("metadata")
+        .and_then(|m| m.get("weight_version"))
+        .or_else(|| first_choice(resp)?.get("meta_info")?.get("weight_version"))?;
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 fn finish_of(choice: &Value) -> FinishReason {
@@ -77,7 +135,7 @@ pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
     };
     let mut tokens = Vec::new();
     push_logprob_entries(choice.get("logprobs"), &mut tokens);
-    if let Some(ids) = sampled_ids(choice) {
+    if let Some((ids, _)) = response_ids(resp, choice) {
         // Ids are only trusted when they cover the reported tokens one for one.
         if ids.len() == tokens.len() {
             for (t, id) in tokens.iter_mut().zip(ids) {
@@ -90,6 +148,9 @@ pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
         tokens,
         finish: finish_of(choice),
         streamed: false,
+        engine_ids: engine_ids(resp),
+        weight_version: weight_version(resp),
+        chunks_without_logprobs: 0,
     }
 }
 
@@ -110,6 +171,11 @@ pub struct StreamAssembler {
     tokens: Vec<SampledToken>,
     finish: FinishReason,
     chunks: usize,
+    /// Chunks with answer text but no log-probs.
+    text_without_logprobs: usize,
+    /// Streamed `sglext` ids (a final `choices: []` chunk before `[DONE]`).
+    sglext_prompt: Option<Vec<u32>>,
+    sglext_response: Option<Vec<u32>>,
 }
 
 impl StreamAssembler {
@@ -142,6 +208,12 @@ impl StreamAssembler {
     /// Feeds one parsed chunk.
     pub fn feed(&mut self, chunk: &Value) {
         self.chunks += 1;
+        if let Some(ids) = sglext_ids(chunk.get("sglext"), "output_ids") {
+            self.sglext_response = Some(ids);
+        }
+        if let Some(ids) = sglext_ids(chunk.get("sglext"), "input_ids") {
+            self.sglext_prompt = Some(ids);
+        }
         let Some(choice) = chunk
             .get("choices")
             .and_then(Value::as_array)
@@ -152,7 +224,27 @@ impl StreamAssembler {
         else {
             return; // usage chunk or another choice
         };
+        if let Some(ids) = sglext_ids(choice.get("sglext"), "output_ids") {
+            self.sglext_response = Some(ids);
+        }
         if let Some(delta) = choice.get("delta") {
+            let has_text = ["content", "reasoning_content"].iter().any(|k| {
+                delta
+                    .get(*k)
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| !s.is_empty())
+            }) || delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .is_some_and(|c| !c.is_empty());
+            let has_logprobs = choice
+                .get("logprobs")
+                .and_then(|l| l.get("content"))
+                .and_then(Value::as_array)
+                .is_some_and(|c| !c.is_empty());
+            if has_text && !has_logprobs {
+                self.text_without_logprobs += 1;
+            }
             if let Some(s) = delta.get("content").and_then(Value::as_str) {
                 self.content.push_str(s);
             }
@@ -232,11 +324,22 @@ impl StreamAssembler {
                 Value::Array(calls)
             },
         );
+        let engine_ids = match (self.sglext_prompt, self.sglext_response) {
+            (Some(prompt), Some(response)) => Some(EngineIds {
+                prompt,
+                response,
+                field: "sglext.output_ids".into(),
+            }),
+            _ => None,
+        };
         RolloutResponse {
             message: Value::Object(message),
             tokens: self.tokens,
             finish: self.finish,
             streamed: true,
+            engine_ids,
+            weight_version: None,
+            chunks_without_logprobs: self.text_without_logprobs,
         }
     }
 }
@@ -391,5 +494,125 @@ mod tests {
         let r = a.finish();
         assert_eq!(r.message["content"], "Hi");
         assert_eq!(r.tokens.len(), 1);
+    }
+
+    fn answer_with(choice_extra: Value, top_extra: Value) -> Value {
+        let mut choice = json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi"},
+            "logprobs": {"content": [lp("Hi", -0.1), lp("<|im_end|>", -0.2)]},
+            "finish_reason": "stop",
+            "matched_stop": 2,
+        });
+        for (k, v) in choice_extra.as_object().cloned().unwrap_or_default() {
+            choice[k] = v;
+        }
+        let mut resp = json!({"choices": [choice]});
+        for (k, v) in top_extra.as_object().cloned().unwrap_or_default() {
+            resp[k] = v;
+        }
+        resp
+    }
+
+    /// Every place a build puts its ids is read, in the documented order of preference.
+    #[test]
+    fn engine_ids_are_read_from_each_builds_field() {
+        let cases = [
+            // SGLang after the August 2026 rename
+            (
+                json!({"prompt_token_ids": [1, 2], "response_token_ids": [7, 9]}),
+                json!({}),
+                "response_token_ids",
+            ),
+            // SGLang between the two PRs
+            (
+                json!({"prompt_token_ids": [1, 2], "token_ids": [7, 9]}),
+                json!({}),
+                "token_ids",
+            ),
+            // vLLM: prompt ids at the response level
+            (
+                json!({"token_ids": [7, 9]}),
+                json!({"prompt_token_ids": [1, 2]}),
+                "token_ids",
+            ),
+            // sglext, response-level, one list per choice
+            (
+                json!({}),
+                json!({"sglext": {"input_ids": [1, 2], "output_ids": [[7, 9]]}}),
+                "sglext.output_ids",
+            ),
+            // the renamed field wins over a stale one
+            (
+                json!({"prompt_token_ids": [1, 2], "response_token_ids": [7, 9], "token_ids": [5]}),
+                json!({}),
+                "response_token_ids",
+            ),
+        ];
+        for (choice, top, field) in cases {
+            let r = rollout_from_response(&answer_with(choice.clone(), top.clone()));
+            let ids = r
+                .engine_ids
+                .unwrap_or_else(|| panic!("no ids from {choice} {top}"));
+            assert_eq!((ids.prompt, ids.response), (vec![1, 2], vec![7, 9]));
+            assert_eq!(ids.field, field);
+            assert_eq!(r.tokens[1].id, Some(9), "ids attached to the log-probs");
+        }
+        // Response ids without prompt ids are not engine ids (the sample needs both).
+        let r = rollout_from_response(&answer_with(json!({"token_ids": [7, 9]}), json!({})));
+        assert!(r.engine_ids.is_none());
+        assert_eq!(r.tokens[0].id, Some(7));
+        assert!(
+            rollout_from_response(&answer_with(json!({}), json!({})))
+                .engine_ids
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_weight_version_is_read_from_metadata() {
+        let r = rollout_from_response(&answer_with(
+            json!({}),
+            json!({"metadata": {"weight_version": "v7"}}),
+        ));
+        assert_eq!(r.weight_version.as_deref(), Some("v7"));
+        let r = rollout_from_response(&answer_with(
+            json!({}),
+            json!({"metadata": {"weight_version": 3}}),
+        ));
+        assert_eq!(r.weight_version.as_deref(), Some("3"));
+        assert!(
+            rollout_from_response(&answer_with(json!({}), json!({})))
+                .weight_version
+                .is_none()
+        );
+    }
+
+    /// Builds with a parser before mid-2026 send reasoning and tool-call chunks with
+    /// `logprobs: null`: those sampled tokens are unexplained, and counted.
+    #[test]
+    fn chunks_with_text_but_no_logprobs_are_counted() {
+        let mut a = StreamAssembler::new();
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"reasoning_content": "think"}, "logprobs": null}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, "logprobs": null}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": [lp("Hi", -0.1)]}}]}));
+        // a standalone log-prob chunk with an empty delta (builds after mid-2026) is fine
+        a.feed(&json!({"choices": [{"index": 0, "delta": {}, "logprobs": {"content": [lp("<|im_end|>", -0.2)]}}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "matched_stop": 2}]}));
+        let r = a.finish();
+        assert_eq!(r.chunks_without_logprobs, 2);
+        assert_eq!(r.tokens.len(), 2);
+    }
+
+    /// Streamed `sglext` ids arrive in a final `choices: []` chunk.
+    #[test]
+    fn streamed_sglext_ids_are_engine_ids() {
+        let mut a = StreamAssembler::new();
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": [lp("Hi", -0.1), lp("!", -0.3)]}}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+        a.feed(&json!({"choices": [], "sglext": {"input_ids": [1, 2, 3], "output_ids": [[5, 6]]}}));
+        let ids = a.finish().engine_ids.expect("ids");
+        assert_eq!((ids.prompt, ids.response), (vec![1, 2, 3], vec![5, 6]));
     }
 }

@@ -10,7 +10,7 @@ pub mod assemble;
 mod client;
 mod error;
 
-pub use assemble::{StreamAssembler, rollout_from_response, synthesize_chunks};
+pub use assemble::{StreamAssembler, engine_ids, rollout_from_response, synthesize_chunks};
 pub use client::{ChatEventStream, PolicyClient, SglangClient, SglangClientConfig, StreamEvent};
 pub use error::SglangError;
 

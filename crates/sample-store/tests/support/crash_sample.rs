@@ -33,6 +33,7 @@ pub fn sample(n: u64) -> Sample {
         status: SampleStatus::Completed,
         session_id: format!("crash-session-{}", n % 13),
         turn: n,
+        weight_versions: Vec::new(),
         teacher_log_probs: None,
         teacher_topk_log_probs: None,
         teacher_topk_indices: None,

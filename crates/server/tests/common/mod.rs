@@ -13,11 +13,21 @@ use ps_server::{AppState, CaptureQueue, ServerOptions};
 use ps_sglang_client::{SglangClient, SglangClientConfig};
 use tokio::sync::mpsc;
 
-pub struct ChannelSink(Mutex<mpsc::UnboundedSender<CapturedTurn>>);
+pub struct ChannelSink(
+    Mutex<mpsc::UnboundedSender<CapturedTurn>>,
+    Arc<Mutex<Vec<(String, u64, String)>>>,
+);
 
 impl TurnSink for ChannelSink {
     fn accept(&self, turn: CapturedTurn) {
         let _ = self.0.lock().unwrap().send(turn);
+    }
+
+    fn abandon(&self, session_id: &str, turn: u64, reason: &str) {
+        self.1
+            .lock()
+            .unwrap()
+            .push((session_id.to_owned(), turn, reason.to_owned()));
     }
 }
 
@@ -26,6 +36,8 @@ pub struct Harness {
     pub fake: Option<FakeHandle>,
     pub turns: mpsc::UnboundedReceiver<CapturedTurn>,
     pub tokenizer: Arc<ChatTokenizer>,
+    /// Turns abandoned, as (session, turn, reason).
+    pub abandoned: Arc<Mutex<Vec<(String, u64, String)>>>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -76,11 +88,18 @@ impl Harness {
         })
         .unwrap();
         let (tx, turns) = mpsc::unbounded_channel();
-        let sink = Arc::new(ChannelSink(Mutex::new(tx)));
-        let capture =
-            CaptureQueue::start(tokenizer.clone(), sink, setup.options.align_policy, 64, 1)
-                .unwrap()
-                .with_max_turn_tokens(setup.max_turn_tokens);
+        let abandoned = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::new(ChannelSink(Mutex::new(tx), abandoned.clone()));
+        let capture = CaptureQueue::start(
+            tokenizer.clone(),
+            sink,
+            setup.options.align_policy,
+            ps_server::capture::DriftCheck::new(u64::MAX, 0),
+            64,
+            1,
+        )
+        .unwrap()
+        .with_max_turn_tokens(setup.max_turn_tokens);
         let app = AppState::new(setup.options, Arc::new(policy), capture, None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -97,6 +116,7 @@ impl Harness {
             fake,
             turns,
             tokenizer,
+            abandoned,
             shutdown: Some(tx),
             server: Some(server),
         }
