@@ -13,11 +13,24 @@ use ps_server::{AppState, CaptureQueue, ServerOptions};
 use ps_sglang_client::{SglangClient, SglangClientConfig};
 use tokio::sync::mpsc;
 
-pub struct ChannelSink(Mutex<mpsc::UnboundedSender<CapturedTurn>>);
+/// A turn the server gave up on: (session id, turn, reason).
+pub type Abandoned = (String, u64, String);
+
+pub struct ChannelSink {
+    turns: Mutex<mpsc::UnboundedSender<CapturedTurn>>,
+    abandoned: Arc<Mutex<Vec<Abandoned>>>,
+}
 
 impl TurnSink for ChannelSink {
     fn accept(&self, turn: CapturedTurn) {
-        let _ = self.0.lock().unwrap().send(turn);
+        let _ = self.turns.lock().unwrap().send(turn);
+    }
+
+    fn abandon(&self, session_id: &str, turn: u64, reason: &str) {
+        self.abandoned
+            .lock()
+            .unwrap()
+            .push((session_id.to_owned(), turn, reason.to_owned()));
     }
 }
 
@@ -26,6 +39,8 @@ pub struct Harness {
     pub fake: Option<FakeHandle>,
     pub turns: mpsc::UnboundedReceiver<CapturedTurn>,
     pub tokenizer: Arc<ChatTokenizer>,
+    /// Every turn abandoned so far, in order.
+    pub abandoned: Arc<Mutex<Vec<Abandoned>>>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -76,7 +91,11 @@ impl Harness {
         })
         .unwrap();
         let (tx, turns) = mpsc::unbounded_channel();
-        let sink = Arc::new(ChannelSink(Mutex::new(tx)));
+        let abandoned = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::new(ChannelSink {
+            turns: Mutex::new(tx),
+            abandoned: abandoned.clone(),
+        });
         let capture =
             CaptureQueue::start(tokenizer.clone(), sink, setup.options.align_policy, 64, 1)
                 .unwrap()
@@ -97,6 +116,7 @@ impl Harness {
             fake,
             turns,
             tokenizer,
+            abandoned,
             shutdown: Some(tx),
             server: Some(server),
         }
