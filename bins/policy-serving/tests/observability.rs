@@ -65,12 +65,23 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
             .spawn()
             .unwrap(),
     );
+    // The debug log is read while the server runs: a pipe holds only so much, and a server whose
+    // log nobody reads blocks on its next write.
+    let mut stderr = server.0.stderr.take().unwrap();
+    let log_reader = std::thread::spawn(move || {
+        let mut logs = String::new();
+        stderr.read_to_string(&mut logs).unwrap();
+        logs
+    });
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    for _ in 0..200 {
-        if http.get(format!("{base}/health")).send().await.is_ok() {
-            break;
-        }
+    // A generous bound on the start, only so that a server that never listens fails clearly.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while http.get(format!("{base}/health")).send().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never answered /health"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A rejected key, then a two-turn session.
@@ -99,9 +110,9 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
         history.push(v["choices"][0]["message"].clone());
         history.push(json!({"role": "user", "content": "thanks FAKE_VOTES=1"}));
     }
-    let mut text = String::new();
-    for _ in 0..200 {
-        text = http
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let text = http
             .get(format!("{base}/metrics"))
             .send()
             .await
@@ -112,10 +123,14 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
         if text.contains("policy_serving_samples_submitted_total")
             && text.contains("outcome=\"effective\"")
         {
-            break;
+            break text;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no effective sample was submitted:\n{text}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
     for name in [
         "policy_serving_requests_total",
         "policy_serving_upstream_seconds",
@@ -142,14 +157,7 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
 
     server.0.kill().unwrap();
     server.0.wait().unwrap();
-    let mut logs = String::new();
-    server
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
+    let logs = log_reader.join().unwrap();
     assert!(
         logs.contains("obs-session-7"),
         "debug logs carry the session id"

@@ -375,7 +375,9 @@ fn provider_settings(fake: &FakeHandle, tmp: &Path, base_url: &str) -> Settings 
     s.prm.model = Some("fake-judge".into());
     s.provider.base_url = Some(base_url.to_owned());
     s.provider.api_key_env = Some("PS_CHECK_PROVIDER_KEY".into());
-    s.provider.timeout_sec = 1;
+    // The fake provider answers in milliseconds; a long timeout (the check caps it at 10 s) keeps
+    // a loaded machine from failing a healthy check. The slow-provider test sets its own.
+    s.provider.timeout_sec = 30;
     s.validate().unwrap();
     s
 }
@@ -526,9 +528,12 @@ async fn a_slow_provider_times_out_within_the_configured_timeout() {
         .spawn()
         .await
         .unwrap();
-    provider.push_fault(ProviderFault::Slow(Duration::from_secs(5)));
+    // The provider would answer only after a minute.
+    let slow = Duration::from_secs(60);
+    provider.push_fault(ProviderFault::Slow(slow));
     let tmp = tempfile::tempdir().unwrap();
-    let s = provider_settings(&fake, tmp.path(), &provider.base_url());
+    let mut s = provider_settings(&fake, tmp.path(), &provider.base_url());
+    s.provider.timeout_sec = 1;
     let r = run_checks(&s, &key_env("k-123")).await;
     let (cause, fix) = failure(&r, CheckId::Provider);
     assert!(
@@ -536,8 +541,13 @@ async fn a_slow_provider_times_out_within_the_configured_timeout() {
         "{cause}"
     );
     assert!(fix.contains("provider.timeout_sec (now 1)"), "{fix}");
+    // It waited for the 1 s timeout, and gave up long before the answer: 30 s is a generous bound
+    // for a 1 s timeout on a loaded machine, and half the provider's delay.
     let latency = r.get(CheckId::Provider).unwrap().latency.unwrap();
-    assert!(latency < Duration::from_secs(3), "{latency:?}");
+    assert!(
+        latency >= Duration::from_secs(1) && latency < slow / 2,
+        "{latency:?}"
+    );
 }
 
 #[tokio::test]

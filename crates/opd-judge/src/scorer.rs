@@ -260,11 +260,18 @@ mod tests {
 
     #[tokio::test]
     async fn the_threshold_comes_from_construction() {
-        let mock = scripted(vec![Ok("[HINT_START]too short[HINT_END] \\boxed{1}")]);
-        let o = HintScorer::new(Arc::new(mock), 1, 8, None)
+        // "too short" has 9 characters; a hint must be strictly longer than the threshold. The
+        // default of these tests (10) would reject it, so both sides depend on the value given.
+        let answer = "[HINT_START]too short[HINT_END] \\boxed{1}";
+        let o = HintScorer::new(Arc::new(scripted(vec![Ok(answer)])), 1, 8, None)
             .judge(&input())
             .await;
-        assert_eq!(o.best, Some((0, "too short".to_owned())));
+        assert_eq!(o.best, Some((0, "too short".to_owned())), "8 < 9 chars");
+        let o = HintScorer::new(Arc::new(scripted(vec![Ok(answer)])), 1, 9, None)
+            .judge(&input())
+            .await;
+        assert_eq!(o.best, None, "9 is not < 9 chars");
+        assert_eq!(o.votes[0].hint, "too short", "parsed, but not accepted");
     }
 
     #[tokio::test]
@@ -284,25 +291,6 @@ mod tests {
         let o = scorer(mock, 0).judge(&input()).await;
         assert!(o.votes.is_empty() && o.failures.is_empty());
         assert_eq!(o.best, None);
-    }
-
-    #[tokio::test]
-    async fn the_trait_object_can_be_mocked() {
-        let mut judge = crate::MockHintJudge::new();
-        judge.expect_judge().times(1).returning(|_| HintOutcome {
-            votes: vec![HintVote {
-                score: Some(1),
-                hint: "Ask for the path first.".into(),
-            }],
-            failures: vec![None],
-            best: Some((0, "Ask for the path first.".into())),
-            representative: None,
-        });
-        let judge: Arc<dyn HintJudge> = Arc::new(judge);
-        assert_eq!(
-            judge.judge(&input()).await.hint(),
-            Some("Ask for the path first.")
-        );
     }
 
     /// Records the highest number of calls in progress at once. Each call yields a few times so the

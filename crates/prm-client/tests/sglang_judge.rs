@@ -60,8 +60,23 @@ async fn scripted_votes_give_the_majority() {
 #[tokio::test]
 async fn parallel_votes_all_arrive() {
     let fake = fake().await;
+    // The fake's gate stays shut until all three votes are in flight at once: votes sent one
+    // after the other would never get there.
+    fake.hold();
     let scorer = PrmScorer::new(Arc::new(judge(&fake.generate_url())), 3, None);
-    let s = scorer.score(&input("FAKE_VOTES=-1,x,-1")).await;
+    let scoring = tokio::spawn(async move { scorer.score(&input("FAKE_VOTES=-1,x,-1")).await });
+    // A generous bound: the three requests arrive in milliseconds; it only turns votes that
+    // wait for one another into a failure instead of a hang.
+    tokio::time::timeout(Duration::from_secs(30), fake.wait_for_in_flight(3))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the votes are not in flight together ({} at once)",
+                fake.in_flight()
+            )
+        });
+    fake.release();
+    let s = scoring.await.unwrap();
     let mut votes = s.votes.clone();
     votes.sort();
     assert_eq!(votes, vec![None, Some(-1), Some(-1)]);
@@ -207,9 +222,13 @@ async fn a_dropped_connection_is_a_failed_vote() {
 #[tokio::test]
 async fn a_slow_judge_times_out() {
     let fake = fake().await;
+    // The first vote would be answered after a minute (so a client without the timeout fails the
+    // assertions below instead of hanging); the second at once.
     fake.push_fault(Fault::Delay(Duration::from_secs(60)));
     let mut cfg = config(&fake.generate_url());
-    cfg.timeout = Duration::from_millis(300);
+    // The same timeout covers the healthy vote, which the fake answers in milliseconds even in a
+    // debug build: 5 s is a generous bound for it, and still well short of the stalled vote.
+    cfg.timeout = Duration::from_secs(5);
     let j = SglangJudge::new(cfg, Some(Arc::new(ChatTokenizer::mini()))).unwrap();
     let s = sequential(j, 2).score(&input("FAKE_VOTES=1")).await;
     assert_eq!(s.votes, vec![None, Some(1)]);

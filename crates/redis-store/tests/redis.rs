@@ -60,9 +60,41 @@ async fn appends_read_redeliver_until_committed_like_the_embedded_store() {
         return;
     };
     let store = open(&server).await;
-    if server.owned().is_some() {
-        assert_eq!(store.durability(), &Durability::EveryWrite);
+    // The store reports how the server keeps what it accepts, as the server itself says.
+    let client = redis::Client::open(server.url()).unwrap();
+    let c = client.get_multiplexed_async_connection().await.unwrap();
+    let config = |key: &'static str| {
+        let mut c = c.clone();
+        async move {
+            let v: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            v[1].clone()
+        }
+    };
+    let (appendonly, fsync) = (config("appendonly").await, config("appendfsync").await);
+    // The servers the tests start, and the shared one CI starts (.ci/run), run with
+    // `appendonly yes` and `appendfsync always`: there the assertion below is the exact one.
+    if server.owned().is_some()
+        || std::env::var("POLICY_SERVING_REQUIRE_REDIS").as_deref() == Ok("1")
+    {
+        assert_eq!(
+            (appendonly.as_str(), fsync.as_str()),
+            ("yes", "always"),
+            "the test servers and CI's shared server fsync every write"
+        );
     }
+    let expected = match (appendonly.as_str(), fsync.as_str()) {
+        ("yes", "always") => Durability::EveryWrite,
+        ("yes", f) => Durability::AppendOnly {
+            fsync: f.to_owned(),
+        },
+        _ => Durability::NoAppendOnly,
+    };
+    assert_eq!(store.durability(), &expected);
     assert_eq!(append_n(&store, "s", 5).await, vec![1, 2, 3, 4, 5]);
 
     let read = store.read(0, 100, "trainer").await.unwrap();
@@ -178,8 +210,14 @@ async fn entries_of_a_dead_consumer_are_requeued_for_the_next_reader_whatever_it
     let Some(server) = TestRedis::shared_or_start() else {
         return;
     };
+    // Two handles on the same deployment: one whose claim_idle no entry reaches in this test (an
+    // hour), one whose claim_idle worker 1's entries are then made to pass.
+    let mut patient = config(&server);
+    patient.claim_idle = Duration::from_secs(3600);
+    let patient = RedisStore::open(patient).await.unwrap();
+    let claim_idle = Duration::from_millis(200);
     let mut cfg = config(&server);
-    cfg.claim_idle = Duration::from_millis(200);
+    cfg.claim_idle = claim_idle;
     let store = RedisStore::open(cfg).await.unwrap();
     append_n(&store, "s", 4).await;
     // Worker 1 takes 1..=3 and dies without committing.
@@ -187,11 +225,16 @@ async fn entries_of_a_dead_consumer_are_requeued_for_the_next_reader_whatever_it
         seqs(&store.read(0, 3, "worker-1").await.unwrap()),
         vec![1, 2, 3]
     );
-    // Worker 2 right away: only what nobody holds; it moves its cursor to 4.
-    assert_eq!(seqs(&store.read(0, 10, "worker-2").await.unwrap()), vec![4]);
+    // Worker 2 while worker 1's entries are not idle long enough: only what nobody holds; it
+    // moves its cursor to 4.
+    assert_eq!(
+        seqs(&patient.read(0, 10, "worker-2").await.unwrap()),
+        vec![4]
+    );
     // Once worker 1's entries have been idle long enough they come back under new seqs, above
-    // worker 2's cursor, so a pull from that cursor gets them.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // worker 2's cursor, so a pull from that cursor gets them. (Sleeping longer than asked only
+    // makes them idler.)
+    tokio::time::sleep(claim_idle * 3).await;
     let again = store.read(4, 10, "worker-2").await.unwrap();
     assert_eq!(seqs(&again), vec![5, 6, 7]);
     let tags: Vec<&str> = again.iter().map(|s| s.sample.session_id.as_str()).collect();

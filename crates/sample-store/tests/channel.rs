@@ -2,6 +2,9 @@
 
 mod support;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use ps_core::{SampleSink, SinkError};
@@ -44,17 +47,36 @@ async fn submit_fails_with_closed_once_the_receiver_is_dropped() {
     ));
 }
 
+/// Polls `fut` once: `true` when it is still waiting.
+async fn is_pending<F: Future>(fut: &mut Pin<&mut F>) -> bool {
+    std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await
+}
+
+#[tokio::test]
+async fn a_waiting_submit_goes_through_once_there_is_room() {
+    let (sink, mut receiver) = channel_sink(1);
+    sink.submit(sample("a")).await.unwrap();
+    let waiting = sink.submit(sample("b"));
+    let mut waiting = std::pin::pin!(waiting);
+    assert!(is_pending(&mut waiting).await, "the channel is full");
+    assert_eq!(sink.last_seq(), 1, "no seq taken while waiting");
+    assert_eq!(receiver.recv().await.unwrap().sample.session_id, "a");
+    assert_eq!(waiting.await.unwrap(), 2);
+    let second = receiver.recv().await.unwrap();
+    assert_eq!((second.seq, second.sample.session_id.as_str()), (2, "b"));
+}
+
 #[tokio::test]
 async fn a_submit_waiting_for_room_fails_with_closed_when_the_receiver_goes() {
     let (sink, receiver) = channel_sink(1);
     sink.submit(sample("a")).await.unwrap();
-    let waiting = tokio::spawn({
-        let sink = sink.clone();
-        async move { sink.submit(sample("b")).await }
-    });
-    tokio::task::yield_now().await;
+    let waiting = sink.submit(sample("b"));
+    let mut waiting = std::pin::pin!(waiting);
+    // The submit is waiting for room before the receiver goes (not merely not yet started).
+    assert!(is_pending(&mut waiting).await, "the channel is full");
     drop(receiver);
-    assert!(matches!(waiting.await.unwrap(), Err(SinkError::Closed)));
+    assert!(matches!(waiting.await, Err(SinkError::Closed)));
+    assert_eq!(sink.last_seq(), 1, "the failed submit took no seq");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -204,7 +204,8 @@ async fn a_teacher_that_times_out_drops_the_turn() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeSglang::builder().spawn().await.unwrap();
     let teacher = FakeSglang::builder().spawn().await.unwrap();
-    teacher.set_fault(Some(Fault::Delay(Duration::from_secs(5))));
+    // Far longer than the timeout, so the drop can only be the timeout's.
+    teacher.set_fault(Some(Fault::Delay(Duration::from_secs(300))));
     let mut set = settings(&fake, Mode::Opd, dir.path());
     set.teacher.url = Some(teacher.generate_url());
     set.teacher.timeout_sec = 1;
@@ -212,7 +213,52 @@ async fn a_teacher_that_times_out_drops_the_turn() {
     two_turns(&s, "t", "FAKE_VOTES=1,1,1").await;
     assert!(s.settle(2).await.is_empty());
     assert_eq!(s.status().await["turns_dropped"], 2);
+    // Turn 1 had its hint and was dropped because the teacher timed out; turn 2 had no next state.
+    let records = wait_records(&dir.path().join("opd"), 2).await;
+    let turn1: Vec<&Value> = records.iter().filter(|r| r["turn"] == 1).collect();
+    assert_eq!(turn1.len(), 1, "{records:?}");
+    let r = turn1[0];
+    assert_eq!(r["outcome"], "dropped", "{r}");
+    assert_eq!(r["reason"], "teacher_error", "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&teacher.generate_url())
+            && detail.contains("did not answer within")
+            && detail.contains("teacher.timeout_sec"),
+        "not a teacher timeout: {detail}"
+    );
+    assert_eq!(r["votes"], json!([1, 1, 1]), "the hint was accepted: {r}");
+    let turn2: Vec<&Value> = records.iter().filter(|r| r["turn"] == 2).collect();
+    assert_eq!(turn2.len(), 1, "{records:?}");
+    assert_ne!(turn2[0]["reason"], "teacher_error", "{records:?}");
     s.stop().await;
+}
+
+/// Waits until the OPD record files under `dir` hold `n` lines (they are written in the background);
+/// fails when they never do.
+async fn wait_records(dir: &Path, n: usize) -> Vec<Value> {
+    // A generous bound, only so that a missing record fails instead of hanging.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let records: Vec<Value> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flat_map(|f| {
+                let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+                text.lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if records.len() >= n {
+            return records;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} OPD records were not written: {records:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 /// A teacher that tokenizes differently: it reports log-probs for other ids than the ones sent.

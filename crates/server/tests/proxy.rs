@@ -743,10 +743,17 @@ async fn a_turn_over_the_token_limit_is_answered_but_not_captured() {
     let h = Harness::with(setup).await;
     let resp = post(&h, json!({"messages": conversation()}), MAIN).await;
     assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
     assert!(
-        h.stop().await.is_empty(),
-        "abandoned with reason turn_too_long"
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
     );
+    let abandoned = h.abandoned.clone();
+    // Stopping drains the capture queue: every turn has reached its end after this.
+    assert!(h.stop().await.is_empty(), "not captured");
+    let abandoned = abandoned.lock().unwrap().clone();
+    assert_eq!(abandoned.len(), 1, "{abandoned:?}");
+    assert_eq!(abandoned[0].2, "turn_too_long", "{abandoned:?}");
 }
 
 #[tokio::test]

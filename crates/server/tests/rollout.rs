@@ -95,6 +95,29 @@ impl Server {
         panic!("{n} samples were not submitted: {}", self.status().await);
     }
 
+    /// Waits until no session is live and no turn is pending anywhere in the pipeline.
+    async fn wait_idle(&self) -> Value {
+        // A generous bound, only so that a stuck turn fails instead of hanging.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let st = self.status().await;
+            let pending: u64 = st["pending"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_u64().unwrap())
+                .sum();
+            if pending == 0 && st["live_sessions"] == 0 {
+                return st;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "turns still pending: {st}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     async fn pull(&self, after: u64) -> Value {
         let r = self
             .get(&format!("/v1/rollout/samples?after={after}&max=100"))
@@ -445,9 +468,23 @@ async fn paused_hold_mode_waits_for_resume() {
 
 #[tokio::test]
 async fn paused_hold_mode_gives_up_after_its_bound() {
-    let (s, _dir) = paused_server(PauseMode::Hold, Duration::from_secs(1)).await;
+    let hold = Duration::from_secs(1);
+    let (s, _dir) = paused_server(PauseMode::Hold, hold).await;
+    let asked = std::time::Instant::now();
     let r = s.chat("h", json!([user("x")]), false).await;
+    // Held for the whole bound (a lower bound only: a slow machine can only make it longer),
+    // where reject mode would answer at once.
+    let held = asked.elapsed();
+    assert!(
+        held >= hold,
+        "answered after {held:?}, before the hold bound {hold:?}"
+    );
     assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "submission_paused"
+    );
     assert!(s.fake.requests().is_empty());
     s.stop().await;
 }
@@ -455,12 +492,40 @@ async fn paused_hold_mode_gives_up_after_its_bound() {
 #[tokio::test]
 async fn paused_serve_mode_answers_but_collects_nothing() {
     let (s, _dir) = paused_server(PauseMode::Serve, Duration::from_secs(30)).await;
-    assert_eq!(s.chat("v", json!([user("x")]), true).await.status(), 200);
-    let st = s.status().await;
-    assert_eq!(st["live_sessions"], 0);
-    assert_eq!(st["pending"]["waiting_capture"], 0);
+    let r = s.chat("v", json!([user("x")]), true).await;
+    assert_eq!(r.status(), 200);
+    let answer: Value = r.json().await.unwrap();
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+    assert_eq!(s.fake.requests().len(), 1, "served by the policy");
+    // A turn after the resume goes through the whole pipeline; once it is in the store and
+    // nothing is pending, a turn collected while paused would be there too.
+    assert_eq!(s.post("/v1/rollout/resume", json!({})).await.status(), 200);
+    assert_eq!(
+        s.chat("after", json!([user("y")]), true).await.status(),
+        200
+    );
+    s.wait_submitted(1).await;
+    let st = s.wait_idle().await;
+    assert_eq!(st["samples"]["submitted"], 1, "{st}");
+    assert_eq!(st["turns_abandoned"], 0, "{st}");
+    assert_eq!(st["turns_dropped"], 0, "{st}");
+    let page = s.pull(0).await;
+    let sessions: Vec<&str> = page["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["sample"]["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sessions,
+        vec!["after"],
+        "nothing of the paused turn in the store"
+    );
+    assert_eq!(page["last_seq"], 1, "{page}");
     s.stop().await;
-    // Nothing was collected while paused.
 }
 
 #[tokio::test]
@@ -679,26 +744,35 @@ async fn turns_still_judged_at_shutdown_are_persisted_and_scored_after_the_resta
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeSglang::builder().spawn().await.unwrap();
     let judge = FakeSglang::builder().spawn().await.unwrap();
-    judge.set_fault(Some(Fault::Delay(Duration::from_secs(4))));
+    // The judge answers nothing before the server stops: held at the fake's gate, released only
+    // after the restart (no wall-clock window for the shutdown to hit).
+    judge.hold();
     let mut set = settings(&fake, dir.path());
     set.prm.router_url = judge.generate_url();
     set.server.shutdown_grace_sec = 1;
+    // Votes held at the gate must not time out before the stop however slow the machine is.
+    set.prm.timeout_sec = 600;
     let s = start(set.clone(), fake).await;
     two_turns(&s, "slow", "Thanks! FAKE_VOTES=1").await;
-    // Turn 1 is being judged (slowly); turn 2 closed the session and waits behind it.
-    for _ in 0..200 {
+    // Turn 1 is being judged; turn 2 closed the session and waits behind it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
         let st = s.status().await;
         if st["pending"]["scoring"].as_u64() == Some(1)
             && st["pending"]["waiting_order"].as_u64() == Some(1)
         {
             break;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "turn 1 never waited for its judge with turn 2 behind it: {st}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(s.status().await["samples"]["submitted"], 0);
     let fake = s.stop().await;
 
-    judge.set_fault(None);
+    judge.release();
     let s = start(set, fake).await;
     let st = s.wait_submitted(2).await;
     assert_eq!(st["samples"]["submitted"], 2);

@@ -13,18 +13,21 @@ use ps_server::{AppState, CaptureQueue, ServerOptions};
 use ps_sglang_client::{SglangClient, SglangClientConfig};
 use tokio::sync::mpsc;
 
-pub struct ChannelSink(
-    Mutex<mpsc::UnboundedSender<CapturedTurn>>,
-    Arc<Mutex<Vec<(String, u64, String)>>>,
-);
+/// A turn the server gave up on: (session id, turn, reason).
+pub type Abandoned = (String, u64, String);
+
+pub struct ChannelSink {
+    turns: Mutex<mpsc::UnboundedSender<CapturedTurn>>,
+    abandoned: Arc<Mutex<Vec<Abandoned>>>,
+}
 
 impl TurnSink for ChannelSink {
     fn accept(&self, turn: CapturedTurn) {
-        let _ = self.0.lock().unwrap().send(turn);
+        let _ = self.turns.lock().unwrap().send(turn);
     }
 
     fn abandon(&self, session_id: &str, turn: u64, reason: &str) {
-        self.1
+        self.abandoned
             .lock()
             .unwrap()
             .push((session_id.to_owned(), turn, reason.to_owned()));
@@ -36,8 +39,8 @@ pub struct Harness {
     pub fake: Option<FakeHandle>,
     pub turns: mpsc::UnboundedReceiver<CapturedTurn>,
     pub tokenizer: Arc<ChatTokenizer>,
-    /// Turns abandoned, as (session, turn, reason).
-    pub abandoned: Arc<Mutex<Vec<(String, u64, String)>>>,
+    /// Every turn abandoned so far, in order.
+    pub abandoned: Arc<Mutex<Vec<Abandoned>>>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -89,11 +92,15 @@ impl Harness {
         .unwrap();
         let (tx, turns) = mpsc::unbounded_channel();
         let abandoned = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::new(ChannelSink(Mutex::new(tx), abandoned.clone()));
+        let sink = Arc::new(ChannelSink {
+            turns: Mutex::new(tx),
+            abandoned: abandoned.clone(),
+        });
         let capture = CaptureQueue::start(
             tokenizer.clone(),
             sink,
             setup.options.align_policy,
+            // Every engine-id turn is also re-tokenized and compared.
             ps_server::capture::DriftCheck::new(u64::MAX, 0),
             64,
             1,
