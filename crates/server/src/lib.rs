@@ -13,6 +13,7 @@ pub mod capture;
 mod chat;
 pub mod error;
 mod health;
+pub mod linger;
 pub mod metrics;
 mod proxy_stream;
 mod request;
