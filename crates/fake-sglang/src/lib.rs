@@ -104,7 +104,14 @@ pub struct FakeBuilder {
     api_key: Option<String>,
     reasoning: bool,
     record_limit: Option<usize>,
+    model_path: Option<String>,
+    vocab_size: Option<u64>,
+    model_info_route: bool,
 }
+
+/// The mini model's directory in this source tree: what the fake reports as its model and
+/// tokenizer path unless told otherwise ([`FakeBuilder::model_path`]).
+pub const MINI_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/mini-model");
 
 impl Default for FakeBuilder {
     fn default() -> Self {
@@ -116,6 +123,9 @@ impl Default for FakeBuilder {
             api_key: None,
             reasoning: true,
             record_limit: None,
+            model_path: Some(MINI_MODEL_DIR.to_owned()),
+            vocab_size: None,
+            model_info_route: true,
         }
     }
 }
@@ -176,6 +186,28 @@ impl FakeBuilder {
         self
     }
 
+    /// The path reported as the model's and tokenizer's directory, as a real server reports the
+    /// directory it loaded: `model_path` and `tokenizer_path` of `GET /get_model_info`, `root` of
+    /// `GET /v1/models`. Default: [`MINI_MODEL_DIR`] (set it when giving another tokenizer).
+    /// `None`: nothing reported (`/get_model_info` answers 404, `/v1/models` has no `root`).
+    pub fn model_path(mut self, path: Option<&str>) -> Self {
+        self.model_path = path.map(str::to_owned);
+        self
+    }
+
+    /// A `vocab_size` reported by `GET /get_model_info` (default: none, as most builds).
+    pub fn vocab_size(mut self, n: Option<u64>) -> Self {
+        self.vocab_size = n;
+        self
+    }
+
+    /// Whether `GET /get_model_info` exists (default true, SGLang). `false`: it answers 404 and only
+    /// `/v1/models` reports the path, as vLLM.
+    pub fn model_info_route(mut self, on: bool) -> Self {
+        self.model_info_route = on;
+        self
+    }
+
     /// The state to serve with [`router`].
     pub fn build(self) -> FakeState {
         FakeState::new(Config {
@@ -188,6 +220,9 @@ impl FakeBuilder {
             api_key: self.api_key,
             reasoning: self.reasoning,
             record_limit: self.record_limit,
+            model_path: self.model_path,
+            vocab_size: self.vocab_size,
+            model_info_route: self.model_info_route,
         })
     }
 
@@ -359,34 +394,45 @@ async fn models(State(state): State<FakeState>, headers: axum::http::HeaderMap) 
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "object": "list",
-            "data": [{
-                "id": state.model_name(),
-                "object": "model",
-                "created": created,
-                "owned_by": "sglang",
-                "root": state.model_name(),
-                "max_model_len": 32768,
-            }],
-        }),
-    )
+    let mut model = json!({
+        "id": state.model_name(),
+        "object": "model",
+        "created": created,
+        "owned_by": "sglang",
+        "max_model_len": 32768,
+    });
+    if let (Some(path), Some(m)) = (&state.config().model_path, model.as_object_mut()) {
+        m.insert("root".into(), json!(path));
+    }
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [model]}))
 }
 
+/// SGLang's `GET /get_model_info`: 404 when the fake reports no path (or plays vLLM).
 async fn model_info(State(state): State<FakeState>, headers: axum::http::HeaderMap) -> Response {
     if !state.authorized(&headers) {
         return json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}));
     }
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "model_path": state.model_name(),
-            "tokenizer_path": state.model_name(),
-            "is_generation": true,
-        }),
-    )
+    let config = state.config();
+    let Some(path) = config
+        .model_path
+        .as_ref()
+        .filter(|_| config.model_info_route)
+    else {
+        return not_found().await;
+    };
+    let mut info = json!({
+        "model_path": path,
+        "tokenizer_path": path,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+        "has_image_understanding": false,
+        "has_audio_understanding": false,
+    });
+    if let (Some(n), Some(m)) = (config.vocab_size, info.as_object_mut()) {
+        m.insert("vocab_size".into(), json!(n));
+    }
+    json_response(StatusCode::OK, &info)
 }
 
 async fn not_found() -> Response {
