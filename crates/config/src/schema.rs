@@ -35,6 +35,10 @@ pub struct Settings {
     pub capture: CaptureSettings,
     /// Where finished samples are persisted until the trainer takes them.
     pub store: StoreSettings,
+    /// The trainer-side keys the settings file carried (the operators' `config.toml`: see
+    /// [`crate::TRAINER_FILE_KEYS`]), as written; `serve` reports them at start. Not a setting.
+    #[serde(skip)]
+    pub trainer_side: Vec<String>,
 }
 
 /// What the proxy produces from conversations.
