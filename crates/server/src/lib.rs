@@ -15,6 +15,7 @@ pub mod error;
 mod health;
 pub mod linger;
 pub mod metrics;
+pub mod policy_tokenizer;
 mod proxy_stream;
 mod request;
 pub mod rollout;
