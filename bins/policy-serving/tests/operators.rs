@@ -63,7 +63,12 @@ fn serve(config: &Path, dir: &Path, env: &[(&str, String)]) -> (KillOnDrop, Vec<
                     return (child, lines);
                 }
             }
-            Err(_) => panic!("serve did not start within 60 s:\n{}", lines.join("\n")),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("serve did not start within 60 s:\n{}", lines.join("\n"))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("serve exited before listening:\n{}", lines.join("\n"))
+            }
         }
     }
 }
