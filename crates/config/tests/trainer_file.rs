@@ -122,6 +122,10 @@ fn a_key_neither_side_knows_is_an_error_naming_it() {
     let text = format!("{}\n[trainer]\nlr = 1e-6\n", with_scoring_teacher());
     let e = load_text(&text).unwrap_err().to_string();
     assert!(e.contains("unknown key `trainer`"), "{e}");
+    assert!(
+        e.contains("`rollout`, `policy`, `reward`, `training`"),
+        "{e}"
+    );
 
     let text = with_scoring_teacher().replace("top_k = 20", "top_k = 20\nteacher_url = \"x\"");
     let e = load_text(&text).unwrap_err().to_string();
