@@ -20,7 +20,9 @@ struct Args {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 30001)]
     port: u16,
-    /// HuggingFace model directory (tokenizer.json + tokenizer_config.json); default: the embedded mini model.
+    /// HuggingFace model directory (tokenizer.json + tokenizer_config.json); default: the embedded
+    /// mini model. Reported by /get_model_info and /v1/models (`root`), as SGLang reports its model
+    /// path (default: the mini model's directory in this source tree).
     #[arg(long)]
     model_dir: Option<PathBuf>,
     /// Model name listed by /v1/models.
@@ -63,8 +65,13 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let handle = FakeSglang::builder()
-        .tokenizer(Arc::new(tokenizer))
+    let mut builder = FakeSglang::builder().tokenizer(Arc::new(tokenizer));
+    // Report the directory the model was loaded from, as SGLang does (the mini model's by default).
+    if let Some(dir) = &args.model_dir {
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        builder = builder.model_path(Some(&dir.to_string_lossy()));
+    }
+    let handle = builder
         .model_name(&args.model_name)
         .latency(Duration::from_millis(args.latency_ms))
         .token_delay(Duration::from_millis(args.token_delay_ms))

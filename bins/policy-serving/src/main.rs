@@ -74,7 +74,8 @@ struct ServeArgs {
     /// Settings file (JSON or TOML, by extension).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// The policy's tokenizer directory (overrides `server.model_dir`).
+    /// The policy's tokenizer directory (overrides `server.model_dir`). Unset: the directory the
+    /// policy server reports, when it exists on this machine; else `serve` refuses to start.
     #[arg(long)]
     model_dir: Option<PathBuf>,
     #[arg(long)]

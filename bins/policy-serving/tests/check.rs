@@ -72,9 +72,11 @@ async fn check_exits_zero_when_everything_passes_and_non_zero_with_a_fail_line()
     let out = check(write(tmp.path(), "settings.json", &good.to_string())).await;
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert_eq!(stdout.lines().count(), 9, "{stdout}");
+    assert_eq!(stdout.lines().count(), 11, "{stdout}");
     for line in [
+        "ok   client auth",
         "ok   sglang health",
+        "ok   policy tokenizer",
         "ok   sglang chat logprobs",
         "ok   prm judge /generate",
         "ok   directories writable",
@@ -86,7 +88,7 @@ async fn check_exits_zero_when_everything_passes_and_non_zero_with_a_fail_line()
         );
     }
     assert!(
-        stdout.ends_with("all 8 checks passed (4 skipped)\n"),
+        stdout.ends_with("all 10 checks passed (4 skipped)\n"),
         "{stdout}"
     );
 
@@ -108,7 +110,7 @@ async fn check_exits_zero_when_everything_passes_and_non_zero_with_a_fail_line()
         )
     );
     assert!(
-        stdout.ends_with("1 of 8 checks FAILED (4 skipped)\n"),
+        stdout.ends_with("1 of 10 checks FAILED (4 skipped)\n"),
         "{stdout}"
     );
 }

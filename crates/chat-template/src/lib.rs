@@ -328,6 +328,11 @@ impl ChatTokenizer {
         self.eos_token.as_deref()
     }
 
+    /// Number of ids the tokenizer can produce, added (special) tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
     /// The id of [`Self::eos_token`] in the vocabulary.
     pub fn eos_token_id(&self) -> Option<u32> {
         self.eos_token_id

@@ -42,7 +42,7 @@ pub(crate) async fn check(s: &Settings, tokenizer: Option<&TokenizerResult>) -> 
     let url = shown_url(&s.prm.router_url);
     // The judge renders with `prm.model_dir`, else the policy tokenizer.
     let policy_tok = match tokenizer {
-        Some(Ok(t)) => t.clone(),
+        Some(Ok(t)) => t.tokenizer.clone(),
         Some(Err(fail)) if s.prm.model_dir.is_none() => return fail.clone(),
         _ => Arc::new(ps_chat_template::ChatTokenizer::mini()),
     };

@@ -2,9 +2,12 @@
 //! and reports one line per check — `ok`, `FAIL` or `skip`, the measured latency — and, for each
 //! failure, the likely cause and the fix, naming the configuration key or environment variable.
 //!
-//! The checks, in order ([`CheckId`]): key variables present; provider reachable and key accepted
-//! (one one-token chat call); SGLang `/health`; a chat round trip with log-probs (and token ids when
-//! `sglang.return_token_ids`); the PRM judge's `/generate` answering a parseable `\boxed{}`; the
+//! The checks, in order ([`CheckId`]): key variables present; how clients must authenticate (with
+//! a curl line that works; `SGLANG_API_KEY=EMPTY` means `Bearer EMPTY`, as in the reference);
+//! provider reachable and key accepted (one one-token chat call); SGLang `/health`; a chat round
+//! trip with log-probs (and token ids when `sglang.return_token_ids`); the policy tokenizer `serve`
+//! would use and why (`server.model_dir`, or the directory the policy server reports); the PRM
+//! judge's `/generate` answering a parseable `\boxed{}`; the
 //! teacher's log-probs whose echoed ids match the policy tokenizer's (a tokenizer mismatch is found
 //! before training starts); record and store directories writable; the submission state of a running
 //! proxy. A check whose feature is off is skipped with the reason. Each check has its own time
@@ -27,11 +30,10 @@ mod submission;
 mod teacher;
 mod util;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ps_chat_template::ChatTokenizer;
 use ps_config::{EnvLookup, Settings};
+use ps_server::policy_tokenizer::{PolicyTokenizer, Reported};
 
 pub use report::{CheckId, CheckReport, CheckResult, Outcome};
 pub use teacher::TEACHER_PROBE_TOKENS;
@@ -66,6 +68,11 @@ pub async fn run_checks(settings: &Settings, env: EnvLookup<'_>) -> CheckReport 
     timed(CheckId::KeyVariables, t, keys::check(settings, env));
 
     let t = Instant::now();
+    let base = ps_server::wiring::local_base_url(&settings.server.host, settings.server.port);
+    let auth = Outcome::ok(ps_server::wiring::client_auth_line(settings, env, &base));
+    timed(CheckId::ClientAuth, t, auth);
+
+    let t = Instant::now();
     let outcome = provider::check(settings, env).await;
     timed(CheckId::Provider, t, outcome);
 
@@ -78,12 +85,11 @@ pub async fn run_checks(settings: &Settings, env: EnvLookup<'_>) -> CheckReport 
     let outcome = sglang::chat(settings, env, &policy).await;
     timed(CheckId::ChatLogprobs, t, outcome);
 
-    // Loaded once, outside both checks' latencies (loading a tokenizer is not a round trip).
-    let tokenizer = if judge::active(settings).is_ok() || settings.opd_active() {
-        Some(policy_tokenizer(settings).await)
-    } else {
-        None
-    };
+    // Found as `serve` finds it; the judge and teacher checks reuse it.
+    let t = Instant::now();
+    let (outcome, tokenizer) = policy_tokenizer(settings, &policy).await;
+    timed(CheckId::PolicyTokenizer, t, outcome);
+    let tokenizer = Some(tokenizer);
 
     let t = Instant::now();
     let outcome = judge::check(settings, tokenizer.as_ref()).await;
@@ -104,31 +110,37 @@ pub async fn run_checks(settings: &Settings, env: EnvLookup<'_>) -> CheckReport 
     CheckReport { checks }
 }
 
-/// The policy tokenizer as `serve` loads it (`server.model_dir`, else the embedded demo model), on
-/// the blocking pool; a failure is the outcome of every check that needs it.
-pub(crate) type TokenizerResult = Result<Arc<ChatTokenizer>, Outcome>;
+/// The policy tokenizer as `serve` finds it ([`ps_server::policy_tokenizer`]), or the failure
+/// every check that needs it reports.
+pub(crate) type TokenizerResult = Result<PolicyTokenizer, Outcome>;
 
-async fn policy_tokenizer(settings: &Settings) -> TokenizerResult {
-    let owned = settings.clone();
-    let loaded = tokio::task::spawn_blocking(move || ps_server::wiring::tokenizer(&owned)).await;
-    let dir = settings
-        .server
-        .model_dir
-        .as_ref()
-        .map_or_else(String::new, |d| d.display().to_string());
-    match loaded {
-        Ok(Ok(tok)) => Ok(tok),
-        Ok(Err(e)) => Err(Outcome::fail(
-            format!(
-                "cannot load the policy tokenizer from {dir}: {}",
-                util::error_chain(&e)
-            ),
-            "set server.model_dir to the policy's tokenizer directory (tokenizer.json and \
-             tokenizer_config.json)",
-        )),
-        Err(e) => Err(Outcome::fail(
-            format!("loading the policy tokenizer from {dir} failed: {e}"),
-            "check server.model_dir",
-        )),
-    }
+/// Asks the policy server what it serves and applies `serve`'s rule: the check's outcome (which
+/// tokenizer and why), and the tokenizer for the judge and teacher checks.
+async fn policy_tokenizer(
+    settings: &Settings,
+    policy: &sglang::Policy,
+) -> (Outcome, TokenizerResult) {
+    let reported = match policy.built() {
+        Some(client) => ps_server::wiring::ask_policy_server(settings, client).await,
+        None => Reported::Unreachable {
+            url: util::shown_url(&settings.sglang.chat_url),
+            error: "the SGLang client could not be built (see the sglang checks)".to_owned(),
+        },
+    };
+    let dir = settings.server.model_dir.clone();
+    let chosen = tokio::task::spawn_blocking(move || {
+        ps_server::policy_tokenizer::choose(dir.as_deref(), &reported)
+    })
+    .await;
+    let fix = "set server.model_dir (or --model-dir) to the tokenizer directory of the model the \
+               policy server serves (tokenizer.json and tokenizer_config.json)";
+    let fail = match chosen {
+        Ok(Ok(t)) => {
+            let outcome = Outcome::ok(format!("{} ({} ids)", t.source, t.tokenizer.vocab_size()));
+            return (outcome, Ok(t));
+        }
+        Ok(Err(e)) => Outcome::fail(util::error_chain(&e), fix),
+        Err(e) => Outcome::fail(format!("loading the policy tokenizer failed: {e}"), fix),
+    };
+    (fail.clone(), Err(fail))
 }

@@ -8,12 +8,18 @@ use std::time::Duration;
 pub enum CheckId {
     /// Every variable an active feature's `*_api_key_env` names is set and non-empty.
     KeyVariables,
+    /// How clients of the proxy authenticate (`server.api_key_env`, or `SGLANG_API_KEY` as in the
+    /// reference), with a curl line that works. Informational: it never fails.
+    ClientAuth,
     /// A one-token chat call to the provider succeeds (reachable, key accepted, model known).
     Provider,
     /// SGLang's `/health` answers 200.
     SglangHealth,
     /// A tiny chat returns per-token log-probs (and token ids when configured).
     ChatLogprobs,
+    /// The policy tokenizer `serve` would capture with, and why: `server.model_dir`, or the
+    /// directory the policy server reports; fails where `serve` would refuse to start.
+    PolicyTokenizer,
     /// The PRM judge's `/generate` answers the real judge prompt with a parseable `\boxed{}`.
     PrmGenerate,
     /// The teacher returns every log-prob of a probe and echoes the policy tokenizer's ids.
@@ -26,11 +32,13 @@ pub enum CheckId {
 
 impl CheckId {
     /// Every check, in order.
-    pub const ALL: [CheckId; 8] = [
+    pub const ALL: [CheckId; 10] = [
         Self::KeyVariables,
+        Self::ClientAuth,
         Self::Provider,
         Self::SglangHealth,
         Self::ChatLogprobs,
+        Self::PolicyTokenizer,
         Self::PrmGenerate,
         Self::Teacher,
         Self::Directories,
@@ -41,9 +49,11 @@ impl CheckId {
     pub fn name(self) -> &'static str {
         match self {
             Self::KeyVariables => "key variables",
+            Self::ClientAuth => "client auth",
             Self::Provider => "provider chat",
             Self::SglangHealth => "sglang health",
             Self::ChatLogprobs => "sglang chat logprobs",
+            Self::PolicyTokenizer => "policy tokenizer",
             Self::PrmGenerate => "prm judge /generate",
             Self::Teacher => "teacher logprobs",
             Self::Directories => "directories writable",

@@ -44,6 +44,13 @@ pub(crate) fn client(s: &Settings, env: EnvLookup<'_>) -> Policy {
     }
 }
 
+impl Policy {
+    /// The client, when it could be built.
+    pub(crate) fn built(&self) -> Option<&SglangClient> {
+        self.client.as_ref().ok()
+    }
+}
+
 fn invalid_url(s: &Settings, e: &SglangError) -> Outcome {
     Outcome::fail(
         format!(

@@ -53,8 +53,8 @@ pub(crate) async fn check(
     if !s.opd_active() {
         return Outcome::skip(format!("OPD is off (server.mode = {})", s.server.mode));
     }
-    let tok = match tokenizer {
-        Some(Ok(t)) => t.clone(),
+    let (tok, source) = match tokenizer {
+        Some(Ok(t)) => (t.tokenizer.clone(), t.source.to_string()),
         Some(Err(fail)) => return fail.clone(),
         None => {
             return Outcome::fail(
@@ -152,24 +152,15 @@ pub(crate) async fn check(
     let ours = &ids[ids.len() - t..];
     match scored.check_alignment(ours) {
         Ok(()) => Outcome::ok(format!(
-            "{t} log-probs{topk_text} from {url}; echoed ids match the policy tokenizer{}",
-            if s.server.model_dir.is_none() {
-                " (server.model_dir is unset: the embedded demo tokenizer)"
-            } else {
-                ""
-            }
+            "{t} log-probs{topk_text} from {url}; echoed ids match the policy tokenizer, {source}"
         )),
-        Err(m) => mismatch(s, &url, &m),
+        Err(m) => mismatch(&url, &m, &source),
     }
 }
 
-fn mismatch(s: &Settings, url: &str, m: &Mismatch) -> Outcome {
+fn mismatch(url: &str, m: &Mismatch, source: &str) -> Outcome {
     let id = |v: Option<u32>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
-    let ours_note = if s.server.model_dir.is_none() {
-        "; server.model_dir is unset, so our ids are the embedded demo tokenizer's"
-    } else {
-        ""
-    };
+    let ours_note = format!("; our ids come from {source}");
     Outcome::fail(
         format!(
             "the teacher's tokenizer differs from the policy's (first differing position {}: ours \

@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use ps_check::{CheckId, CheckReport, Outcome, TEACHER_PROBE_TOKENS, run_checks};
 use ps_config::{Mode, PrmBackend, Settings};
-use ps_fake_sglang::{FakeHandle, FakeProvider, FakeSglang, Fault, ProviderFault};
+use ps_fake_sglang::{FakeHandle, FakeProvider, FakeSglang, Fault, MINI_MODEL_DIR, ProviderFault};
 use serde_json::{Value, json};
 
 /// A port nothing listens on.
@@ -330,7 +330,10 @@ async fn a_teacher_with_another_tokenizer_is_a_named_mismatch() {
         )),
         "{cause}"
     );
-    assert!(cause.contains("server.model_dir is unset"), "{cause}");
+    assert!(
+        cause.contains("our ids come from") && cause.contains("source: policy server"),
+        "{cause}"
+    );
     assert!(fix.contains("policy's tokenizer"), "{fix}");
     assert_eq!(r.failures().count(), 1, "{}", r.render());
 }
@@ -670,5 +673,73 @@ async fn the_report_prints_one_line_per_check_and_one_per_failure() {
         lines.iter().any(|l| l.starts_with("skip teacher logprobs")),
         "{text}"
     );
-    assert_eq!(r.summary(), "1 of 8 checks FAILED (4 skipped)");
+    assert_eq!(r.summary(), "1 of 10 checks FAILED (4 skipped)");
+}
+
+#[tokio::test]
+async fn check_shows_which_tokenizer_serve_would_use_and_why() {
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = rl_settings(&fake, tmp.path());
+    let r = run_checks(&s, &no_env).await;
+    let d = detail(&r, CheckId::PolicyTokenizer);
+    assert!(d.starts_with(MINI_MODEL_DIR), "{d}");
+    assert!(
+        d.contains(&format!(
+            "(source: policy server, reported by {}/get_model_info; server.model_dir is unset)",
+            fake.base_url()
+        )),
+        "{d}"
+    );
+    s.server.model_dir = Some(MINI_MODEL_DIR.into());
+    let r = run_checks(&s, &no_env).await;
+    let d = detail(&r, CheckId::PolicyTokenizer);
+    assert!(d.contains("(source: setting server.model_dir)"), "{d}");
+
+    // A policy server that does not say what it serves: `serve` would refuse, so the check fails.
+    let silent = FakeSglang::builder()
+        .model_path(None)
+        .spawn()
+        .await
+        .unwrap();
+    let s = rl_settings(&silent, tmp.path());
+    let r = run_checks(&s, &no_env).await;
+    let (cause, fix) = failure(&r, CheckId::PolicyTokenizer);
+    assert!(cause.contains("does not report its model path"), "{cause}");
+    assert!(fix.starts_with("set server.model_dir"), "{fix}");
+}
+
+#[tokio::test]
+async fn check_shows_that_sglang_api_key_empty_means_bearer_empty_with_the_curl_line_that_works() {
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = rl_settings(&fake, tmp.path());
+    let env = |k: &str| (k == "SGLANG_API_KEY").then(|| "EMPTY".to_owned());
+    let r = run_checks(&s, &env).await;
+    let d = detail(&r, CheckId::ClientAuth);
+    assert!(
+        d.starts_with(
+            "SGLANG_API_KEY=EMPTY is set, so clients must send `Authorization: Bearer EMPTY`"
+        ),
+        "{d}"
+    );
+    assert!(
+        d.ends_with(&format!(
+            "curl -H \"Authorization: Bearer EMPTY\" http://127.0.0.1:{}/v1/models",
+            s.server.port
+        )),
+        "{d}"
+    );
+    let r = run_checks(&s, &no_env).await;
+    let d = detail(&r, CheckId::ClientAuth);
+    assert!(d.starts_with("clients need no key"), "{d}");
+    // Another key's value is never printed.
+    let env = |k: &str| (k == "SGLANG_API_KEY").then(|| "sk-secret-value".to_owned());
+    let r = run_checks(&s, &env).await;
+    let text = r.render();
+    assert!(!text.contains("sk-secret-value"), "{text}");
+    assert!(
+        detail(&r, CheckId::ClientAuth).contains("Bearer $SGLANG_API_KEY"),
+        "{text}"
+    );
 }

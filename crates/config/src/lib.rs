@@ -2,7 +2,8 @@
 //!
 //! Layers, lowest first: the built-in defaults ([`defaults`]) < one settings file (JSON or TOML,
 //! chosen by extension; the operators' `settings.json` loads unchanged, its `taotoken` section read
-//! as `provider`) < the legacy operator variables of [`LEGACY_ENV`] < `POLICY_SERVING_*` variables
+//! as `provider`; the operators' trainer-side `config.toml` loads too, its keys that concern this
+//! server translated and its trainer-side keys kept aside, see [`TRAINER_FILE_KEYS`]) < the legacy operator variables of [`LEGACY_ENV`] < `POLICY_SERVING_*` variables
 //! with `__` between section and key (`POLICY_SERVING_SERVER__PORT=8080`) < command-line
 //! [`Overrides`]. [`load`] merges them with figment, extracts [`Settings`] (unknown keys are
 //! errors) and runs [`Settings::validate`]; every error names the key, the value, where it came
@@ -21,6 +22,7 @@ mod load;
 mod redact;
 mod schema;
 mod secret;
+mod trainer_file;
 mod validate;
 
 pub use error::ConfigError;
@@ -39,3 +41,4 @@ pub use schema::{
 pub use secret::{
     EnvLookup, LEGACY_CLIENT_KEY_ENV, Secret, process_env, resolve_optional_secret, resolve_secret,
 };
+pub use trainer_file::{Reader, TRAINER_FILE_KEYS, trainer_side_keys};

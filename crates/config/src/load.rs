@@ -116,7 +116,10 @@ pub fn load_with_env(
         .extract_lossy()
         .map_err(|e| layers.convert(e))?;
     settings.validate().map_err(|e| layers.annotate(e))?;
-    Ok(settings)
+    Ok(Settings {
+        trainer_side: layers.trainer_side,
+        ..settings
+    })
 }
 
 /// Keys whose environment values are parsed as `f64` (figment would read `0.6` as an `f32`).
@@ -124,7 +127,8 @@ const FLOAT_KEYS: &[&str] = &["prm.temperature"];
 
 /// Top-level sections, for the "expected one of" of an unknown section.
 const SECTIONS: &str = "`server`, `sglang`, `prm`, `provider` (or its alias `taotoken`), \
-                        `teacher`, `opd`, `logging`, `capture`, `store`";
+                        `teacher`, `opd`, `logging`, `capture`, `store`, and the trainer-side \
+                        config.toml's `rollout`, `policy`, `reward`, `training`";
 
 /// One layer, already read: its metadata (for error messages) and its data.
 struct Layer {
@@ -147,6 +151,12 @@ struct Layers {
     figment: Figment,
     /// The settings file's path as printed, when its `taotoken` section was read as `provider`.
     aliased: Option<String>,
+    /// The settings file's path as printed.
+    file_origin: Option<String>,
+    /// Product key → the trainer-side file's key that set it.
+    renamed: BTreeMap<String, String>,
+    /// The trainer-side keys the file carried.
+    trainer_side: Vec<String>,
 }
 
 impl Layers {
@@ -157,12 +167,16 @@ impl Layers {
     ) -> Result<Self, ConfigError> {
         let mut figment = Figment::new();
         let mut aliased = None;
+        let mut translated = crate::trainer_file::Translated::default();
+        let mut file_origin = None;
         if let Some(path) = file {
             let mut layer = file_layer(path)?;
             let describe = path.display().to_string();
+            translated = crate::trainer_file::translate(&mut layer.dict, &describe)?;
             if rename_taotoken(&mut layer.dict, &describe)? {
-                aliased = Some(describe);
+                aliased = Some(describe.clone());
             }
+            file_origin = Some(describe);
             figment = figment.merge(layer);
         }
         let env: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -171,7 +185,13 @@ impl Layers {
         rename_taotoken(&mut prefixed.dict, "environment variables")?;
         figment = figment.merge(prefixed);
         figment = figment.merge(overrides_layer(overrides));
-        Ok(Self { figment, aliased })
+        Ok(Self {
+            figment,
+            aliased,
+            file_origin,
+            renamed: translated.renamed,
+            trainer_side: translated.trainer_side,
+        })
     }
 
     /// Figment's errors, as ours.
@@ -249,8 +269,14 @@ impl Layers {
         }
     }
 
-    /// The key as the operator wrote it: `taotoken.*` when that layer used the alias.
+    /// The key as the operator wrote it: `taotoken.*` when that layer used the alias; the
+    /// trainer-side file's own key (`rollout.sample_timeout_sec`) when that file set it.
     fn display_key(&self, key: &str, origin: &str) -> String {
+        if self.file_origin.as_deref() == Some(origin)
+            && let Some(written) = self.renamed.get(key)
+        {
+            return written.clone();
+        }
         let env_alias = format!("{ENV_PREFIX}TAOTOKEN{ENV_SEPARATOR}");
         let aliased = self.aliased.as_deref() == Some(origin)
             || origin.to_ascii_uppercase().contains(&env_alias);
@@ -453,7 +479,7 @@ fn env_value(key: &str, value: &str) -> Value {
     Value::from(value.to_owned())
 }
 
-fn insert_path(dict: &mut Dict, key: &str, value: Value) {
+pub(crate) fn insert_path(dict: &mut Dict, key: &str, value: Value) {
     let mut parts = key.split('.').peekable();
     let mut current = dict;
     while let Some(part) = parts.next() {

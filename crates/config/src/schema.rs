@@ -35,6 +35,10 @@ pub struct Settings {
     pub capture: CaptureSettings,
     /// Where finished samples are persisted until the trainer takes them.
     pub store: StoreSettings,
+    /// The trainer-side keys the settings file carried (the operators' `config.toml`: see
+    /// [`crate::TRAINER_FILE_KEYS`]), as written; `serve` reports them at start. Not a setting.
+    #[serde(skip)]
+    pub trainer_side: Vec<String>,
 }
 
 /// What the proxy produces from conversations.
@@ -96,7 +100,8 @@ pub struct ServerSettings {
     /// Model name filled into `model` when a request lacks it. Default `default`.
     pub served_model_name: String,
     /// The policy's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`). When absent the
-    /// server uses the embedded mini model and warns.
+    /// server uses the directory the policy server reports (SGLang `/get_model_info`, vLLM
+    /// `/v1/models` `root`) when it exists on this machine, and otherwise refuses to start.
     pub model_dir: Option<PathBuf>,
     /// NAME of the environment variable holding the Bearer key clients must send. When unset, the
     /// legacy variable `SGLANG_API_KEY` plays that role if it is set; otherwise no key is required.
@@ -329,7 +334,7 @@ pub struct PrmSettings {
     pub temperature: f64,
     /// Generation budget of one judge call, in tokens. Default 4096.
     pub max_new_tokens: u32,
-    /// The judge's tokenizer directory; defaults to `server.model_dir`.
+    /// The judge's tokenizer directory; defaults to the policy's tokenizer.
     pub model_dir: Option<PathBuf>,
     /// `sglang` (default) or `provider`.
     pub backend: PrmBackend,

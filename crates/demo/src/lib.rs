@@ -74,9 +74,15 @@ pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport,
         .map_err(|e| DemoError::Settings(e.to_string()))?;
 
     let no_env = |_: &str| None;
-    let running = ps_server::wiring::spawn(&settings, &no_env, None).await?;
+    // The fake policy samples with the embedded mini model, so the demo captures with it too
+    // (`serve` never does: it needs the policy's own tokenizer).
+    let policy_tokenizer = ps_server::policy_tokenizer::PolicyTokenizer::embedded_demo();
+    let source = policy_tokenizer.source.to_string();
+    let running =
+        ps_server::wiring::spawn_with(&settings, &no_env, None, Some(policy_tokenizer)).await?;
     let base = running.url().to_owned();
     writeln!(out, "fake SGLang  : {}", fake.base_url())?;
+    writeln!(out, "tokenizer    : {source}")?;
     writeln!(
         out,
         "proxy        : {base}   (session {SESSION}, mode {mode})"

@@ -5,6 +5,10 @@ async fn the_demo_runs_end_to_end_and_the_trainer_side_gets_every_main_turn() {
     let mut out = Vec::new();
     let report = ps_demo::run(&mut out, ps_config::Mode::Rl).await.unwrap();
     let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("tokenizer    : the embedded mini model (source: embedded demo)"),
+        "{text}"
+    );
     assert_eq!(report.replies.len(), 3);
     // Three main turns became samples, in turn order; the side turn did not.
     let turns: Vec<u64> = report.samples.iter().map(|s| s.sample.turn).collect();

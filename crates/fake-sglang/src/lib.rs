@@ -107,7 +107,14 @@ pub struct FakeBuilder {
     reasoning: bool,
     record_limit: Option<usize>,
     quirks: Quirks,
+    model_path: Option<String>,
+    vocab_size: Option<u64>,
+    model_info_route: bool,
 }
+
+/// The mini model's directory in this source tree: what the fake reports as its model and
+/// tokenizer path unless told otherwise ([`FakeBuilder::model_path`]).
+pub const MINI_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/mini-model");
 
 impl Default for FakeBuilder {
     fn default() -> Self {
@@ -120,6 +127,9 @@ impl Default for FakeBuilder {
             reasoning: true,
             record_limit: None,
             quirks: Quirks::default(),
+            model_path: Some(MINI_MODEL_DIR.to_owned()),
+            vocab_size: None,
+            model_info_route: true,
         }
     }
 }
@@ -186,6 +196,28 @@ impl FakeBuilder {
         self
     }
 
+    /// The path reported as the model's and tokenizer's directory, as a real server reports the
+    /// directory it loaded: `model_path` and `tokenizer_path` of `GET /get_model_info`, `root` of
+    /// `GET /v1/models`. Default: [`MINI_MODEL_DIR`] (set it when giving another tokenizer).
+    /// `None`: nothing reported (`/get_model_info` answers 404, `/v1/models` has no `root`).
+    pub fn model_path(mut self, path: Option<&str>) -> Self {
+        self.model_path = path.map(str::to_owned);
+        self
+    }
+
+    /// A `vocab_size` reported by `GET /get_model_info` (default: none, as most builds).
+    pub fn vocab_size(mut self, n: Option<u64>) -> Self {
+        self.vocab_size = n;
+        self
+    }
+
+    /// Whether `GET /get_model_info` exists (default true, SGLang). `false`: it answers 404 and only
+    /// `/v1/models` reports the path, as vLLM.
+    pub fn model_info_route(mut self, on: bool) -> Self {
+        self.model_info_route = on;
+        self
+    }
+
     /// The state to serve with [`router`].
     pub fn build(self) -> FakeState {
         FakeState::new(Config {
@@ -199,6 +231,9 @@ impl FakeBuilder {
             reasoning: self.reasoning,
             record_limit: self.record_limit,
             quirks: self.quirks,
+            model_path: self.model_path,
+            vocab_size: self.vocab_size,
+            model_info_route: self.model_info_route,
         })
     }
 
@@ -370,34 +405,45 @@ async fn models(State(state): State<FakeState>, headers: axum::http::HeaderMap) 
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "object": "list",
-            "data": [{
-                "id": state.model_name(),
-                "object": "model",
-                "created": created,
-                "owned_by": "sglang",
-                "root": state.model_name(),
-                "max_model_len": 32768,
-            }],
-        }),
-    )
+    let mut model = json!({
+        "id": state.model_name(),
+        "object": "model",
+        "created": created,
+        "owned_by": "sglang",
+        "max_model_len": 32768,
+    });
+    if let (Some(path), Some(m)) = (&state.config().model_path, model.as_object_mut()) {
+        m.insert("root".into(), json!(path));
+    }
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [model]}))
 }
 
+/// SGLang's `GET /get_model_info`: 404 when the fake reports no path (or plays vLLM).
 async fn model_info(State(state): State<FakeState>, headers: axum::http::HeaderMap) -> Response {
     if !state.authorized(&headers) {
         return json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}));
     }
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "model_path": state.model_name(),
-            "tokenizer_path": state.model_name(),
-            "is_generation": true,
-        }),
-    )
+    let config = state.config();
+    let Some(path) = config
+        .model_path
+        .as_ref()
+        .filter(|_| config.model_info_route)
+    else {
+        return not_found().await;
+    };
+    let mut info = json!({
+        "model_path": path,
+        "tokenizer_path": path,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+        "has_image_understanding": false,
+        "has_audio_understanding": false,
+    });
+    if let (Some(n), Some(m)) = (config.vocab_size, info.as_object_mut()) {
+        m.insert("vocab_size".into(), json!(n));
+    }
+    json_response(StatusCode::OK, &info)
 }
 
 async fn not_found() -> Response {

@@ -39,6 +39,12 @@ pub(crate) struct Config {
     /// Keep at most this many recorded requests (the most recent); `None`: all.
     pub record_limit: Option<usize>,
     pub quirks: crate::Quirks,
+    /// Reported model and tokenizer directory; `None`: not reported.
+    pub model_path: Option<String>,
+    /// Reported `vocab_size`.
+    pub vocab_size: Option<u64>,
+    /// Whether `/get_model_info` exists.
+    pub model_info_route: bool,
 }
 
 #[derive(Default)]

@@ -104,33 +104,42 @@ pub async fn chat_completions(
 }
 
 /// Reads a request body of at most `limit` bytes: a `Content-Length` over the limit is refused at
-/// once, without waiting for bytes that may never come; a body that grows past it is cut off.
+/// once, without waiting for bytes that may never come; a body that grows past it is cut off. The
+/// 413 keeps the unread rest of the body, so that the answer lingers until the client has sent it
+/// ([`crate::linger`]) and the client reads the 413 instead of a connection reset.
 pub(crate) async fn read_body(
     headers: &HeaderMap,
-    body: Body,
+    mut body: Body,
     limit: usize,
 ) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt as _;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
+    let too_large = |read: u64, rest: Body| ApiError::PayloadTooLarge {
+        limit,
+        unread: crate::linger::Unread::keep(headers, declared, read, rest),
+    };
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit });
+        return Err(too_large(0, body));
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let inner = e.into_inner();
-        if inner
-            .downcast_ref::<http_body_util::LengthLimitError>()
-            .is_some()
-        {
-            ApiError::PayloadTooLarge { limit }
-        } else {
+    let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
             ApiError::invalid(
                 "body_read_failed",
-                format!("reading the request body failed: {inner}"),
+                format!("reading the request body failed: {e}"),
             )
+        })?;
+        if let Some(data) = frame.data_ref() {
+            if buf.len() + data.len() > limit {
+                return Err(too_large((buf.len() + data.len()) as u64, body));
+            }
+            buf.extend_from_slice(data);
         }
-    })
+    }
+    Ok(Bytes::from(buf))
 }
 
 async fn handle(

@@ -16,7 +16,11 @@ pub enum ApiError {
     #[error(
         "the request body is larger than {limit} bytes (the chat routes' limit is `server.max_body_bytes`)"
     )]
-    PayloadTooLarge { limit: usize },
+    PayloadTooLarge {
+        limit: usize,
+        /// The rest of the body, read and discarded after the answer ([`crate::linger`]).
+        unread: crate::linger::Unread,
+    },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
     #[error(transparent)]
@@ -137,6 +141,12 @@ impl IntoResponse for ApiError {
             Self::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
         };
         let body = error_body(&self.to_string(), kind, self.code());
+        if let Self::PayloadTooLarge { unread, .. } = &self
+            && let Some(rest) = unread.take()
+        {
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            return crate::linger::respond(status, bytes, rest);
+        }
         let mut resp = (status, axum::Json(body)).into_response();
         match &self {
             Self::Unauthorized => {

@@ -30,6 +30,7 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use crate::capture::CaptureQueue;
+use crate::policy_tokenizer::{self, PolicyTokenizer, Reported};
 use crate::rollout::{PauseHook, Rollout};
 use crate::state::{AppState, ServerOptions};
 
@@ -51,6 +52,17 @@ pub enum StartupError {
         #[source]
         source: ChatTemplateError,
     },
+    #[error(
+        "no policy tokenizer: {reason}. Set `server.model_dir` (or `--model-dir`) to the policy's \
+         tokenizer directory (tokenizer.json, tokenizer_config.json): captured token ids must be \
+         the policy's"
+    )]
+    NoTokenizer { reason: String },
+    #[error(
+        "the policy tokenizer does not match the model the policy server serves: {detail}. Set \
+         `server.model_dir` to the tokenizer directory of the served model"
+    )]
+    TokenizerMismatch { detail: String },
     #[error(transparent)]
     Upstream(#[from] SglangError),
     #[error(
@@ -162,23 +174,43 @@ impl PauseHook for Records {
     }
 }
 
-/// The policy tokenizer: `server.model_dir`, or the small embedded model (with a warning: its tokens
-/// are not the policy's).
-pub fn tokenizer(settings: &Settings) -> Result<Arc<ChatTokenizer>, StartupError> {
-    match &settings.server.model_dir {
-        Some(dir) => ChatTokenizer::from_dir(dir)
-            .map(Arc::new)
-            .map_err(|source| StartupError::Tokenizer {
-                dir: dir.clone(),
-                source,
-            }),
-        None => {
-            tracing::warn!(
-                "no `server.model_dir` (or `--model-dir`): using the small embedded demo tokenizer; captured token ids are NOT the policy's"
-            );
-            Ok(Arc::new(ChatTokenizer::mini()))
-        }
+/// Asks the policy server what it serves (SGLang `GET /get_model_info`, else `GET /v1/models`).
+pub async fn ask_policy_server(settings: &Settings, policy: &SglangClient) -> Reported {
+    match policy.model_info(&settings.server.served_model_name).await {
+        Ok(info) => Reported::Info(info),
+        Err(e) => Reported::Unreachable {
+            url: policy.model_info_url(),
+            error: e.to_string(),
+        },
     }
+}
+
+/// The policy tokenizer by the rule of [`crate::policy_tokenizer`]: `server.model_dir`, else the
+/// directory the policy server reports when it exists here, else an error naming
+/// `server.model_dir`; refused when the policy server reports a model it clearly does not fit.
+pub async fn policy_tokenizer(
+    settings: &Settings,
+    policy: &SglangClient,
+) -> Result<PolicyTokenizer, StartupError> {
+    let reported = ask_policy_server(settings, policy).await;
+    let dir = settings.server.model_dir.clone();
+    let chosen = tokio::task::spawn_blocking(move || {
+        let chosen = policy_tokenizer::choose(dir.as_deref(), &reported);
+        (chosen, reported)
+    })
+    .await
+    .map_err(|e| StartupError::NoTokenizer {
+        reason: format!("loading it failed: {e}"),
+    })?;
+    let (chosen, reported) = chosen;
+    if let (Ok(_), Reported::Unreachable { url, error }) = (&chosen, &reported) {
+        tracing::warn!(
+            %url,
+            "the policy server could not be asked what it serves ({error}): the tokenizer of \
+             server.model_dir is not compared with the served model"
+        );
+    }
+    chosen
 }
 
 pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions, StartupError> {
@@ -431,9 +463,25 @@ pub async fn build_app(
     env: EnvLookup<'_>,
     metrics: Option<PrometheusHandle>,
 ) -> Result<AppState, StartupError> {
+    build_app_with(settings, env, metrics, None).await
+}
+
+/// As [`build_app`], with the policy tokenizer given (`policy-serving demo`:
+/// [`PolicyTokenizer::embedded_demo`]) instead of found by [`policy_tokenizer`].
+pub async fn build_app_with(
+    settings: &Settings,
+    env: EnvLookup<'_>,
+    metrics: Option<PrometheusHandle>,
+    tokenizer: Option<PolicyTokenizer>,
+) -> Result<AppState, StartupError> {
     settings.check_secrets(env)?;
-    let tokenizer = tokenizer(settings)?;
     let policy = policy_client(settings, env)?;
+    let tokenizer = match tokenizer {
+        Some(t) => t,
+        None => policy_tokenizer(settings, &policy).await?,
+    };
+    tracing::info!("policy tokenizer: {}", tokenizer.source);
+    let tokenizer = tokenizer.tokenizer;
     let options = options(settings, env)?;
     let store = open_store(settings).await?;
     let records = Arc::new(Records::start(settings)?);
@@ -634,7 +682,17 @@ pub async fn spawn(
     env: EnvLookup<'_>,
     metrics: Option<PrometheusHandle>,
 ) -> Result<Running, StartupError> {
-    let app = build_app(settings, env, metrics).await?;
+    spawn_with(settings, env, metrics, None).await
+}
+
+/// As [`spawn`], with the policy tokenizer given (see [`build_app_with`]).
+pub async fn spawn_with(
+    settings: &Settings,
+    env: EnvLookup<'_>,
+    metrics: Option<PrometheusHandle>,
+    tokenizer: Option<PolicyTokenizer>,
+) -> Result<Running, StartupError> {
+    let app = build_app_with(settings, env, metrics, tokenizer).await?;
     let listener = bind(settings).await?;
     let addr = match listener.local_addr() {
         Ok(addr) => addr,
@@ -677,6 +735,88 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// The start-up line about the trainer-side keys of the settings file (the operators'
+/// `config.toml`), when it has any: which are the trainer's alone and which both sides read.
+pub fn trainer_side_line(keys: &[String]) -> Option<String> {
+    if keys.is_empty() {
+        return None;
+    }
+    let both: Vec<&str> = keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| {
+            ps_config::TRAINER_FILE_KEYS
+                .iter()
+                .any(|(key, r)| key == k && matches!(r, ps_config::Reader::Both(_)))
+        })
+        .collect();
+    let trainer: Vec<&str> = keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !both.contains(k))
+        .collect();
+    let mut line = format!(
+        "trainer-side keys in the settings file, left to the trainer: {}",
+        if trainer.is_empty() {
+            "none".to_owned()
+        } else {
+            trainer.join(", ")
+        }
+    );
+    if !both.is_empty() {
+        line.push_str(&format!(
+            "; read by both sides: {} (see the README's operator table)",
+            both.join(", ")
+        ));
+    }
+    Some(line)
+}
+
+/// How clients of the proxy must authenticate, in one plain line ending with a curl command that
+/// works against `base_url` (`http://host:port`). The key's value is never shown, except the
+/// reference's placeholder `EMPTY`: `SGLANG_API_KEY=EMPTY` (the operators' `env.sh`) means clients
+/// must send `Authorization: Bearer EMPTY`, as in the reference.
+pub fn client_auth_line(settings: &Settings, env: EnvLookup<'_>, base_url: &str) -> String {
+    let models = format!("{base_url}/v1/models");
+    let legacy = ps_config::LEGACY_CLIENT_KEY_ENV;
+    match &settings.server.api_key_env {
+        Some(var) => format!(
+            "clients must send `Authorization: Bearer <value of {var}>` (server.api_key_env = \
+             \"{var}\"); a request without it gets 401. Try: curl -H \"Authorization: Bearer \
+             ${var}\" {models}"
+        ),
+        None => match env(legacy).filter(|v| !v.trim().is_empty()) {
+            Some(v) if v == "EMPTY" => format!(
+                "{legacy}=EMPTY is set, so clients must send `Authorization: Bearer EMPTY`, as in \
+                 the reference; a request without it gets 401 (unset {legacy}, or set \
+                 server.api_key_env, to change this). Try: curl -H \"Authorization: Bearer \
+                 EMPTY\" {models}"
+            ),
+            Some(_) => format!(
+                "{legacy} is set, so clients must send `Authorization: Bearer <value of \
+                 {legacy}>`, as in the reference; a request without it gets 401 (unset {legacy}, \
+                 or set server.api_key_env, to change this). Try: curl -H \"Authorization: \
+                 Bearer ${legacy}\" {models}"
+            ),
+            None => format!(
+                "clients need no key (server.api_key_env and {legacy} are unset). Try: curl \
+                 {models}"
+            ),
+        },
+    }
+}
+
+/// `http://host:port` where a client on this machine reaches the proxy (a wildcard listen
+/// address becomes `127.0.0.1`).
+pub fn local_base_url(host: &str, port: u16) -> String {
+    let host = match host {
+        "0.0.0.0" | "::" | "[::]" | "" => "127.0.0.1",
+        h if h.contains(':') && !h.starts_with('[') => return format!("http://[{h}]:{port}"),
+        h => h,
+    };
+    format!("http://{host}:{port}")
+}
+
 /// Runs the server from settings until `shutdown` resolves: checks secrets, loads the tokenizer,
 /// opens the store, binds, serves, then drains capture, scoring and submission.
 pub async fn run(
@@ -685,6 +825,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartupError> {
     let env = ps_config::process_env;
+    if let Some(line) = trainer_side_line(&settings.trainer_side) {
+        tracing::info!("{line}");
+    }
     let app = build_app(settings, &env, metrics).await?;
     if settings.server.admin_key_env.is_none() && !is_loopback(&settings.server.host) {
         tracing::warn!(
@@ -693,6 +836,11 @@ pub async fn run(
         );
     }
     let listener = bind(settings).await?;
+    let port = local_addr(&listener).map_or(settings.server.port, |a| a.port());
+    tracing::info!(
+        "{}",
+        client_auth_line(settings, &env, &local_base_url(&settings.server.host, port))
+    );
     tracing::info!(
         addr = ?local_addr(&listener),
         upstream = %settings.sglang.chat_url,

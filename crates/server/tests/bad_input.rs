@@ -765,6 +765,62 @@ async fn a_content_length_over_the_limit_is_413_at_once() {
     s.stop().await;
 }
 
+/// Writes `head` and the whole `body` on a raw socket before reading anything, as Python's `urllib`
+/// and `requests` do, then reads the answer to its end (`Connection: close`). A write or read
+/// that fails (a connection reset) fails the test with what was received so far.
+async fn send_all_then_read(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    if let Err(e) = sock.write_all(head.as_bytes()).await {
+        panic!("writing the request head failed: {e}");
+    }
+    if let Err(e) = sock.write_all(body).await {
+        panic!("the server reset the connection while the client was still sending the body: {e}");
+    }
+    let mut answer = Vec::new();
+    // Generous bound (shared 2-core machine): the answer is due once the body has been sent.
+    let read = tokio::time::timeout(Duration::from_secs(30), sock.read_to_end(&mut answer)).await;
+    match read {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => panic!(
+            "reading the answer failed ({e}) after {:?}",
+            String::from_utf8_lossy(&answer)
+        ),
+        Err(_) => panic!("no answer within 30 s"),
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn a_client_that_sends_its_whole_oversized_body_before_reading_gets_the_413() {
+    let s = Server::start().await;
+    // Four times the limit: far more than the socket buffers hold, so the client is still
+    // writing when the server has answered.
+    let body = vec![b' '; 4 * usize::try_from(MAX_BODY).unwrap()];
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let answer = send_all_then_read(s.addr, &head, &body).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("server.max_body_bytes"), "{answer}");
+    // The same body sent chunked, without a Content-Length: cut off once past the limit.
+    let mut chunked = Vec::new();
+    for c in body.chunks(64 * 1024) {
+        chunked.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        chunked.extend_from_slice(c);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+                Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let answer = send_all_then_read(s.addr, head, &chunked).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("server.max_body_bytes"), "{answer}");
+    s.assert_alive("oversized bodies sent whole").await;
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn a_huge_admin_body_is_413_in_the_openai_shape() {
     let s = Server::start().await;

@@ -492,6 +492,9 @@ async fn an_upstream_stream_starting_with_a_bom_is_answered() {
     let judge = FakeSglang::builder().spawn().await.unwrap();
     let mut set = settings(&judge, &judge, dir.path());
     set.sglang.chat_url = raw_upstream(body).await;
+    // This upstream answers every request with the same stream, so it cannot say which model it
+    // serves: the tokenizer comes from the setting.
+    set.server.model_dir = Some(ps_fake_sglang::MINI_MODEL_DIR.into());
     let s = Server::start(set, dir).await;
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", s.url))

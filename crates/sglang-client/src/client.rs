@@ -145,6 +145,108 @@ impl SglangClient {
     }
 }
 
+impl SglangClient {
+    /// What the policy server says about its model: SGLang's `GET /get_model_info`, else (when
+    /// that route is missing) `GET /v1/models`'s `root` for `served_model` (vLLM). Both missing:
+    /// an empty report. Unreachable, timed out, or another error status: the error, naming the URL.
+    pub async fn model_info(&self, served_model: &str) -> Result<crate::ModelInfo, SglangError> {
+        let sglang = self.sibling_url("/get_model_info");
+        let models = self.sibling_url("/v1/models");
+        match self.get_json(&sglang).await? {
+            Some(v) => Ok(crate::model_info::from_sglang(&sglang, &v)),
+            None => match self.get_json(&models).await? {
+                Some(v) => {
+                    let mut info = crate::model_info::from_models(&models, &v, served_model);
+                    if !info.is_reported() {
+                        info.url = format!("{sglang} and {models}");
+                    }
+                    Ok(info)
+                }
+                None => Ok(crate::ModelInfo {
+                    url: format!("{sglang} and {models}"),
+                    ..crate::ModelInfo::default()
+                }),
+            },
+        }
+    }
+
+    /// `scheme://host:port/get_model_info` of the chat URL: the first URL [`Self::model_info`] asks.
+    pub fn model_info_url(&self) -> String {
+        self.sibling_url("/get_model_info")
+    }
+
+    /// The chat URL with `path` instead of its own path.
+    fn sibling_url(&self, path: &str) -> String {
+        // `health_url` was parsed by `new`.
+        match url::Url::parse(&self.health_url) {
+            Ok(mut u) => {
+                u.set_path(path);
+                u.to_string()
+            }
+            Err(_) => self.health_url.replace("/health", path),
+        }
+    }
+
+    /// `GET url` as JSON; `None` on 404 or 405 (the route does not exist there).
+    async fn get_json(&self, url: &str) -> Result<Option<Value>, SglangError> {
+        let after = self.config.timeout.min(Duration::from_secs(5));
+        let timeout = || SglangError::Timeout {
+            url: url.to_owned(),
+            after,
+            config_key: TIMEOUT_KEY,
+        };
+        let mut req = self.http.get(url);
+        if let Some(key) = &self.config.api_key {
+            req = req.bearer_auth(key);
+        }
+        let resp = tokio::time::timeout(after, req.send())
+            .await
+            .map_err(|_| timeout())?
+            .map_err(|e| match self.send_error(e) {
+                SglangError::Connect {
+                    config_key, source, ..
+                } => SglangError::Connect {
+                    url: url.to_owned(),
+                    config_key,
+                    source,
+                },
+                SglangError::Transport { source, .. } => SglangError::Transport {
+                    url: url.to_owned(),
+                    source,
+                },
+                SglangError::Timeout { .. } => timeout(),
+                other => other,
+            })?;
+        let status = resp.status().as_u16();
+        if matches!(status, 404 | 405) {
+            return Ok(None);
+        }
+        let content_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = tokio::time::timeout(after, resp.bytes())
+            .await
+            .map_err(|_| timeout())?
+            .unwrap_or_default();
+        if !(200..300).contains(&status) {
+            return Err(SglangError::Status {
+                url: url.to_owned(),
+                status,
+                content_type,
+                body,
+            });
+        }
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| SglangError::InvalidBody {
+                url: url.to_owned(),
+                detail: format!("{e} (body starts with {:?})", snippet(&body)),
+            })
+    }
+}
+
 /// `scheme://host:port/health` for a chat URL.
 fn health_url(chat_url: &str) -> Option<String> {
     let mut u = url::Url::parse(chat_url).ok()?;

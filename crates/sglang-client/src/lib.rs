@@ -9,10 +9,12 @@
 pub mod assemble;
 mod client;
 mod error;
+mod model_info;
 
 pub use assemble::{StreamAssembler, engine_ids, rollout_from_response, synthesize_chunks};
 pub use client::{ChatEventStream, PolicyClient, SglangClient, SglangClientConfig, StreamEvent};
 pub use error::SglangError;
+pub use model_info::ModelInfo;
 
 #[cfg(any(test, feature = "test-support"))]
 pub use client::MockPolicyClient;
