@@ -41,9 +41,10 @@ CONFIG_KEYS: Dict[str, Tuple[Tuple[str, ...], str]] = {
         "bound on the samples the bridge holds pulled beyond a batch (its carry-over)",
     ),
     "rollout.sample_timeout_sec": (
-        (SERVER, BRIDGE),
-        "bridge: how long one rollout call waits for its batch before `TimeoutError` "
-        "(after `args.policy_serving_timeout_sec`); server: see the server's table",
+        (SERVER,),
+        "server: `server.session_timeout_sec` (see the server's table); the bridge checks it but "
+        "waits for a batch as long as it takes, like the reference (only "
+        "`args.policy_serving_timeout_sec` bounds that wait)",
     ),
     "policy.model_name": ((SERVER,), "the policy model"),
     "policy.served_model_name": ((SERVER,), "the model name the proxy serves"),

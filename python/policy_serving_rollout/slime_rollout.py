@@ -214,10 +214,13 @@ def _server_url(args: Any, cfg: Optional[OperatorConfig] = None) -> str:
 
 
 def _timeout(args: Any, cfg: Optional[OperatorConfig]) -> Optional[float]:
+    """Only an explicit ``args.policy_serving_timeout_sec`` bounds the wait for a batch. The
+    config file's ``rollout.sample_timeout_sec`` is the server's session timeout: a rollout that
+    waited only that long would stop a training run whenever live traffic is slow, where the
+    reference waits for as long as it takes."""
+    del cfg
     explicit = getattr(args, "policy_serving_timeout_sec", None)
-    if explicit is not None:
-        return float(explicit)
-    return cfg.sample_timeout_sec if cfg is not None else None
+    return None if explicit is None else float(explicit)
 
 
 def _output(groups: List[List[Any]], metrics: Optional[Dict[str, Any]]) -> Any:
@@ -258,8 +261,7 @@ def generate_rollout(
     Reads ``args.rollout_batch_size``; optional ``args.policy_serving_url`` (else env
     ``POLICY_SERVING_URL``, else config.toml ``rollout.api_server_url``, else
     ``http://127.0.0.1:30000``), ``args.policy_serving_wait_ms`` (long-poll per request, default
-    5000), ``args.policy_serving_timeout_sec`` (else config.toml ``rollout.sample_timeout_sec``,
-    else wait forever), ``args.policy_serving_config`` (else env ``POLICY_SERVING_CONFIG``: the
+    5000), ``args.policy_serving_timeout_sec`` (else wait forever, like the reference), ``args.policy_serving_config`` (else env ``POLICY_SERVING_CONFIG``: the
     operators' config.toml, see :mod:`policy_serving_rollout.config`). The admin key comes from
     env ``POLICY_SERVING_ADMIN_KEY``. ``args.policy_serving_weight_version``: the policy version
     the trainer has loaded, announced at resume (stamped on streamed samples);
@@ -289,8 +291,10 @@ def generate_rollout(
     # As the reference: reset the scores, then resume, so that the metric covers exactly the
     # samples scored while this rollout collected (not those scored while paused).
     client.drain_eval_scores()
+    # The policy version the trainer has loaded: explicit, else the rollout id (Slime updates the
+    # weights between rollouts), so streamed samples are stamped with the version they came from.
     version = getattr(args, "policy_serving_weight_version", None)
-    version = None if version is None else str(version)
+    version = str(rollout_id) if version is None else str(version)
     client.resume(version)
     max_staleness = getattr(args, "policy_serving_max_weight_staleness", None)
     try:

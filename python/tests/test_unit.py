@@ -410,8 +410,13 @@ def test_config_toml_from_env_and_explicit_args_win(
     monkeypatch.setenv("POLICY_SERVING_CONFIG", str(path))
     c = FakeClient([api_sample(1)])
     install(c, "http://from-config")
-    with pytest.raises(TimeoutError):  # rollout.sample_timeout_sec bounds the wait for 2 samples
-        generate_rollout(types.SimpleNamespace(rollout_batch_size=2), 0, None)
+    with pytest.raises(TimeoutError):  # the URL comes from the file; the explicit bound applies
+        generate_rollout(
+            types.SimpleNamespace(rollout_batch_size=2, policy_serving_timeout_sec=0.2), 0, None
+        )
+    # rollout.sample_timeout_sec is the server's session timeout: it never bounds the wait for a
+    # batch (a slow stretch of live traffic must not stop the training run).
+    assert sr._timeout(types.SimpleNamespace(), sr.load_for(types.SimpleNamespace())) is None
     other = FakeClient([api_sample(1), api_sample(2)])
     install(other, "http://explicit")
     a = types.SimpleNamespace(

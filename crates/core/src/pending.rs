@@ -17,6 +17,10 @@ pub struct PendingTurn {
     /// in turns persisted by older versions: false.)
     #[serde(default)]
     pub session_had_effective: bool,
+    /// Whether this turn starts a new conversation under a reused session id (after
+    /// `X-Session-Done`): its at-least-one state starts afresh here after the restart too.
+    #[serde(default)]
+    pub conversation_start: bool,
 }
 
 /// Durable keeping of pending turns across a restart.

@@ -67,9 +67,11 @@ pub struct RolloutResponse {
     /// SGLang answer); streamed answers carry none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version: Option<String>,
-    /// Streamed chunks that carried answer text but no log-probs (SGLang builds with a reasoning or
-    /// tool parser before mid-2026): their sampled tokens are unexplained, so the answer cannot be
-    /// trained on with exact log-probs.
+    /// Characters of streamed answer text (content, reasoning, tool-call arguments) beyond the
+    /// text of the tokens whose log-probs were reported: text no reported token explains (SGLang
+    /// builds with a reasoning or tool parser before mid-2026 send those chunks with
+    /// `logprobs: null`). A later chunk of the same step carrying text without log-probs (its
+    /// step's log-probs rode on the first chunk) leaves nothing unexplained. 0 when not streamed.
     #[serde(default)]
-    pub chunks_without_logprobs: usize,
+    pub unexplained_chars: usize,
 }

@@ -305,6 +305,26 @@ fn stream_events(
             for (k, v) in d.as_object().cloned().unwrap_or_default() {
                 match (delta.get_mut(&k), &v) {
                     (Some(Value::String(acc)), Value::String(more)) => acc.push_str(more),
+                    // Tool-call fragments of one call (index 0) in one chunk: their argument
+                    // pieces are joined, as SGLang's parser would have streamed them together.
+                    (Some(Value::Array(acc)), Value::Array(more)) if k == "tool_calls" => {
+                        for call in more {
+                            let piece = call["function"]["arguments"].as_str().unwrap_or_default();
+                            match acc.last_mut() {
+                                Some(last)
+                                    if last["index"] == call["index"]
+                                        && last["function"]["arguments"].is_string() =>
+                                {
+                                    let joined = format!(
+                                        "{}{piece}",
+                                        last["function"]["arguments"].as_str().unwrap_or_default()
+                                    );
+                                    last["function"]["arguments"] = Value::String(joined);
+                                }
+                                _ => acc.push(call.clone()),
+                            }
+                        }
+                    }
                     (Some(_), _) => {}
                     (None, _) => {
                         delta.insert(k, v);
@@ -370,6 +390,28 @@ fn stream_events(
                 _ => continue,
             },
         };
+        // Builds after PR #28601 may emit one step's text in two chunks: the step's log-probs ride
+        // on the first, the second carries text and `logprobs: null` (Gotcha 3). Every fifth
+        // visible token is split so.
+        let split = q.stream_logprobs == StreamLogprobs::StepChunks
+            && per_chunk == 1
+            && pos % 5 == 2
+            && matches!(t.part, Part::Reasoning | Part::Content)
+            && t.text.chars().count() >= 2;
+        if split {
+            let key = if t.part == Part::Reasoning {
+                "reasoning_content"
+            } else {
+                "content"
+            };
+            let mid = t.text.char_indices().nth(1).map_or(0, |(i, _)| i);
+            let (head, tail) = t.text.split_at(mid);
+            pending.push((json!({ key: head }), entry_here));
+            flush(&mut pending, &mut events);
+            pending.push((json!({ key: tail }), Value::Null));
+            flush(&mut pending, &mut events);
+            continue;
+        }
         pending.push((delta, entry_here));
         if pending.len() >= per_chunk {
             flush(&mut pending, &mut events);

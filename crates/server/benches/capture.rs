@@ -92,7 +92,7 @@ fn job(
                 field: "response_token_ids".into(),
             }),
             weight_version: None,
-            chunks_without_logprobs: 0,
+            unexplained_chars: 0,
         },
         session_done: false,
         token_ids: if engine {

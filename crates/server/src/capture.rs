@@ -273,8 +273,26 @@ pub fn capture_turn_with(
         (None, None) => None,
     };
     let use_engine = job.token_ids != TokenIdsMode::Retokenize;
-    if let (true, Some(ids)) = (use_engine, &rollout.engine_ids) {
-        let mut turn = engine_turn(tok, job, ids)?;
+    let engine = match (use_engine, &rollout.engine_ids) {
+        (true, Some(ids)) => match engine_turn(tok, job, ids) {
+            // A stream without parsers loses the end-of-turn token's log-prob while its sglext ids
+            // include the token: under `auto` such a turn is re-tokenized (its placeholder marked
+            // and counted) rather than lost; `engine` refuses it.
+            Err(e @ CaptureError::Refused { .. }) if job.token_ids == TokenIdsMode::Auto => {
+                if stats.first_time("engine_logprob_count_mismatch") {
+                    tracing::warn!(
+                        session_id = %job.guard.session_id(), turn = job.guard.turn(), error = %e,
+                        "the engine's ids and its log-probs differ in number: re-tokenizing such turns \
+                         (logged once)"
+                    );
+                }
+                None
+            }
+            other => Some(other?),
+        },
+        _ => None,
+    };
+    if let Some(mut turn) = engine {
         turn.weight_version = weight_version;
         if let (Some(cache), true) = (cache, job.session_done) {
             cache.forget(job.guard.session_id());
@@ -286,7 +304,7 @@ pub fn capture_turn_with(
         metrics::counter!(m::TOKEN_SOURCE_TOTAL, "source" => "engine").increment(1);
         return Ok(turn);
     }
-    if job.asked_for_ids {
+    if job.asked_for_ids && rollout.engine_ids.is_none() {
         stats.engine_ids_missing.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(m::ENGINE_IDS_MISSING_TOTAL).increment(1);
         let engine_only = job.token_ids == TokenIdsMode::Engine;
@@ -309,11 +327,12 @@ pub fn capture_turn_with(
                 detail: "the engine returned no token ids and sglang.token_ids = \"engine\"".into(),
             });
         }
-    } else if job.token_ids == TokenIdsMode::Engine && rollout.streamed {
+    } else if job.token_ids == TokenIdsMode::Engine {
         return Err(CaptureError::Refused {
             reason: "no_engine_ids",
-            detail: "a streamed answer carries no token ids (no sglext ids) and sglang.token_ids = \"engine\"; \
-                     set sglang.stream = false so the upstream call is whole"
+            detail: "the answer carries no engine token ids (a streamed answer without sglext ids, or \
+                     the client's own return_token_ids: false) and sglang.token_ids = \"engine\"; set \
+                     sglang.stream = false so the upstream call is whole"
                 .into(),
         });
     }
@@ -321,10 +340,11 @@ pub fn capture_turn_with(
         return Err(CaptureError::Refused {
             reason: "stream_logprobs_missing",
             detail: format!(
-                "the streamed answer reported no log-probs for some of its text ({} chunks without, {} \
-                 log-probs in all): this SGLang build drops them with a reasoning or tool parser. Set \
-                 sglang.stream = false so the upstream call is whole and every token's log-prob comes back",
-                rollout.chunks_without_logprobs,
+                "the streamed answer's log-probs do not explain its text ({} characters without a \
+                 reported token, {} log-probs in all): this SGLang build drops them with a reasoning or \
+                 tool parser. Set sglang.stream = false so the upstream call is whole and every token's \
+                 log-prob comes back",
+                rollout.unexplained_chars,
                 rollout.tokens.len()
             ),
         });
@@ -336,8 +356,14 @@ pub fn capture_turn_with(
     Ok(turn)
 }
 
-/// A streamed answer whose log-probs cannot explain its text: chunks with text but no log-probs, or
-/// none at all for a non-empty answer.
+/// Unexplained text tolerated in a streamed answer: bytes the detokenizer held back can shift a few
+/// characters between chunks.
+const UNEXPLAINED_SLACK_CHARS: usize = 8;
+
+/// A streamed answer whose log-probs cannot explain its text: text beyond what the reported tokens
+/// spell (more than a few characters and a twentieth of the text), or no log-prob at all for a
+/// non-empty answer. Builds that put a step's log-probs on its first chunk pass; builds that send
+/// reasoning or tool-call chunks with `logprobs: null` do not.
 fn stream_logprobs_incomplete(rollout: &RolloutResponse) -> bool {
     let has_text = ["content", "reasoning_content"].iter().any(|k| {
         rollout
@@ -350,7 +376,14 @@ fn stream_logprobs_incomplete(rollout: &RolloutResponse) -> bool {
         .get("tool_calls")
         .and_then(serde_json::Value::as_array)
         .is_some_and(|c| !c.is_empty());
-    rollout.chunks_without_logprobs > 0 || (has_text && rollout.tokens.is_empty())
+    let text: usize = ["content", "reasoning_content"]
+        .iter()
+        .filter_map(|k| rollout.message.get(*k).and_then(serde_json::Value::as_str))
+        .map(|s| s.chars().count())
+        .sum();
+    let unexplained = rollout.unexplained_chars;
+    (unexplained > UNEXPLAINED_SLACK_CHARS && unexplained * 20 > text)
+        || (has_text && rollout.tokens.is_empty())
 }
 
 fn turn_input(job: &CaptureJob) -> TurnInput<'_> {
@@ -463,14 +496,11 @@ fn check_drift(
             tok.eos_token_id(),
             AlignPolicy::default(),
         );
-        a.first_unmatched_upstream.map(|i| {
-            (
-                "response",
-                i,
-                text(&engine.response_ids, i),
-                text(&ours.response_ids, i),
-            )
-        })
+        // The engine's id at position i found no place among our response ids; our ids there
+        // are not position-for-position comparable (the template adds tokens), so only the
+        // engine's token is named.
+        a.first_unmatched_upstream
+            .map(|i| ("response", i, text(&engine.response_ids, i), None))
     };
     if let Some((part, position, engine_token, ours_token)) = found {
         let first = drift.drifted.fetch_add(1, Ordering::Relaxed) == 0;
@@ -967,11 +997,18 @@ mod tests {
     }
 
     #[test]
-    fn a_log_prob_count_that_differs_from_the_engine_ids_refuses_the_turn() {
+    fn a_log_prob_count_that_differs_from_the_engine_ids_is_re_tokenized_or_refused() {
         let tok = ChatTokenizer::mini();
         let ids = true_ids(&tok);
         let n = ids.1.len();
-        let j = engine_job(&tok, Some(ids), n - 1);
+        // `auto` re-tokenizes such a turn (the missing value becomes a marked position)…
+        let j = engine_job(&tok, Some(ids.clone()), n - 1);
+        let t = capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()).unwrap();
+        assert_eq!(t.token_source, TokenSource::Retokenized);
+        assert!(t.alignment.marked() > 0);
+        // …`engine` refuses it.
+        let mut j = engine_job(&tok, Some(ids), n - 1);
+        j.token_ids = TokenIdsMode::Engine;
         match capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()) {
             Err(e @ CaptureError::Refused { .. }) => {
                 assert_eq!(e.reason(), "engine_logprob_count_mismatch");
@@ -1041,13 +1078,19 @@ mod tests {
         let tok = ChatTokenizer::mini();
         let mut j = job("s", 1, &[json!({"role": "user", "content": "q"})], false);
         j.rollout.streamed = true;
-        j.rollout.chunks_without_logprobs = 3;
+        j.rollout.message = json!({"role": "assistant", "content": "Answer.", "reasoning_content": "A long chain of thought that streamed without any log-probs."});
+        j.rollout.tokens = vec![ps_core::SampledToken {
+            token: "Answer.".into(),
+            id: None,
+            logprob: -0.1,
+        }];
+        j.rollout.unexplained_chars = 60;
         let e = capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()).unwrap_err();
         assert_eq!(e.reason(), "stream_logprobs_missing");
         assert!(e.to_string().contains("sglang.stream = false"), "{e}");
         // No log-probs at all for a non-empty answer: refused too.
-        j.rollout.chunks_without_logprobs = 0;
-        assert!(j.rollout.tokens.is_empty());
+        j.rollout.unexplained_chars = 0;
+        j.rollout.tokens.clear();
         let e = capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()).unwrap_err();
         assert_eq!(e.reason(), "stream_logprobs_missing");
     }

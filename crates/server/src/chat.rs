@@ -229,6 +229,12 @@ async fn handle(
     };
     let upstream_stream = req.stream && opts.upstream_stream;
     let asks_for_ids = !upstream_stream && opts.token_ids != ps_config::TokenIdsMode::Retokenize;
+    let forward_opts = ForwardOptions {
+        served_model_name: &opts.served_model_name,
+        stream: upstream_stream,
+        return_token_ids: asks_for_ids,
+    };
+    let forwarded = request::forward_body(&req.body, &forward_opts);
     let turn = turn.map(|guard| TurnContext {
         guard,
         arrival_seq,
@@ -246,15 +252,10 @@ async fn handle(
             .cloned(),
         session_done: req.session.done,
         token_ids: opts.token_ids,
-        asked_for_ids: asks_for_ids,
+        // What was really sent: a client's own `return_token_ids: false` is kept.
+        asked_for_ids: forwarded.get("return_token_ids") == Some(&Value::Bool(true)),
         trainer_weight_version: app.trainer_weight_version(),
     });
-    let forward_opts = ForwardOptions {
-        served_model_name: &opts.served_model_name,
-        stream: upstream_stream,
-        return_token_ids: asks_for_ids,
-    };
-    let forwarded = request::forward_body(&req.body, &forward_opts);
     let shape = ClientShape::of(&req.body, &forwarded);
     let session_header = HeaderValue::from_str(&session_id).ok();
 

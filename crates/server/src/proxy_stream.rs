@@ -31,6 +31,8 @@ pub struct ClientShape {
     logprobs: bool,
     top_logprobs: u64,
     injected_token_ids: bool,
+    /// The client asked for `return_prompt_token_ids` itself: its prompt ids stay.
+    client_prompt_ids: bool,
 }
 
 impl ClientShape {
@@ -43,6 +45,7 @@ impl ClientShape {
                 .unwrap_or(0),
             injected_token_ids: forwarded.get("return_token_ids") == Some(&Value::Bool(true))
                 && !client.contains_key("return_token_ids"),
+            client_prompt_ids: client.get("return_prompt_token_ids") == Some(&Value::Bool(true)),
         }
     }
 
@@ -56,6 +59,7 @@ impl ClientShape {
             return;
         }
         if self.injected_token_ids
+            && !self.client_prompt_ids
             && let Some(top) = answer.as_object_mut()
         {
             // vLLM answers the prompt ids at the response level.
@@ -72,7 +76,9 @@ impl ClientShape {
                 // Wherever the build put them (docs/upstream-protocols.md, 1.5).
                 choice.remove("token_ids");
                 choice.remove("response_token_ids");
-                choice.remove("prompt_token_ids");
+                if !self.client_prompt_ids {
+                    choice.remove("prompt_token_ids");
+                }
             }
             if !self.logprobs {
                 if choice.contains_key("logprobs") {

@@ -176,6 +176,52 @@ async fn a_client_that_asked_for_ids_itself_gets_them() {
     h.stop().await;
 }
 
+/// A client that asked only for the prompt ids keeps them (we added the response ids, not those).
+#[tokio::test]
+async fn a_client_that_asked_for_prompt_ids_keeps_them() {
+    let mut h = Harness::with(setup(Quirks::default(), TokenIdsMode::Auto)).await;
+    let answer: Value = ask(
+        &h,
+        json!({"messages": messages(), "return_prompt_token_ids": true}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let turn = h.next_turn().await;
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["prompt_token_ids"], json!(turn.prompt_ids));
+    assert!(choice.get("response_token_ids").is_none(), "{choice}");
+    h.stop().await;
+}
+
+/// A client's own `return_token_ids: false` is forwarded as sent: the engine was not asked, so the
+/// turn is not counted as an engine that gave no ids; `engine` mode refuses it.
+#[tokio::test]
+async fn a_clients_own_return_token_ids_false_is_not_a_missing_id() {
+    let mut h = Harness::with(setup(Quirks::default(), TokenIdsMode::Auto)).await;
+    ask(
+        &h,
+        json!({"messages": messages(), "return_token_ids": false}),
+    )
+    .await;
+    let t = h.next_turn().await;
+    assert_eq!(t.token_source, TokenSource::Retokenized);
+    assert_eq!(
+        h.fake().requests().pop().unwrap().body["return_token_ids"],
+        false
+    );
+    h.stop().await;
+    let h = Harness::with(setup(Quirks::default(), TokenIdsMode::Engine)).await;
+    ask(
+        &h,
+        json!({"messages": messages(), "return_token_ids": false}),
+    )
+    .await;
+    assert_eq!(abandoned(&h, 1).await, ["no_engine_ids"]);
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn an_engine_without_ids_falls_back_in_auto_and_gives_no_sample_in_engine_mode() {
     let old_build = || Quirks {
@@ -243,9 +289,11 @@ async fn each_streaming_behaviour_gives_a_correct_sample_or_a_counted_drop() {
     let step_chunks = t.alignment.logprobs.clone();
     h.stop().await;
 
-    // Several tokens per chunk, each entry repeating the first one's top list: the same values.
+    // Several tokens per chunk, each entry repeating the first one's top list, and top lists
+    // shorter than asked that miss the sampled token: the same values.
     let quirks = Quirks {
         tokens_per_chunk: 3,
+        short_top_lists: true,
         ..Quirks::default()
     };
     let mut h = Harness::with(setup(quirks, TokenIdsMode::Auto)).await;
@@ -303,6 +351,28 @@ async fn streamed_sglext_ids_are_used() {
     let t = h.next_turn().await;
     let reported = reported_logprobs_of(&h, &t);
     assert_engine_turn(&h, &t, &reported);
+    h.stop().await;
+}
+
+/// Streamed sglext ids from a server without parsers: the end-of-turn token's log-prob is lost
+/// while its id is in the ids. `auto` re-tokenizes such a turn (its placeholder marked) instead of
+/// losing it; `engine` refuses it with its own reason.
+#[tokio::test]
+async fn sglext_ids_with_a_lost_log_prob_fall_back_in_auto() {
+    let quirks = || Quirks {
+        id_field: IdField::Sglext,
+        stream_logprobs: StreamLogprobs::DropEmptyDeltas,
+        ..Quirks::default()
+    };
+    let mut h = Harness::with(setup(quirks(), TokenIdsMode::Auto)).await;
+    ask_streamed(&h, json!({})).await;
+    let t = h.next_turn().await;
+    assert_eq!(t.token_source, TokenSource::Retokenized);
+    assert!(t.alignment.sources.contains(&PositionSource::EosUnreported));
+    h.stop().await;
+    let h = Harness::with(setup(quirks(), TokenIdsMode::Engine)).await;
+    ask_streamed(&h, json!({})).await;
+    assert_eq!(abandoned(&h, 1).await, ["engine_logprob_count_mismatch"]);
     h.stop().await;
 }
 

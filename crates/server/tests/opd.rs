@@ -112,10 +112,22 @@ async fn two_turns(s: &Server, session: &str, next: &str) {
 
 #[tokio::test]
 async fn opd_turns_get_exact_teacher_log_probs_for_every_response_token() {
+    // With the engine's ids (the default) and with re-tokenized ones: the teacher scores exactly
+    // the sample's response ids either way.
+    for mode in [
+        ps_config::TokenIdsMode::Auto,
+        ps_config::TokenIdsMode::Retokenize,
+    ] {
+        opd_exact_teacher_values(mode).await;
+    }
+}
+
+async fn opd_exact_teacher_values(token_ids: ps_config::TokenIdsMode) {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeSglang::builder().spawn().await.unwrap();
     let mut set = settings(&fake, Mode::Opd, dir.path());
     set.opd.top_k = 4;
+    set.sglang.token_ids = token_ids;
     let s = start(&set).await;
     two_turns(&s, "o", "I wanted museums, not food. FAKE_VOTES=1,1,1").await;
     let samples = s.settle(2).await;
@@ -137,6 +149,12 @@ async fn opd_turns_get_exact_teacher_log_probs_for_every_response_token() {
     assert_eq!(teacher.len(), t);
     assert_eq!(sample["loss_mask"], json!(vec![1; t]));
     assert_eq!(sample["reward"]["score"], 1.0);
+    let source = if token_ids == ps_config::TokenIdsMode::Retokenize {
+        "retokenized"
+    } else {
+        "engine"
+    };
+    assert_eq!(sample["metadata"]["token_source"], source);
     // The teacher scored the hinted prompt + our response: find the request to recompute exactly.
     let req = fake
         .requests()

@@ -425,6 +425,61 @@ async fn a_session_spanning_a_serve_mode_pause_keeps_each_turns_own_next_state()
     s.stop().await;
 }
 
+/// The policy version of every sample: a non-streamed answer's own `metadata.weight_version`; a
+/// streamed answer carries none, so the version the trainer announced at its last resume.
+#[tokio::test]
+async fn samples_carry_the_policy_version_from_the_answer_or_the_trainer() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder()
+        .quirks(ps_fake_sglang::Quirks {
+            weight_version: Some("engine-9".into()),
+            ..ps_fake_sglang::Quirks::default()
+        })
+        .spawn()
+        .await
+        .unwrap();
+    let s = start(settings(&fake, dir.path()), fake).await;
+    let r: Value = s
+        .post("/v1/rollout/resume", json!({"weight_version": "step-7"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["weight_version"], "step-7");
+    // A streamed session and a non-streamed one, each closed at once.
+    let streamed = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.url))
+        .header("x-session-id", "streamed")
+        .header("x-session-done", "1")
+        .json(&json!({"messages": [user("q")], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 200);
+    streamed.text().await.unwrap();
+    assert_eq!(
+        s.chat("whole", json!([user("q")]), true).await.status(),
+        200
+    );
+    let st = s.wait_submitted(2).await;
+    assert_eq!(st["trainer_weight_version"], "step-7");
+    assert_eq!(
+        st["samples_by_weight_version"],
+        json!({"engine-9": 1, "step-7": 1})
+    );
+    let pulled = s.pull(0).await;
+    for item in pulled["samples"].as_array().unwrap() {
+        let sample = &item["sample"];
+        let (version, source) = match sample["session_id"].as_str().unwrap() {
+            "streamed" => ("step-7", "trainer"),
+            _ => ("engine-9", "engine"),
+        };
+        assert_eq!(sample["weight_versions"], json!([version]), "{sample}");
+        assert_eq!(sample["metadata"]["weight_version_source"], source);
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn paused_reject_mode_answers_503_with_retry_after() {
     let (s, _dir) = paused_server(PauseMode::Reject, Duration::from_secs(30)).await;

@@ -173,6 +173,9 @@ struct Session {
     /// What each judged-but-unsubmitted turn was made from, to persist it if the server stops first.
     origins: BTreeMap<u64, PendingTurn>,
     submitting: bool,
+    /// The client ended the session (`X-Session-Done`): the id used again is a new conversation.
+    /// (A session closed by the idle sweep or eviction and continued is the same conversation.)
+    done: bool,
     /// The current conversation already has an effective sample (the at-least-one rule).
     has_effective: bool,
     /// First turns of later conversations under the same id: when submission reaches one,
@@ -192,6 +195,7 @@ impl Session {
             ready: BTreeMap::new(),
             origins: BTreeMap::new(),
             submitting: false,
+            done: false,
             has_effective: false,
             conversation_starts: std::collections::BTreeSet::new(),
         }
@@ -351,9 +355,11 @@ impl SessionBuffer {
         for t in &mut out {
             // A turn of a later conversation under the same id (see `conversation_starts`) starts
             // with no effective sample, whatever the earlier conversation had.
-            t.session_had_effective = sessions.get(&t.turn.session_id).is_some_and(|s| {
+            let s = sessions.get(&t.turn.session_id);
+            t.session_had_effective = s.is_some_and(|s| {
                 s.has_effective && s.conversation_starts.range(..=t.turn.turn).next().is_none()
             });
+            t.conversation_start = s.is_some_and(|s| s.conversation_starts.contains(&t.turn.turn));
         }
         out.sort_by(|a, b| {
             (&a.turn.session_id, a.turn.turn).cmp(&(&b.turn.session_id, b.turn.turn))
@@ -387,7 +393,17 @@ impl SessionBuffer {
                 if fresh {
                     s.next_submit = lo;
                     s.closing = true;
-                    s.has_effective = turns.iter().any(|t| t.session_had_effective);
+                    // The state of the conversation the first resumed turn belongs to; a later
+                    // conversation under the same id starts afresh at its first turn.
+                    s.has_effective = turns
+                        .iter()
+                        .min_by_key(|t| t.turn.turn)
+                        .is_some_and(|t| t.session_had_effective);
+                    s.conversation_starts = turns
+                        .iter()
+                        .filter(|t| t.conversation_start)
+                        .map(|t| t.turn.turn)
+                        .collect();
                     // Turns between them that were submitted before the restart do not block.
                     for n in lo..=hi {
                         if !numbers.contains(&n) {
@@ -609,6 +625,7 @@ impl SessionBuffer {
                     next: job.next.clone(),
                     // Filled in by `take_unfinished`, from the session as it is then.
                     session_had_effective: false,
+                    conversation_start: false,
                 },
             );
             let this = self.clone();
@@ -1120,7 +1137,8 @@ impl TurnSink for SessionBuffer {
                 .entry(session_id.to_owned())
                 .or_insert_with(|| Session::new(now));
             let n = s.next_turn;
-            if std::mem::replace(&mut s.closing, false) {
+            s.closing = false;
+            if std::mem::replace(&mut s.done, false) {
                 // The id is reused after the session closed (`X-Session-Done`, the shared
                 // `unknown` session, a timeout while its last turns were still being judged): a
                 // new conversation, whose at-least-one state starts afresh at this turn, as the
@@ -1144,6 +1162,7 @@ impl TurnSink for SessionBuffer {
             if done {
                 metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
                 close(s);
+                s.done = true;
             }
             self.collect_ready(session_id, s, &mut jobs);
             n
@@ -1170,6 +1189,7 @@ impl TurnSink for SessionBuffer {
                 metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
                 close(s);
             }
+            s.done |= done;
             self.collect_ready(session_id, s, &mut jobs);
         }
         self.dispatch(jobs);
@@ -1182,6 +1202,7 @@ impl TurnSink for SessionBuffer {
             if let Some(s) = sessions.get_mut(session_id) {
                 metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
                 close(s);
+                s.done = true;
                 self.collect_ready(session_id, s, &mut jobs);
             }
         }

@@ -655,3 +655,79 @@ async fn the_eval_score_covers_every_submitted_rl_sample() {
     let mean = scores.iter().sum::<f64>() / scores.len() as f64;
     assert!((mean - 1.0 / 3.0).abs() < 1e-12);
 }
+
+/// A restart between two conversations under one id keeps each conversation's own at-least-one
+/// state: the first conversation's effective sample does not exclude the second's first scored
+/// turn, and the restart does not merge them.
+#[tokio::test]
+async fn a_restart_keeps_each_conversations_own_at_least_one_state() {
+    let r = rig();
+    let pending = Arc::new(MemPending::default());
+    let buffer = r.buffer.clone().with_pending_store(pending.clone());
+    let t1 = buffer.begin("s", &user("a"), false);
+    buffer.accept(captured("s", t1));
+    let t2 = buffer.begin("s", &user("score:1 hold"), true); // conversation 1 ends; turn 1 hangs
+    buffer.accept(captured("s", t2));
+    let t3 = buffer.begin("s", &user("conversation 2"), false);
+    buffer.accept(captured("s", t3));
+    let t4 = buffer.begin("s", &user("score:0"), true);
+    buffer.accept(captured("s", t4));
+    wait_for("turn 1 scoring, 2-4 waiting for it", || {
+        let p = buffer.status().pending;
+        p.scoring == 1 && p.waiting_order == 3
+    })
+    .await;
+    assert!(!buffer.shutdown(Duration::from_millis(200)).await);
+    let saved = pending.0.lock().unwrap().clone();
+    let starts: Vec<(u64, bool)> = saved
+        .iter()
+        .map(|p| (p.turn.turn, p.conversation_start))
+        .collect();
+    assert!(starts.contains(&(3, true)), "{starts:?}");
+
+    let r2 = rig();
+    r2.buffer.resume(
+        ps_core::PendingStore::take_pending(pending.as_ref())
+            .await
+            .unwrap(),
+    );
+    for _ in 0..2000 {
+        r2.scorer.release.notify_waiters();
+        if r2.sink.taken().len() == saved.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let s = r2.sink.taken();
+    let turn3 = s.iter().find(|x| x.turn == 3).expect("turn 3 resumed");
+    assert_eq!(
+        turn3.metadata["at_least_one"], true,
+        "conversation 2's first scored turn is kept: {:?}",
+        turn3.metadata
+    );
+}
+
+/// A session closed because it sat idle, then continued, is the same conversation: only the
+/// client's `X-Session-Done` starts a new one (the reference clears the state at done only).
+#[tokio::test(start_paused = true)]
+async fn a_session_continued_after_an_idle_timeout_is_the_same_conversation() {
+    let r = rig();
+    let t1 = r.buffer.begin("s", &user("a"), false);
+    r.buffer.accept(captured("s", t1));
+    let t2 = r.buffer.begin("s", &user("score:1"), false);
+    r.buffer.accept(captured("s", t2));
+    tokio::time::advance(Duration::from_secs(61)).await;
+    r.buffer.sweep(); // turn 2 gets no next state; the session closes
+    let t3 = r.buffer.begin("s", &user("back again"), false);
+    r.buffer.accept(captured("s", t3));
+    r.buffer.begin("s", &user("score:0"), true);
+    wait_for("three samples", || r.sink.taken().len() == 3).await;
+    let s = r.sink.taken();
+    assert_eq!(s[0].reward.score, 1.0);
+    assert_eq!(s[2].turn, 3);
+    assert_eq!(
+        s[2].metadata["excluded"], "score_zero",
+        "{:?}",
+        s[2].metadata
+    );
+}

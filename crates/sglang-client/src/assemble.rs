@@ -150,7 +150,7 @@ pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
         streamed: false,
         engine_ids: engine_ids(resp),
         weight_version: weight_version(resp),
-        chunks_without_logprobs: 0,
+        unexplained_chars: 0,
     }
 }
 
@@ -172,7 +172,9 @@ pub struct StreamAssembler {
     finish: FinishReason,
     chunks: usize,
     /// Chunks with answer text but no log-probs.
-    text_without_logprobs: usize,
+    /// Characters of answer text received, and of the reported tokens' texts.
+    text_chars: usize,
+    token_chars: usize,
     /// Streamed `sglext` ids (a final `choices: []` chunk before `[DONE]`).
     sglext_prompt: Option<Vec<u32>>,
     sglext_response: Option<Vec<u32>>,
@@ -228,22 +230,24 @@ impl StreamAssembler {
             self.sglext_response = Some(ids);
         }
         if let Some(delta) = choice.get("delta") {
-            let has_text = ["content", "reasoning_content"].iter().any(|k| {
-                delta
-                    .get(*k)
-                    .and_then(Value::as_str)
-                    .is_some_and(|s| !s.is_empty())
-            }) || delta
+            for k in ["content", "reasoning_content"] {
+                if let Some(s) = delta.get(k).and_then(Value::as_str) {
+                    self.text_chars += s.chars().count();
+                }
+            }
+            for call in delta
                 .get("tool_calls")
                 .and_then(Value::as_array)
-                .is_some_and(|c| !c.is_empty());
-            let has_logprobs = choice
-                .get("logprobs")
-                .and_then(|l| l.get("content"))
-                .and_then(Value::as_array)
-                .is_some_and(|c| !c.is_empty());
-            if has_text && !has_logprobs {
-                self.text_without_logprobs += 1;
+                .into_iter()
+                .flatten()
+            {
+                if let Some(a) = call
+                    .get("function")
+                    .and_then(|f| f.get("arguments"))
+                    .and_then(Value::as_str)
+                {
+                    self.text_chars += a.chars().count();
+                }
             }
             if let Some(s) = delta.get("content").and_then(Value::as_str) {
                 self.content.push_str(s);
@@ -257,7 +261,12 @@ impl StreamAssembler {
                 }
             }
         }
+        let before = self.tokens.len();
         push_logprob_entries(choice.get("logprobs"), &mut self.tokens);
+        self.token_chars += self.tokens[before..]
+            .iter()
+            .map(|t| t.token.chars().count())
+            .sum::<usize>();
         if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
             self.finish.reason = Some(reason.to_owned());
             self.finish.matched_stop = choice.get("matched_stop").cloned().unwrap_or(Value::Null);
@@ -339,7 +348,7 @@ impl StreamAssembler {
             streamed: true,
             engine_ids,
             weight_version: None,
-            chunks_without_logprobs: self.text_without_logprobs,
+            unexplained_chars: self.text_chars.saturating_sub(self.token_chars),
         }
     }
 }
@@ -591,18 +600,25 @@ mod tests {
     /// Builds with a parser before mid-2026 send reasoning and tool-call chunks with
     /// `logprobs: null`: those sampled tokens are unexplained, and counted.
     #[test]
-    fn chunks_with_text_but_no_logprobs_are_counted() {
+    fn text_that_no_reported_token_explains_is_counted() {
         let mut a = StreamAssembler::new();
         a.feed(&json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null}]}));
-        a.feed(&json!({"choices": [{"index": 0, "delta": {"reasoning_content": "think"}, "logprobs": null}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"reasoning_content": "thinking hard"}, "logprobs": null}]}));
         a.feed(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, "logprobs": null}]}));
         a.feed(&json!({"choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": [lp("Hi", -0.1)]}}]}));
-        // a standalone log-prob chunk with an empty delta (builds after mid-2026) is fine
-        a.feed(&json!({"choices": [{"index": 0, "delta": {}, "logprobs": {"content": [lp("<|im_end|>", -0.2)]}}]}));
         a.feed(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "matched_stop": 2}]}));
         let r = a.finish();
-        assert_eq!(r.chunks_without_logprobs, 2);
-        assert_eq!(r.tokens.len(), 2);
+        assert_eq!(r.unexplained_chars, "thinking hard{}".len());
+        assert_eq!(r.tokens.len(), 1);
+        // Builds after mid-2026: a later chunk of the same step carries text without log-probs
+        // (the step's log-probs rode on its first chunk), and a standalone chunk with an empty
+        // delta carries a step that emitted no text: nothing is unexplained.
+        let mut a = StreamAssembler::new();
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"content": "He"}, "logprobs": {"content": [lp("Hello", -0.1)]}}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {"content": "llo"}, "logprobs": null}]}));
+        a.feed(&json!({"choices": [{"index": 0, "delta": {}, "logprobs": {"content": [lp("<|im_end|>", -0.2)]}}]}));
+        let r = a.finish();
+        assert_eq!((r.unexplained_chars, r.tokens.len()), (0, 2));
     }
 
     /// Streamed `sglext` ids arrive in a final `choices: []` chunk.
