@@ -110,6 +110,20 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
         history.push(v["choices"][0]["message"].clone());
         history.push(json!({"role": "user", "content": "thanks FAKE_VOTES=1"}));
     }
+    // A request without a session key: its session is recognised from its history (counted).
+    let r = http
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"messages": [{"role": "user", "content": "no key here"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.headers()["x-session-id"]
+            .to_str()
+            .unwrap()
+            .starts_with("inferred-")
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let text = loop {
         let text = http
@@ -143,6 +157,8 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
         "policy_serving_store_samples",
         "policy_serving_store_lag_samples",
         "policy_serving_submission_enabled",
+        "policy_serving_session_inference_total{outcome=\"new\"} 1",
+        "policy_serving_inferred_sessions_live 1",
     ] {
         assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
     }
@@ -161,6 +177,10 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
     assert!(
         logs.contains("obs-session-7"),
         "debug logs carry the session id"
+    );
+    assert!(
+        logs.contains("session_inference=\"when_missing\"") && logs.contains("no side-turn rules"),
+        "serve logs at start how sessions without a key are found and which side-turn rules are active"
     );
     for secret in [CLIENT_KEY, ADMIN_KEY, UPSTREAM_KEY] {
         assert!(!logs.contains(secret), "a secret leaked into the logs");

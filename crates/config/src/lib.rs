@@ -35,8 +35,9 @@ pub use ps_core::TurnType;
 pub use redact::REDACTED;
 pub use schema::{
     CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PauseMode,
-    PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings, Settings,
-    SglangSettings, StoreKind, StoreSettings, TeacherBackend, TeacherSettings, TokenIdsMode,
+    PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings,
+    SessionInference, Settings, SglangSettings, SideTurnRule, StoreKind, StoreSettings,
+    TeacherBackend, TeacherSettings, TokenIdsMode,
 };
 pub use secret::{
     EnvLookup, LEGACY_CLIENT_KEY_ENV, Secret, process_env, resolve_optional_secret, resolve_secret,

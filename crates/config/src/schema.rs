@@ -126,6 +126,51 @@ pub struct ServerSettings {
     /// set, they need `Authorization: Bearer <that key>` (a chat client's key cannot pause training).
     /// Unset: they are open (bind to loopback, or set it).
     pub admin_key_env: Option<String>,
+    /// How a request without a session key (`X-Session-Id` header, body `session_id`) finds its
+    /// session: `when_missing` (default) recognises its conversation from the history (a key the
+    /// client sends always wins), `always` recognises every request and ignores the keys, `off`
+    /// puts them all into the shared session `unknown`.
+    pub session_inference: SessionInference,
+    /// Rules that mark a request naming no turn type as a side turn by its shape (a title or
+    /// summary request, …): every condition of a rule must hold; any matching rule makes it a side
+    /// turn. Requests matching none get `default_turn_type`. Default: none.
+    pub side_turn_rules: Vec<SideTurnRule>,
+}
+
+/// How a request without a session key finds its session (`server.session_inference`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionInference {
+    Off,
+    #[default]
+    WhenMissing,
+    Always,
+}
+
+impl SessionInference {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::WhenMissing => "when_missing",
+            Self::Always => "always",
+        }
+    }
+}
+
+/// One `[[server.side_turn_rules]]` entry. Unset conditions are not checked; at least one is needed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SideTurnRule {
+    /// Named in logs.
+    pub name: String,
+    /// The first message is a system (or developer) message whose text starts with this.
+    pub system_prefix: Option<String>,
+    /// The last user message's text starts with this.
+    pub last_user_prefix: Option<String>,
+    /// `true`: the request offers no tools.
+    pub without_tools: bool,
+    /// `max_tokens` or `max_completion_tokens` is set and at most this.
+    pub max_tokens_at_most: Option<u64>,
 }
 
 /// What chat requests get while submission is paused.
@@ -168,6 +213,8 @@ impl Default for ServerSettings {
             pause_mode: PauseMode::default(),
             pause_hold_max_sec: d::SERVER_PAUSE_HOLD_MAX_SEC,
             admin_key_env: None,
+            session_inference: SessionInference::default(),
+            side_turn_rules: Vec::new(),
         }
     }
 }

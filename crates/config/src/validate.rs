@@ -85,6 +85,31 @@ impl Settings {
         v.var_name("server.admin_key_env", s.admin_key_env.as_deref());
         v.positive("server.max_messages", s.max_messages as u64);
         v.positive("server.max_turn_tokens", s.max_turn_tokens as u64);
+        for (i, r) in s.side_turn_rules.iter().enumerate() {
+            let key = format!("server.side_turn_rules[{i}]");
+            if r.name.trim().is_empty() {
+                v.fail(&format!("{key}.name"), &r.name, "a name for the logs");
+            }
+            for (field, value) in [
+                ("system_prefix", &r.system_prefix),
+                ("last_user_prefix", &r.last_user_prefix),
+            ] {
+                if value.as_deref().is_some_and(|p| p.trim().is_empty()) {
+                    v.fail(&format!("{key}.{field}"), value, "a non-empty prefix");
+                }
+            }
+            if r.system_prefix.is_none()
+                && r.last_user_prefix.is_none()
+                && !r.without_tools
+                && r.max_tokens_at_most.is_none()
+            {
+                v.fail(
+                    &key,
+                    &r.name,
+                    "at least one condition (system_prefix, last_user_prefix, without_tools = true, max_tokens_at_most): a rule without one would make every request a side turn",
+                );
+            }
+        }
     }
 
     fn check_sglang(&self, v: &mut Checks) {

@@ -364,3 +364,63 @@ fn redis_store_settings_are_checked_naming_each_key() {
     let (_, text, _) = load_error("settings.json", r#"{ "store": { "kind": "kafka" } }"#);
     assert!(text.contains("store.kind"), "{text}");
 }
+
+#[test]
+fn session_inference_and_side_turn_rules_name_the_key() {
+    let (_, text, _) = load_error(
+        "settings.toml",
+        "[server]\nsession_inference = \"sometimes\"\n",
+    );
+    assert!(text.contains("server.session_inference"), "{text}");
+    assert!(
+        text.contains("when_missing"),
+        "lists the accepted values: {text}"
+    );
+
+    let (e, text, _) = load_error(
+        "settings.toml",
+        "[[server.side_turn_rules]]\nname = \"everything\"\n\n\
+         [[server.side_turn_rules]]\nname = \"\"\nsystem_prefix = \" \"\n",
+    );
+    assert_eq!(e.errors().len(), 3, "{text}");
+    assert!(text.contains("server.side_turn_rules[0]"), "{text}");
+    assert!(text.contains("at least one condition"), "{text}");
+    assert!(text.contains("server.side_turn_rules[1].name"), "{text}");
+    assert!(
+        text.contains("server.side_turn_rules[1].system_prefix"),
+        "{text}"
+    );
+
+    let (_, text, _) = load_error(
+        "settings.toml",
+        "[[server.side_turn_rules]]\nname = \"t\"\nmax_token = 5\n",
+    );
+    assert!(text.contains("max_token"), "{text}");
+}
+
+#[test]
+fn session_inference_defaults_to_when_missing_and_rules_load() {
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        jail.create_file(
+            "settings.toml",
+            "[server]\nsession_inference = \"always\"\n\n[[server.side_turn_rules]]\nname = \"title\"\nlast_user_prefix = \"### Task:\"\nwithout_tools = true\n",
+        )?;
+        let s = load(
+            Some(&jail.directory().join("settings.toml")),
+            &Overrides::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        assert_eq!(
+            s.server.session_inference,
+            ps_config::SessionInference::Always
+        );
+        assert_eq!(s.server.side_turn_rules.len(), 1);
+        assert!(s.server.side_turn_rules[0].without_tools);
+        Ok(())
+    });
+    assert_eq!(
+        ps_config::Settings::default().server.session_inference,
+        ps_config::SessionInference::WhenMissing
+    );
+}

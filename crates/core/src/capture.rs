@@ -42,6 +42,9 @@ pub struct CapturedTurn {
     /// upstream's answer; `trainer`: the version the trainer announced at its last resume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version: Option<WeightVersion>,
+    /// How the turn's session was found (header, body, inferred, fork) and its links.
+    #[serde(default)]
+    pub origin: crate::session::SessionOrigin,
 }
 
 /// Where a captured turn's token ids came from.

@@ -27,5 +27,5 @@ pub use errors::error_chain;
 pub use log::{LogError, SampleLog, StoreStats, StoredSample};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
-pub use session::{SessionHeaders, TurnType};
+pub use session::{SessionHeaders, SessionOrigin, SessionSource, TurnType};
 pub use sink::{SampleSink, SinkError};

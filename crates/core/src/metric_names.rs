@@ -96,5 +96,12 @@ pub const STORE_UNDECODABLE_TOTAL: &str = "policy_serving_store_undecodable_tota
 pub const SUBMISSION_ENABLED: &str = "policy_serving_submission_enabled";
 /// Time the proxy itself added to a non-streamed request (total minus waiting on the upstream).
 pub const PROXY_OVERHEAD_SECONDS: &str = "policy_serving_proxy_overhead_seconds";
+/// Main requests without a session key whose session was recognised from their history
+/// (`server.session_inference`), labelled `outcome`: `continued` (a live session), `new` (no earlier
+/// turns), `fork` (a prefix continued a second time: a new session linked to its parent) or
+/// `unmatched` (earlier turns that match no live conversation: a new session).
+pub const SESSION_INFERENCE_TOTAL: &str = "policy_serving_session_inference_total";
+/// Gauge: conversations held for session inference, refreshed when `/metrics` is scraped.
+pub const INFERRED_SESSIONS_LIVE: &str = "policy_serving_inferred_sessions_live";
 /// Hint-judge votes, labelled `outcome` (`1`|`-1`|`failed`).
 pub const HINT_VOTES_TOTAL: &str = "policy_serving_hint_votes_total";

@@ -44,6 +44,75 @@ pub struct SessionHeaders {
     pub done: bool,
 }
 
+/// How a request's session was found: from the client's keys, or recognised from the conversation
+/// itself (`server.session_inference`). Written to every sample as `metadata.session_source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionSource {
+    /// The `X-Session-Id` header.
+    Header,
+    /// The body key `session_id`.
+    Body,
+    /// Recognised from the history (a continuation of a conversation we answered, or a new one).
+    Inferred,
+    /// Recognised as a second continuation of a prefix another request already continued.
+    Fork,
+    /// No key and inference off: the shared session `unknown` (also turns recorded before this
+    /// field existed).
+    #[default]
+    Unknown,
+}
+
+impl SessionSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Header => "header",
+            Self::Body => "body",
+            Self::Inferred => "inferred",
+            Self::Fork => "fork",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// How a session was found, and how it relates to other sessions.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SessionOrigin {
+    pub source: SessionSource,
+    /// A fork: the session whose prefix this one continued a second time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session: Option<String>,
+    /// A history that matched no answered conversation, but whose system prompt and first user
+    /// message are those of this live session (the agent compacted or summarised its history).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_from: Option<String>,
+}
+
+impl SessionOrigin {
+    pub fn of(source: SessionSource) -> Self {
+        Self {
+            source,
+            ..Self::default()
+        }
+    }
+
+    /// Writes `session_source`, and `parent_session` / `continued_from` when set, into a sample's
+    /// metadata.
+    pub fn write_metadata(&self, metadata: &mut serde_json::Map<String, serde_json::Value>) {
+        use serde_json::Value;
+        metadata.insert(
+            "session_source".into(),
+            Value::String(self.source.as_str().into()),
+        );
+        if let Some(p) = &self.parent_session {
+            metadata.insert("parent_session".into(), Value::String(p.clone()));
+        }
+        if let Some(c) = &self.continued_from {
+            metadata.insert("continued_from".into(), Value::String(c.clone()));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -496,6 +496,7 @@ async fn pending_turns_are_kept_per_replica_and_taken_once() {
             streamed: false,
             token_source: ps_core::TokenSource::Retokenized,
             weight_version: None,
+            origin: Default::default(),
         },
         next: Some(serde_json::json!({"role": "user", "content": "next"})),
         session_had_effective: t == 2,

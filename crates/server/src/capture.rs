@@ -37,6 +37,8 @@ pub struct CaptureJob {
     pub asked_for_ids: bool,
     /// The version the trainer announced at its last resume, for answers that carry none.
     pub trainer_weight_version: Option<String>,
+    /// How the session was found (header, body, inferred, fork), for the sample's metadata.
+    pub origin: ps_core::SessionOrigin,
 }
 
 /// Why a turn cannot become a correct sample (it is abandoned with `reason`).
@@ -442,6 +444,7 @@ fn engine_turn(
         streamed: rollout.streamed,
         token_source: TokenSource::Engine,
         weight_version: None,
+        origin: job.origin.clone(),
     })
 }
 
@@ -580,6 +583,7 @@ fn retokenized_turn(
         streamed: job.rollout.streamed,
         token_source: TokenSource::Retokenized,
         weight_version: None,
+        origin: job.origin.clone(),
     })
 }
 
@@ -847,6 +851,7 @@ mod tests {
             token_ids: TokenIdsMode::Auto,
             asked_for_ids: false,
             trainer_weight_version: None,
+            origin: Default::default(),
         }
     }
 

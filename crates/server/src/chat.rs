@@ -34,6 +34,7 @@ pub(crate) struct TurnContext {
     /// Whether the upstream call asked the engine for its ids.
     pub asked_for_ids: bool,
     pub trainer_weight_version: Option<String>,
+    pub origin: ps_core::SessionOrigin,
 }
 
 impl TurnContext {
@@ -49,6 +50,7 @@ impl TurnContext {
             token_ids: self.token_ids,
             asked_for_ids: self.asked_for_ids,
             trainer_weight_version: self.trainer_weight_version,
+            origin: self.origin,
         }
     }
 }
@@ -168,20 +170,34 @@ async fn handle(
         }
     }
 
-    let session_id = req
-        .session
-        .session_id
-        .clone()
-        .unwrap_or_else(|| UNKNOWN_SESSION.to_owned());
-    if req.session.session_id.is_none() && app.first_warning("\0no-session-id") {
+    let inference = &opts.inference;
+    let turn_type = req.session.turn_type.unwrap_or_else(|| {
+        crate::infer::turn_type_by_shape(&inference.side_rules, &req, opts.default_turn_type)
+    });
+    let found = crate::infer::find_session(
+        app.0.matcher.as_ref(),
+        inference.mode,
+        headers,
+        &req,
+        turn_type,
+    );
+    let (session_id, origin, reply) = (found.session_id, found.origin, found.reply);
+    if origin.source == ps_core::SessionSource::Unknown && app.first_warning("\0no-session-id") {
         tracing::warn!(
             "a chat request carries no session id (`X-Session-Id` header or `session_id` key); such requests share the session \"unknown\""
         );
     }
+    // Inferred sessions are new for every conversation: warn once for all of them.
+    let warn_key = if reply.is_some() {
+        "\0inferred"
+    } else {
+        session_id.as_str()
+    };
     let turn_type = match req.session.turn_type {
         Some(t) => t,
+        None if turn_type != opts.default_turn_type => turn_type,
         None => {
-            if app.first_warning(&session_id) {
+            if app.first_warning(warn_key) {
                 tracing::warn!(
                     session_id = %session_id,
                     default = opts.default_turn_type.as_str(),
@@ -255,6 +271,7 @@ async fn handle(
         // What was really sent: a client's own `return_token_ids: false` is kept.
         asked_for_ids: forwarded.get("return_token_ids") == Some(&Value::Bool(true)),
         trainer_weight_version: app.trainer_weight_version(),
+        origin,
     });
     let shape = ClientShape::of(&req.body, &forwarded);
     let session_header = HeaderValue::from_str(&session_id).ok();
@@ -273,7 +290,7 @@ async fn handle(
     let mut resp = if upstream_stream {
         let events = app.0.policy.chat_stream(&forwarded).await?;
         metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
-        let stream = ProxyStream::start(events, app.clone(), turn, shape, permit).await?;
+        let stream = ProxyStream::start(events, app.clone(), turn, reply, shape, permit).await?;
         sse_response(Body::from_stream(stream))
     } else {
         let mut answer = app.0.policy.chat(&forwarded).await?;
@@ -287,6 +304,9 @@ async fn handle(
                 detail: "the answer is not a JSON object".into(),
             }
             .into());
+        }
+        if let Some(message) = crate::infer::answer_message(&answer) {
+            crate::infer::complete(reply, message);
         }
         if let Some(turn) = turn {
             app.capture()

@@ -35,6 +35,9 @@ pub async fn models(State(app): State<AppState>) -> Json<Value> {
 async fn refresh_gauges(app: &AppState) {
     use ps_core::metric_names as m;
     metrics::gauge!(m::SUBMISSION_ENABLED).set(if app.submission_enabled() { 1.0 } else { 0.0 });
+    if let Some(matcher) = &app.0.matcher {
+        metrics::gauge!(m::INFERRED_SESSIONS_LIVE).set(matcher.stats().live_sessions as f64);
+    }
     if let Some(r) = app.rollout() {
         let b = r.buffer.status();
         metrics::gauge!(m::LIVE_SESSIONS).set(b.live_sessions as f64);

@@ -13,6 +13,7 @@ pub mod capture;
 mod chat;
 pub mod error;
 mod health;
+pub mod infer;
 pub mod linger;
 pub mod metrics;
 pub mod policy_tokenizer;

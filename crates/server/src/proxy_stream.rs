@@ -104,6 +104,8 @@ pub struct ProxyStream {
     first: Option<StreamEvent>,
     app: AppState,
     turn: Option<TurnContext>,
+    /// Registers our reply for session inference when the answer is complete.
+    reply: Option<ps_session_infer::PendingReply>,
     assembler: Option<StreamAssembler>,
     /// Why the answer cannot be used for training, once known.
     unusable: Option<String>,
@@ -121,6 +123,7 @@ impl ProxyStream {
         mut events: ChatEventStream,
         app: AppState,
         turn: Option<TurnContext>,
+        reply: Option<ps_session_infer::PendingReply>,
         shape: ClientShape,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Self, ApiError> {
@@ -138,8 +141,9 @@ impl ProxyStream {
         Ok(Self {
             events,
             first: Some(first),
-            assembler: turn.as_ref().map(|_| StreamAssembler::new()),
+            assembler: (turn.is_some() || reply.is_some()).then(StreamAssembler::new),
             turn,
+            reply,
             app,
             unusable: None,
             shape,
@@ -177,19 +181,31 @@ impl ProxyStream {
 
     fn on_done(&mut self) {
         let _g = self.span.enter();
-        let (Some(mut turn), Some(assembler)) = (self.turn.take(), self.assembler.take()) else {
+        let Some(assembler) = self.assembler.take() else {
+            return;
+        };
+        let finished = assembler.finished();
+        let rollout = assembler.finish();
+        // The client has the whole answer, whether or not it is captured (served while paused) or
+        // ends with a finish reason: its next request continues from it. A stream that carried an
+        // error event (or chunks we could not read) is a failure the client may retry: its reply is
+        // not registered, so the retry is not a fork.
+        if self.unusable.is_none() {
+            crate::infer::complete(self.reply.take(), &rollout.message);
+        }
+        let Some(mut turn) = self.turn.take() else {
             return;
         };
         if let Some(reason) = self.unusable.take() {
             metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "not_usable").increment(1);
             tracing::warn!(%reason, "streamed answer not used for training");
             turn.guard.set_reason("stream_error");
-        } else if !assembler.finished() {
+        } else if !finished {
             metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "not_usable").increment(1);
             tracing::warn!("the stream ended without a finish reason; turn not used for training");
             turn.guard.set_reason("stream_unfinished");
         } else {
-            self.app.capture().submit(turn.job(assembler.finish()));
+            self.app.capture().submit(turn.job(rollout));
         }
     }
 

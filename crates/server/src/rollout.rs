@@ -320,6 +320,7 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         "mode": r.buffer.mode().as_str(),
         "store": r.store.describe(),
         "sessions": {"timed_out": b.sessions_timed_out, "evicted": b.sessions_evicted},
+        "session_inference": crate::infer::status(app.options().inference.mode, app.0.matcher.as_ref()),
     })))
 }
 

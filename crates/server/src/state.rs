@@ -56,6 +56,8 @@ pub struct ServerOptions {
     pub max_messages: usize,
     /// Cap on concurrent upstream chat requests (`sglang.max_concurrency`).
     pub max_upstream: usize,
+    /// Sessions of requests without a key, and side turns by shape (`crate::infer`).
+    pub inference: crate::infer::InferenceOptions,
 }
 
 /// `Retry-After` of a request refused while paused.
@@ -78,6 +80,7 @@ impl Default for ServerOptions {
             shutdown_grace: Duration::from_secs(30),
             max_messages: 4096,
             max_upstream: 256,
+            inference: crate::infer::InferenceOptions::default(),
         }
     }
 }
@@ -96,6 +99,8 @@ pub(crate) struct Inner {
     warned: Mutex<HashSet<String>>,
     /// The policy version the trainer announced at its last resume (`{"weight_version": ..}`).
     trainer_weight_version: Mutex<Option<String>>,
+    /// The conversations answered, for requests without a session key (none when inference is off).
+    pub matcher: Option<Arc<ps_session_infer::SessionMatcher>>,
 }
 
 /// Cloneable handle on the state (one `Arc`).
@@ -131,6 +136,7 @@ impl AppState {
         Self(Arc::new(Inner {
             submission: tokio::sync::watch::Sender::new(options.submission_enabled),
             upstream_permits: Arc::new(tokio::sync::Semaphore::new(options.max_upstream.max(1))),
+            matcher: options.inference.matcher(),
             rollout,
             options,
             policy,

@@ -230,6 +230,22 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
         shutdown_grace: s.shutdown_grace(),
         max_messages: s.max_messages,
         max_upstream: settings.sglang.max_concurrency,
+        inference: crate::infer::InferenceOptions {
+            mode: s.session_inference,
+            idle: s.session_timeout(),
+            max_sessions: s.max_sessions,
+            side_rules: s
+                .side_turn_rules
+                .iter()
+                .map(|r| ps_session_infer::ShapeRule {
+                    name: r.name.clone(),
+                    system_prefix: r.system_prefix.clone(),
+                    last_user_prefix: r.last_user_prefix.clone(),
+                    without_tools: r.without_tools.then_some(true),
+                    max_tokens_at_most: r.max_tokens_at_most,
+                })
+                .collect(),
+        },
     })
 }
 
@@ -848,6 +864,7 @@ pub async fn run(
         default_turn_type = settings.server.default_turn_type.as_str(),
         "policy-serving listening"
     );
+    app.options().inference.log_active();
     crate::serve(listener, app, shutdown)
         .await
         .map_err(|source| StartupError::Bind {

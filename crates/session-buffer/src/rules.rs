@@ -155,6 +155,7 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
     metadata.insert("prompt_is_prefix".into(), json!(turn.prompt_is_prefix));
     metadata.insert("finish_reason".into(), json!(turn.finish_reason));
     metadata.insert("streamed".into(), json!(turn.streamed));
+    turn.origin.write_metadata(&mut metadata);
     let mut sample = Sample {
         index: 0,
         group_index: 0,

@@ -153,6 +153,7 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
         streamed: false,
         token_source: ps_core::TokenSource::Retokenized,
         weight_version: None,
+        origin: Default::default(),
     }
 }
 

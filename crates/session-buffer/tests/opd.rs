@@ -222,6 +222,7 @@ fn captured_unreported(
         streamed: false,
         token_source: ps_core::TokenSource::Retokenized,
         weight_version: None,
+        origin: Default::default(),
     }
 }
 

@@ -1,0 +1,173 @@
+//! What recognising sessions from their history (`server.session_inference`) costs per request,
+//! next to the CPU the proxy spends on the same request anyway.
+//!
+//! Traffic shaped like an unmodified agent (OpenClaw): a ~40,000-character system prompt, 12 tools,
+//! and a history that grows by a tool call, its result and a user message every turn; `--convs`
+//! conversations interleaved turn by turn for `--turns` turns. For every request it times:
+//! - inference: fingerprinting the messages, the lookup, and registering the reply;
+//! - the proxy's floor: parsing the body and writing the forwarded body (what every request costs
+//!   before any upstream or capture work);
+//! - the capture's chat-template rendering of the prompt (always done in full) and its encoding
+//!   with the embedded mini tokenizer (the capture encodes incrementally: only what a turn adds),
+//!   on every 5th turn.
+//!
+//! Run: `cargo bench -p ps-server --bench session_infer -- [--convs N] [--turns T] [--model-dir DIR]`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ps_chat_template::{ChatTokenizer, EncodedPrefix, TurnInput};
+use ps_session_infer::{History, Limits, Outcome, SessionMatcher};
+use serde_json::{Value, json};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn arg_str(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+fn tools() -> Value {
+    let tools: Vec<Value> = (0..12)
+        .map(|i| {
+            json!({"type": "function", "function": {"name": format!("tool_{i}"),
+                "description": "Does one thing of the agent's work, described at some length. ".repeat(4),
+                "parameters": {"type": "object", "properties": {
+                    "path": {"type": "string"}, "query": {"type": "string"},
+                    "limit": {"type": "integer"}}, "required": ["path"]}}})
+        })
+        .collect();
+    json!(tools)
+}
+
+fn assistant(conv: usize, turn: usize) -> Value {
+    json!({"role": "assistant", "content": format!("Turn {turn} of conversation {conv}: I will look at the file next."),
+        "reasoning_content": "Some reasoning about what to do next. ".repeat(10),
+        "tool_calls": [{"id": format!("call_{conv}_{turn}"), "type": "function",
+            "function": {"name": "tool_3", "arguments": format!("{{\"path\": \"src/mod_{turn}.rs\", \"query\": \"fn main\", \"limit\": 50}}")}}]})
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn main() {
+    let convs = arg("--convs", 64);
+    let turns = arg("--turns", 30);
+    let system = "You are a personal agent. Follow the rules below. ".repeat(800);
+    assert!(system.len() >= 40_000);
+    let tools = tools();
+    // The capture as the workers run it: the policy's tokenizer (`--model-dir`, e.g. the Qwen3
+    // fixture), incremental encoding from the conversation's previous prompt.
+    let tok = match arg_str("--model-dir") {
+        Some(dir) => ChatTokenizer::from_dir(&dir).unwrap(),
+        None => ChatTokenizer::mini(),
+    };
+    let mut prefixes: Vec<Option<EncodedPrefix>> = (0..convs).map(|_| None).collect();
+    let matcher = Arc::new(SessionMatcher::new(Limits {
+        idle: Duration::from_secs(600),
+        max_sessions: 10_000,
+    }));
+    let mut histories: Vec<Vec<Value>> = (0..convs)
+        .map(|i| {
+            vec![
+                json!({"role": "system", "content": system}),
+                json!({"role": "user", "content": format!("Task {i}: fix the build.")}),
+            ]
+        })
+        .collect();
+    let (mut infer, mut fingerprint) = (Duration::ZERO, Duration::ZERO);
+    let (mut floor, mut capture) = (Duration::ZERO, Duration::ZERO);
+    let (mut requests, mut continued, mut messages) = (0usize, 0usize, 0usize);
+    for t in 0..turns {
+        for (i, h) in histories.iter_mut().enumerate() {
+            let body = json!({"model": "m", "messages": h, "tools": tools, "stream": true,
+                "stream_options": {"include_usage": true}, "max_completion_tokens": 4096});
+            let bytes = serde_json::to_vec(&body).unwrap();
+
+            // The proxy's floor: parse the body, write the forwarded one.
+            let started = Instant::now();
+            let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+            let mut forwarded = parsed.clone();
+            forwarded["logprobs"] = json!(true);
+            let out = serde_json::to_vec(&forwarded).unwrap();
+            floor += started.elapsed();
+            std::hint::black_box(out);
+
+            // Inference: fingerprint, look up, register the reply.
+            let reply = assistant(i, t);
+            let msgs = parsed["messages"].as_array().unwrap();
+            let started = Instant::now();
+            let history = History::of(msgs);
+            fingerprint += started.elapsed();
+            let r = matcher.resolve(&history, Instant::now());
+            if r.outcome == Outcome::Continued {
+                continued += 1;
+            }
+            r.reply.complete(&reply, Instant::now());
+            infer += started.elapsed();
+
+            // The capture worker's split of the turn (render prompt and full text, encode what
+            // the turn adds).
+            let started = Instant::now();
+            let input = TurnInput {
+                messages: msgs,
+                tools: Some(&tools),
+                response_message: &reply,
+                template_kwargs: None,
+            };
+            let (tokens, prefix) = tok
+                .split_turn_incremental(&input, prefixes[i].as_ref())
+                .unwrap();
+            capture += started.elapsed();
+            prefixes[i] = prefix;
+            std::hint::black_box(tokens);
+
+            messages += msgs.len();
+            requests += 1;
+            h.push(reply);
+            h.push(
+                json!({"role": "tool", "tool_call_id": format!("call_{i}_{t}"),
+                "content": "fn main() {}\n".repeat(40)}),
+            );
+            h.push(json!({"role": "user", "content": format!("Turn {t} done, go on.")}));
+        }
+    }
+    let per = |d: Duration| secs(d) / requests as f64 * 1e6;
+    println!(
+        "requests: {requests} ({convs} conversations x {turns} turns), {continued} recognised as continuations, {:.0} messages per request on average",
+        messages as f64 / requests as f64
+    );
+    let (infer_us, floor_us, capture_us) = (per(infer), per(floor), per(capture));
+    println!("inference per request:              {infer_us:>9.1} us");
+    println!(
+        "  of which fingerprinting:          {:>9.1} us",
+        per(fingerprint)
+    );
+    println!("parse + forward body per request:   {floor_us:>9.1} us");
+    println!("capture split per request:          {capture_us:>9.1} us");
+    println!(
+        "inference / (parse + forward):           {:>5.1} %",
+        100.0 * infer_us / floor_us
+    );
+    println!(
+        "inference / (parse + forward + capture): {:>5.1} %",
+        100.0 * infer_us / (floor_us + capture_us)
+    );
+    assert_eq!(
+        continued,
+        convs * (turns - 1),
+        "every later turn continues its conversation"
+    );
+}

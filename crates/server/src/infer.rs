@@ -1,0 +1,327 @@
+//! Where a chat request's session comes from: the client's keys, or its own history
+//! (`server.session_inference`, the matching itself lives in `ps-session-infer`), and whether a
+//! request naming no turn type is a side turn by its shape (`server.side_turn_rules`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use ps_config::SessionInference;
+use ps_core::{SessionOrigin, SessionSource, TurnType};
+use ps_session_infer::{History, Limits, PendingReply, SessionMatcher, ShapeRule};
+use serde_json::Value;
+
+use crate::metrics as m;
+use crate::request::{ChatRequest, SESSION_ID_HEADER};
+
+/// Session inference and shape rules, as configured.
+#[derive(Debug, Clone)]
+pub struct InferenceOptions {
+    /// `server.session_inference`.
+    pub mode: SessionInference,
+    /// Sessions idle for longer are forgotten (`server.session_timeout_sec`).
+    pub idle: Duration,
+    /// Most sessions held (`server.max_sessions`).
+    pub max_sessions: usize,
+    /// `server.side_turn_rules`.
+    pub side_rules: Vec<ShapeRule>,
+}
+
+impl Default for InferenceOptions {
+    fn default() -> Self {
+        Self {
+            mode: SessionInference::WhenMissing,
+            idle: Duration::from_secs(600),
+            max_sessions: 10_000,
+            side_rules: Vec::new(),
+        }
+    }
+}
+
+impl InferenceOptions {
+    /// The matcher these options call for (none when inference is off).
+    pub(crate) fn matcher(&self) -> Option<Arc<SessionMatcher>> {
+        (self.mode != SessionInference::Off).then(|| {
+            Arc::new(SessionMatcher::new(Limits {
+                idle: self.idle,
+                max_sessions: self.max_sessions,
+            }))
+        })
+    }
+
+    /// Logs at start what is active.
+    pub fn log_active(&self) {
+        tracing::info!(
+            session_inference = self.mode.as_str(),
+            "requests without a session key: {}",
+            match self.mode {
+                SessionInference::Off => "all share the session \"unknown\"",
+                SessionInference::WhenMissing =>
+                    "their session is recognised from the history (a client's key wins)",
+                SessionInference::Always =>
+                    "their session is recognised from the history, and client keys are ignored",
+            }
+        );
+        if self.side_rules.is_empty() {
+            tracing::info!(
+                "no side-turn rules: requests naming no turn type get server.default_turn_type"
+            );
+        }
+        for r in &self.side_rules {
+            tracing::info!(rule = %r.describe(), "side-turn rule active");
+        }
+    }
+}
+
+/// The session a request belongs to.
+#[derive(Debug)]
+pub(crate) struct Found {
+    pub session_id: String,
+    pub origin: SessionOrigin,
+    /// Registers our reply when the answer is complete (inferred sessions only).
+    pub reply: Option<PendingReply>,
+}
+
+/// The turn type of a request that names none: a side turn when a shape rule matches, otherwise
+/// `default`.
+pub(crate) fn turn_type_by_shape(
+    rules: &[ShapeRule],
+    req: &ChatRequest,
+    default: TurnType,
+) -> TurnType {
+    match ps_session_infer::side_rule(rules, &req.body) {
+        Some(rule) => {
+            tracing::debug!(rule = %rule.name, "side turn by its shape");
+            TurnType::Side
+        }
+        None => default,
+    }
+}
+
+/// Finds the session of a request: its key when it has one (and inference is not `always`),
+/// otherwise (main turns) from its history; a side turn without a key shares `unknown`.
+pub(crate) fn find_session(
+    matcher: Option<&Arc<SessionMatcher>>,
+    mode: SessionInference,
+    headers: &HeaderMap,
+    req: &ChatRequest,
+    turn_type: TurnType,
+) -> Found {
+    let keyed = req
+        .session
+        .session_id
+        .clone()
+        .filter(|_| mode != SessionInference::Always);
+    if let Some(id) = keyed {
+        let from_header = headers
+            .get(SESSION_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| !v.trim().is_empty());
+        let source = if from_header {
+            SessionSource::Header
+        } else {
+            SessionSource::Body
+        };
+        return Found {
+            session_id: id,
+            origin: SessionOrigin::of(source),
+            reply: None,
+        };
+    }
+    let unknown = || Found {
+        session_id: crate::chat::UNKNOWN_SESSION.to_owned(),
+        origin: SessionOrigin::of(SessionSource::Unknown),
+        reply: None,
+    };
+    let Some(matcher) = matcher.filter(|_| turn_type == TurnType::Main) else {
+        return unknown();
+    };
+    let messages = req
+        .body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let history = History::of(messages);
+    let r = matcher.resolve(&history, tokio::time::Instant::now().into_std());
+    metrics::counter!(m::SESSION_INFERENCE_TOTAL, "outcome" => r.outcome.as_str()).increment(1);
+    tracing::debug!(
+        session_id = %r.session_id,
+        outcome = r.outcome.as_str(),
+        parent_session = r.origin.parent_session.as_deref(),
+        continued_from = r.origin.continued_from.as_deref(),
+        "session recognised from the history"
+    );
+    if req.session.done {
+        // The client ends the conversation with this turn: nothing will continue it.
+        matcher.forget(&r.session_id);
+    }
+    Found {
+        session_id: r.session_id,
+        origin: r.origin,
+        reply: Some(r.reply),
+    }
+}
+
+/// Registers the reply of a complete answer, so that the next request of the conversation is
+/// recognised.
+pub(crate) fn complete(reply: Option<PendingReply>, message: &Value) {
+    if let Some(r) = reply {
+        r.complete(message, tokio::time::Instant::now().into_std());
+    }
+}
+
+/// The assistant message of a non-streamed answer (first choice).
+pub(crate) fn answer_message(answer: &Value) -> Option<&Value> {
+    answer
+        .get("choices")
+        .and_then(|c| c.get(0))
+        .and_then(|c| c.get("message"))
+}
+
+/// What `/v1/rollout/status` reports under `session_inference`.
+pub(crate) fn status(mode: SessionInference, matcher: Option<&Arc<SessionMatcher>>) -> Value {
+    let st = matcher.map(|m| m.stats()).unwrap_or_default();
+    serde_json::json!({
+        "mode": mode.as_str(),
+        "live_sessions": st.live_sessions,
+        "answered_ends": st.answered_ends,
+        "continued": st.continued,
+        "inferred_sessions": st.new_sessions + st.unmatched,
+        "forks": st.forks,
+        "unmatched_continuations": st.unmatched,
+        "continued_from_links": st.linked,
+        "expired": st.expired,
+        "evicted": st.evicted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request;
+    use serde_json::json;
+
+    fn request(text: &str) -> ChatRequest {
+        let body = json!({"messages": [{"role": "user", "content": text}]}).to_string();
+        request::parse(body.as_bytes(), &HeaderMap::new()).expect("valid")
+    }
+
+    /// The server's matcher runs on tokio's clock: with the clock paused, 10,000 conversations that
+    /// go idle are gone once `server.session_timeout_sec` has passed, swept by the next request.
+    #[tokio::test(start_paused = true)]
+    async fn ten_thousand_idle_sessions_go_with_the_session_timeout() {
+        let opts = InferenceOptions {
+            idle: Duration::from_secs(600),
+            max_sessions: 20_000,
+            ..InferenceOptions::default()
+        };
+        let matcher = opts.matcher().expect("inference is on");
+        let headers = HeaderMap::new();
+        let mode = SessionInference::WhenMissing;
+        for i in 0..10_000 {
+            let req = request(&format!("task {i}"));
+            let found = find_session(Some(&matcher), mode, &headers, &req, TurnType::Main);
+            assert_eq!(found.origin.source, SessionSource::Inferred);
+            complete(
+                found.reply,
+                &json!({"role": "assistant", "content": format!("answer {i}")}),
+            );
+        }
+        assert_eq!(matcher.stats().live_sessions, 10_000);
+        assert_eq!(matcher.stats().answered_ends, 10_000);
+        tokio::time::advance(Duration::from_secs(600)).await;
+        let a = find_session(
+            Some(&matcher),
+            mode,
+            &headers,
+            &request("a"),
+            TurnType::Main,
+        );
+        complete(
+            a.reply,
+            &json!({"role": "assistant", "content": "answer a"}),
+        );
+        assert_eq!(
+            matcher.stats().live_sessions,
+            10_001,
+            "not idle longer than the timeout yet"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let found = find_session(
+            Some(&matcher),
+            mode,
+            &headers,
+            &request("b"),
+            TurnType::Main,
+        );
+        drop(found);
+        let st = matcher.stats();
+        assert_eq!(st.expired, 10_000);
+        // Only the session of "a" is left ("b" failed: dropped without a reply).
+        assert_eq!((st.live_sessions, st.answered_ends), (1, 1));
+    }
+
+    #[test]
+    fn keys_side_turns_and_modes() {
+        let opts = InferenceOptions::default();
+        let matcher = opts.matcher();
+        let mut headers = HeaderMap::new();
+        let keyed = request::parse(
+            br#"{"messages":[{"role":"user","content":"x"}],"session_id":"b"}"#,
+            &headers,
+        )
+        .expect("valid");
+        let f = find_session(
+            matcher.as_ref(),
+            SessionInference::WhenMissing,
+            &headers,
+            &keyed,
+            TurnType::Main,
+        );
+        assert_eq!(
+            (f.session_id.as_str(), f.origin.source),
+            ("b", SessionSource::Body)
+        );
+        headers.insert(SESSION_ID_HEADER, "h".parse().expect("header value"));
+        let req = request("x");
+        let req_h = request::parse(br#"{"messages":[{"role":"user","content":"x"}]}"#, &headers)
+            .expect("valid");
+        let f = find_session(
+            matcher.as_ref(),
+            SessionInference::WhenMissing,
+            &headers,
+            &req_h,
+            TurnType::Main,
+        );
+        assert_eq!(
+            (f.session_id.as_str(), f.origin.source),
+            ("h", SessionSource::Header)
+        );
+        let f = find_session(
+            matcher.as_ref(),
+            SessionInference::Always,
+            &headers,
+            &req_h,
+            TurnType::Main,
+        );
+        assert!(f.session_id.starts_with("inferred-"));
+        // A side turn without a key is not matched.
+        let f = find_session(
+            matcher.as_ref(),
+            SessionInference::WhenMissing,
+            &HeaderMap::new(),
+            &req,
+            TurnType::Side,
+        );
+        assert_eq!(f.origin.source, SessionSource::Unknown);
+        assert!(f.reply.is_none());
+        assert!(
+            InferenceOptions {
+                mode: SessionInference::Off,
+                ..InferenceOptions::default()
+            }
+            .matcher()
+            .is_none()
+        );
+    }
+}
