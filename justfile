@@ -21,6 +21,8 @@ bench *ARGS:
     cargo bench -p ps-sample-store --bench store
     cargo bench -p ps-server --bench pull
     cargo bench -p ps-server --bench opd
+    cargo bench -p ps-server --bench capture
+    cargo bench -p ps-server --bench session_infer
 
 # The soak (docs/benchmarks.md, "Soak"): 10,000 sessions of 5-20 turns through the proxy in RL mode,
 # a trainer pulling the samples, the proxy's memory over the run. Extra arguments go to

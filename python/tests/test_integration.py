@@ -109,9 +109,9 @@ def test_eval_scores_from_before_the_resume_are_not_counted(rl_stack: Stack) -> 
         drained.append(real_drain())
         return drained[-1]
 
-    def resume() -> Dict[str, Any]:
+    def resume(weight_version: Any = None) -> Dict[str, Any]:
         calls.append("resume")
-        return real_resume()
+        return real_resume(weight_version)
 
     bridge = get_bridge(rl_stack.url, None, wait_ms=500)
     bridge.client = client
@@ -237,3 +237,12 @@ def test_admin_key_from_env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> N
         assert seqs(out) == [1, 2]
     finally:
         stack.stop()
+
+
+def test_the_rollout_announces_its_policy_version_at_resume(rl_stack: Stack) -> None:
+    # Streamed answers carry no weight_version: the server stamps the trainer's announced one.
+    t = during_rollout(rl_stack, lambda: rl_stack.two_turns("v", "Thanks. FAKE_VOTES=1"))
+    out = generate_rollout(args_for(rl_stack, 2), 7, None)
+    join_ok(t)
+    assert rl_stack.client().status()["trainer_weight_version"] == "7"
+    assert len(out.samples) == 2
