@@ -46,11 +46,12 @@ fn serve(config: &Path, dir: &Path, env: &[(&str, String)]) -> (KillOnDrop, Vec<
     let mut child = KillOnDrop(cmd.spawn().unwrap());
     let stderr = child.0.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
+    // Drain the server's log for its whole life: once `serve` returns nobody reads the lines, but
+    // a reader that stopped would close the pipe and the server's next log line (the first
+    // request's) would fail to write, taking that request's connection with it.
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     let mut lines = Vec::new();
