@@ -367,22 +367,17 @@ const UNEXPLAINED_SLACK_CHARS: usize = 8;
 /// non-empty answer. Builds that put a step's log-probs on its first chunk pass; builds that send
 /// reasoning or tool-call chunks with `logprobs: null` do not.
 fn stream_logprobs_incomplete(rollout: &RolloutResponse) -> bool {
-    let has_text = ["content", "reasoning_content"].iter().any(|k| {
-        rollout
-            .message
-            .get(*k)
-            .and_then(serde_json::Value::as_str)
-            .is_some_and(|s| !s.is_empty())
-    }) || rollout
-        .message
-        .get("tool_calls")
-        .and_then(serde_json::Value::as_array)
-        .is_some_and(|c| !c.is_empty());
     let text: usize = ["content", "reasoning_content"]
         .iter()
         .filter_map(|k| rollout.message.get(*k).and_then(serde_json::Value::as_str))
         .map(|s| s.chars().count())
         .sum();
+    let has_text = text > 0
+        || rollout
+            .message
+            .get("tool_calls")
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|c| !c.is_empty());
     let unexplained = rollout.unexplained_chars;
     (unexplained > UNEXPLAINED_SLACK_CHARS && unexplained * 20 > text)
         || (has_text && rollout.tokens.is_empty())
@@ -426,26 +421,44 @@ fn engine_turn(
         unmatched_upstream: 0,
         first_unmatched_upstream: None,
     };
-    Ok(CapturedTurn {
+    Ok(captured_turn(
+        job,
+        texts,
+        (ids.prompt.clone(), ids.response.clone()),
+        alignment,
+        TokenSource::Engine,
+    ))
+}
+
+/// The captured turn of `job`, whichever path gave its ids (the policy version is set by the
+/// caller).
+fn captured_turn(
+    job: &CaptureJob,
+    texts: ps_chat_template::TurnTexts,
+    (prompt_ids, response_ids): (Vec<u32>, Vec<u32>),
+    alignment: Alignment,
+    token_source: TokenSource,
+) -> CapturedTurn {
+    CapturedTurn {
         session_id: job.guard.session_id().to_owned(),
         turn: job.guard.turn(),
         arrival_seq: job.arrival_seq,
         messages: job.messages.clone(),
         tools: job.tools.clone(),
         template_kwargs: job.template_kwargs.clone(),
-        response_message: rollout.message.clone(),
+        response_message: job.rollout.message.clone(),
         prompt_text: texts.prompt_text,
         response_text: texts.response_text,
         prompt_is_prefix: texts.prompt_is_prefix,
-        prompt_ids: ids.prompt.clone(),
-        response_ids: ids.response.clone(),
+        prompt_ids,
+        response_ids,
         alignment,
-        finish_reason: rollout.finish.reason.clone(),
-        streamed: rollout.streamed,
-        token_source: TokenSource::Engine,
+        finish_reason: job.rollout.finish.reason.clone(),
+        streamed: job.rollout.streamed,
+        token_source,
         weight_version: None,
         origin: job.origin.clone(),
-    })
+    }
 }
 
 /// Re-tokenizes an engine-id turn and compares: the prompt ids must be equal, and every sampled id
@@ -565,26 +578,18 @@ fn retokenized_turn(
         tok.eos_token_id(),
         policy,
     );
-    Ok(CapturedTurn {
-        session_id: job.guard.session_id().to_owned(),
-        turn: job.guard.turn(),
-        arrival_seq: job.arrival_seq,
-        messages: job.messages.clone(),
-        tools: job.tools.clone(),
-        template_kwargs: job.template_kwargs.clone(),
-        response_message: job.rollout.message.clone(),
-        prompt_text: tokens.prompt_text,
-        response_text: tokens.response_text,
-        prompt_is_prefix: tokens.prompt_is_prefix,
-        prompt_ids: tokens.prompt_ids,
-        response_ids: tokens.response_ids,
+    Ok(captured_turn(
+        job,
+        ps_chat_template::TurnTexts {
+            prompt_text: tokens.prompt_text,
+            full_text: tokens.full_text,
+            response_text: tokens.response_text,
+            prompt_is_prefix: tokens.prompt_is_prefix,
+        },
+        (tokens.prompt_ids, tokens.response_ids),
         alignment,
-        finish_reason: job.rollout.finish.reason.clone(),
-        streamed: job.rollout.streamed,
-        token_source: TokenSource::Retokenized,
-        weight_version: None,
-        origin: job.origin.clone(),
-    })
+        TokenSource::Retokenized,
+    ))
 }
 
 /// Counts and logs what a captured turn tells an operator.
