@@ -143,8 +143,7 @@ fn entry(tok: &ChatTokenizer, t: &SampledToken, pos: usize, top: usize, q: &Quir
 
 /// `sglext` with the engine's ids (one list per choice for the outputs).
 fn sglext_json(sample: &ChatSample) -> Value {
-    let sampled: Vec<u32> = sample.tokens.iter().map(|t| t.id).collect();
-    json!({"input_ids": sample.prompt_ids, "output_ids": [sampled]})
+    json!({"input_ids": sample.prompt_ids, "output_ids": [sample.sampled_ids()]})
 }
 
 fn completion_json(
@@ -187,7 +186,7 @@ fn completion_json(
     let mut top_level = Map::new();
     if let Some(c) = choice.as_object_mut() {
         let ids = |v: &[u32]| Value::from(v.to_vec());
-        let sampled: Vec<u32> = sample.tokens.iter().map(|t| t.id).collect();
+        let sampled = sample.sampled_ids();
         let prompt_in_choice = !matches!(q.id_field, IdField::Vllm | IdField::Sglext);
         if prompt_in_choice
             && (p.return_prompt_token_ids || (p.return_token_ids && q.id_field != IdField::None))

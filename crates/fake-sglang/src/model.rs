@@ -183,6 +183,13 @@ pub(crate) struct ChatSample {
     pub planned_tool: Option<ToolCall>,
 }
 
+impl ChatSample {
+    /// The sampled ids, end-of-turn token included (what builds return as response ids).
+    pub(crate) fn sampled_ids(&self) -> Vec<u32> {
+        self.tokens.iter().map(|t| t.id).collect()
+    }
+}
+
 /// The text of a message's `content`: a string, or the `text` parts of a list joined with one space.
 pub(crate) fn content_text(content: Option<&Value>) -> String {
     match content {
