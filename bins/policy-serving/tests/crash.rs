@@ -12,23 +12,9 @@ use std::time::Duration;
 use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
 
-/// Kills the child when dropped, so a failing assertion never leaves a server running.
-struct KillOnDrop(std::process::Child);
+mod common;
 
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{KillOnDrop, free_port};
 
 fn spawn_server(config: &std::path::Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_policy-serving"))

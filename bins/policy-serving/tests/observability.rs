@@ -12,23 +12,9 @@ const CLIENT_KEY: &str = "client-key-5b1f0c9e";
 const ADMIN_KEY: &str = "admin-key-77aa01d3";
 const UPSTREAM_KEY: &str = "upstream-key-c0ffee42";
 
-/// Kills the child when dropped, so a failing assertion never leaves a server running.
-struct KillOnDrop(std::process::Child);
+mod common;
 
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{KillOnDrop, free_port};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {

@@ -10,23 +10,9 @@ use std::time::Duration;
 
 use ps_fake_sglang::FakeSglang;
 
-/// Kills the child when dropped, so a failing assertion never leaves a server running.
-struct KillOnDrop(std::process::Child);
+mod common;
 
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{KillOnDrop, free_port};
 
 /// Starts `policy-serving serve --config <config>` in `dir` with `env`, and returns it with the
 /// log lines it wrote up to and including "policy-serving listening". Generous bound (a shared
