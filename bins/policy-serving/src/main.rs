@@ -164,11 +164,7 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
                 .map_err(|e| tracing::warn!("metrics disabled: {e}"))
                 .ok();
             runtime()?
-                .block_on(ps_server::wiring::run(
-                    &settings,
-                    metrics,
-                    ps_server::wiring::shutdown_signal(),
-                ))
+                .block_on(ps_app::run(&settings, metrics, ps_app::shutdown_signal()))
                 .map_err(|e| {
                     tracing::error!("{e}");
                     eprintln!("policy-serving: {e}");

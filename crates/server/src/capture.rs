@@ -9,8 +9,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::modes::TokenIdsMode;
 use ps_chat_template::{ChatTemplateError, ChatTokenizer, EncodedPrefix, TurnInput};
-use ps_config::TokenIdsMode;
 use ps_core::{
     AlignPolicy, Alignment, CapturedTurn, PositionSource, RolloutResponse, TokenSource, TurnGuard,
     TurnSink, WeightVersion, align_logprobs,

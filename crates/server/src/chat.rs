@@ -30,7 +30,7 @@ pub(crate) struct TurnContext {
     pub tools: Option<Value>,
     pub template_kwargs: Option<Map<String, Value>>,
     pub session_done: bool,
-    pub token_ids: ps_config::TokenIdsMode,
+    pub token_ids: crate::modes::TokenIdsMode,
     /// Whether the upstream call asked the engine for its ids.
     pub asked_for_ids: bool,
     pub trainer_weight_version: Option<String>,
@@ -160,13 +160,13 @@ async fn handle(
             retry_after_secs: crate::state::PAUSED_RETRY_AFTER_SECS,
         };
         match opts.pause_mode {
-            ps_config::PauseMode::Reject => return Err(paused),
-            ps_config::PauseMode::Hold => {
+            crate::modes::PauseMode::Reject => return Err(paused),
+            crate::modes::PauseMode::Hold => {
                 if !app.wait_submission(opts.pause_hold_max).await {
                     return Err(paused);
                 }
             }
-            ps_config::PauseMode::Serve => collect = false,
+            crate::modes::PauseMode::Serve => collect = false,
         }
     }
 
@@ -244,7 +244,7 @@ async fn handle(
         None
     };
     let upstream_stream = req.stream && opts.upstream_stream;
-    let asks_for_ids = !upstream_stream && opts.token_ids != ps_config::TokenIdsMode::Retokenize;
+    let asks_for_ids = !upstream_stream && opts.token_ids != crate::modes::TokenIdsMode::Retokenize;
     let forward_opts = ForwardOptions {
         served_model_name: &opts.served_model_name,
         stream: upstream_stream,

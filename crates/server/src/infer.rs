@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use ps_config::SessionInference;
 use ps_core::{SessionOrigin, SessionSource, TurnType};
+use ps_session_infer::SessionInference;
 use ps_session_infer::{History, Limits, PendingReply, SessionMatcher, ShapeRule};
 use serde_json::Value;
 

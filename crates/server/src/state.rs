@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::modes::PauseMode;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
-use ps_config::PauseMode;
 use ps_core::{AlignPolicy, TurnType};
 use ps_sglang_client::PolicyClient;
 use subtle::ConstantTimeEq;
@@ -42,7 +42,7 @@ pub struct ServerOptions {
     pub upstream_stream: bool,
     /// Where main turns' token ids come from (`sglang.token_ids`); unless `retokenize`, non-streamed
     /// calls ask the engine for its ids.
-    pub token_ids: ps_config::TokenIdsMode,
+    pub token_ids: crate::modes::TokenIdsMode,
     pub align_policy: AlignPolicy,
     /// What chat requests get while submission is paused (`server.pause_mode`).
     pub pause_mode: PauseMode,
@@ -72,7 +72,7 @@ impl Default for ServerOptions {
             client_api_key: None,
             submission_enabled: true,
             upstream_stream: true,
-            token_ids: ps_config::TokenIdsMode::Auto,
+            token_ids: crate::modes::TokenIdsMode::Auto,
             align_policy: AlignPolicy::default(),
             pause_mode: PauseMode::Reject,
             pause_hold_max: Duration::from_secs(30),
