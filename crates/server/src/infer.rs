@@ -129,7 +129,7 @@ pub(crate) fn find_session(
         };
     }
     let unknown = || Found {
-        session_id: crate::chat::UNKNOWN_SESSION.to_owned(),
+        session_id: crate::request::UNKNOWN_SESSION.to_owned(),
         origin: SessionOrigin::of(SessionSource::Unknown),
         reply: None,
     };

@@ -11,6 +11,7 @@
 //! composition root) and handed in as trait objects. The wire enums whose behaviour lives here
 //! ([`PauseMode`], [`TokenIdsMode`]) are defined here and read by `ps-config`.
 
+mod admission;
 pub mod capture;
 mod chat;
 pub mod error;
@@ -19,15 +20,18 @@ pub mod infer;
 pub mod linger;
 pub mod metrics;
 mod modes;
+mod plumbing;
 mod proxy_stream;
 mod request;
 pub mod rollout;
+mod router;
 mod state;
 
 pub use capture::CaptureQueue;
 pub use error::ApiError;
 pub use modes::{PauseMode, TokenIdsMode};
-pub use state::{AppState, ServerOptions, build_router};
+pub use router::build_router;
+pub use state::{AppState, ServerOptions};
 
 use std::future::Future;
 
