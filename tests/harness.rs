@@ -17,8 +17,10 @@
 //! `<target dir>/<profile>/deps/`, and the binary is `<target dir>/<profile>/policy-serving`. This
 //! follows `CARGO_TARGET_DIR`, `--release`/`--profile` and `--target` without reading them. Before
 //! the first use in a test process, it runs `cargo build -p policy-serving` for that profile (a
-//! no-op when it is fresh, which `cargo test --workspace` has made it), so `cargo test -p
-//! ps-e2e-tests` alone never runs a stale or missing binary.
+//! no-op when it is fresh; `cargo test` does not build the binary of a package without integration
+//! tests), so the suite never runs a stale or missing binary. The variables cargo sets for the
+//! test process itself are removed from that build's environment, so it is the same build as a
+//! `cargo build` in a shell and neither invalidates the other.
 //!
 //! Also shared: [`KillOnDrop`] (a failing assertion never leaves a server running) and
 //! [`free_port`].
@@ -66,6 +68,18 @@ fn profile_dir() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// The variables cargo sets for a test process (besides `CARGO_PKG_*`), none of them configuration.
+const TEST_ONLY_ENV: &[&str] = &[
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+
 /// Builds the package's binary `name` in the test's own profile and returns its path.
 fn build(name: &str) -> PathBuf {
     let dir = profile_dir();
@@ -84,12 +98,20 @@ fn build(name: &str) -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace root");
-    let status = Command::new(cargo)
-        .current_dir(workspace)
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace)
         .args(["build", "--quiet", "-p", name, "--bin", name, "--profile"])
-        .arg(&profile)
-        .status()
-        .expect("running cargo build");
+        .arg(&profile);
+    // What cargo sets for this test process only (its package, its manifest): build scripts that
+    // watch such a variable (ring's watches CARGO_MANIFEST_DIR) would otherwise rerun here and
+    // again in the next plain `cargo build`, rebuilding everything above them both times.
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if TEST_ONLY_ENV.contains(&key) || key.starts_with("CARGO_PKG_") {
+            cmd.env_remove(key);
+        }
+    }
+    let status = cmd.status().expect("running cargo build");
     assert!(status.success(), "cargo build -p {name} failed");
     let bin = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(bin.is_file(), "{} was not built", bin.display());
