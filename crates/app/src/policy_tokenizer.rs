@@ -14,7 +14,7 @@ use std::sync::Arc;
 use ps_chat_template::ChatTokenizer;
 use ps_sglang_client::ModelInfo;
 
-use crate::wiring::StartupError;
+use crate::error::StartupError;
 
 /// How many more ids than the tokenizer the model's embedding may have before the two are called
 /// different models: embeddings are padded (Qwen3-4B: 151,936 rows for 151,669 ids).

@@ -10,15 +10,13 @@ use std::time::Duration;
 
 use ps_fake_sglang::FakeSglang;
 
-mod common;
-
-use common::{KillOnDrop, free_port};
+use ps_e2e_tests::{KillOnDrop, free_port};
 
 /// Starts `policy-serving serve --config <config>` in `dir` with `env`, and returns it with the
 /// log lines it wrote up to and including "policy-serving listening". Generous bound (a shared
 /// 2-core machine): 60 s to start.
 fn serve(config: &Path, dir: &Path, env: &[(&str, String)]) -> (KillOnDrop, Vec<String>) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_policy-serving"));
+    let mut cmd = Command::new(ps_e2e_tests::policy_serving());
     cmd.args(["serve", "--config"])
         .arg(config)
         .current_dir(dir)
@@ -62,7 +60,7 @@ fn serve(config: &Path, dir: &Path, env: &[(&str, String)]) -> (KillOnDrop, Vec<
 
 fn operators_config() -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../crates/config/tests/fixtures/operators_config.toml");
+        .join("../crates/config/tests/fixtures/operators_config.toml");
     std::fs::read_to_string(path).unwrap()
 }
 

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 struct Replica {
     url: String,
-    running: Option<ps_server::wiring::Running>,
+    running: Option<ps_app::Running>,
     _dir: tempfile::TempDir,
 }
 
@@ -43,9 +43,7 @@ fn settings(
 
 async fn start(fake: &FakeHandle, redis_url: &str, deployment: &str, replica: &str) -> Replica {
     let (settings, dir) = settings(fake, redis_url, deployment, replica);
-    let running = ps_server::wiring::spawn(&settings, &|_| None, None)
-        .await
-        .unwrap();
+    let running = ps_app::spawn(&settings, &|_| None, None).await.unwrap();
     let url = running.url().to_owned();
     Replica {
         url,
@@ -283,7 +281,7 @@ async fn redis_unreachable_at_start_names_the_url_and_the_setting() {
     let port = ps_redis_store::testing::free_port();
     let url = format!("redis://:topsecret@127.0.0.1:{port}");
     let (settings, _dir) = settings(&fake, &url, "unreachable", "a");
-    let Err(e) = ps_server::wiring::build_app(&settings, &|_| None, None).await else {
+    let Err(e) = ps_app::build_app(&settings, &|_| None, None).await else {
         panic!("start-up must fail when Redis is unreachable");
     };
     let text = e.to_string();

@@ -6,10 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
+use ps_app::policy_tokenizer::TokenizerSource;
 use ps_config::Settings;
 use ps_fake_sglang::{FakeBuilder, FakeHandle, FakeSglang, MINI_MODEL_DIR};
-use ps_server::policy_tokenizer::TokenizerSource;
-use ps_server::wiring;
 
 fn settings(chat_url: &str, store: &Path) -> Settings {
     let mut s = Settings::default();
@@ -24,10 +23,10 @@ async fn fake(b: FakeBuilder) -> FakeHandle {
     b.spawn().await.unwrap()
 }
 
-/// Starts `serve` as `wiring::spawn` does; the error text when it refuses.
+/// Starts `serve` as `ps_app::spawn` does; the error text when it refuses.
 async fn start(s: &Settings) -> Result<(), String> {
     let env = |_: &str| None;
-    match wiring::spawn(s, &env, None).await {
+    match ps_app::spawn(s, &env, None).await {
         Ok(running) => {
             running.stop().await.unwrap();
             Ok(())
@@ -49,8 +48,8 @@ async fn serve_without_model_dir_uses_the_directory_the_policy_server_reports() 
     let f = fake(FakeSglang::builder()).await;
     let tmp = tempfile::tempdir().unwrap();
     let s = settings(&f.chat_url(), tmp.path());
-    let client = wiring::policy_client(&s, &|_: &str| None).unwrap();
-    let t = wiring::policy_tokenizer(&s, &client).await.unwrap();
+    let client = ps_app::policy_client(&s, &|_: &str| None).unwrap();
+    let t = ps_app::policy_tokenizer(&s, &client).await.unwrap();
     assert_eq!(
         t.source,
         TokenizerSource::PolicyServer {
@@ -67,8 +66,8 @@ async fn serve_without_model_dir_reads_vllms_model_root_when_get_model_info_is_m
     let f = fake(FakeSglang::builder().model_info_route(false)).await;
     let tmp = tempfile::tempdir().unwrap();
     let s = settings(&f.chat_url(), tmp.path());
-    let client = wiring::policy_client(&s, &|_: &str| None).unwrap();
-    let t = wiring::policy_tokenizer(&s, &client).await.unwrap();
+    let client = ps_app::policy_client(&s, &|_: &str| None).unwrap();
+    let t = ps_app::policy_tokenizer(&s, &client).await.unwrap();
     assert_eq!(
         t.source,
         TokenizerSource::PolicyServer {

@@ -12,12 +12,10 @@ use std::time::Duration;
 use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
 
-mod common;
-
-use common::{KillOnDrop, free_port};
+use ps_e2e_tests::{KillOnDrop, free_port};
 
 fn spawn_server(config: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_policy-serving"))
+    Command::new(ps_e2e_tests::policy_serving())
         .args(["serve", "--config"])
         .arg(config)
         .env("RUST_LOG", "warn")

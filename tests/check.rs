@@ -45,7 +45,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// Runs `policy-serving check --config FILE` with an empty environment (no legacy overrides leak in).
 async fn check(config: PathBuf) -> Output {
     tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_policy-serving"))
+        Command::new(ps_e2e_tests::policy_serving())
             .args(["check", "--config"])
             .arg(config)
             .env_clear()

@@ -12,9 +12,7 @@ const CLIENT_KEY: &str = "client-key-5b1f0c9e";
 const ADMIN_KEY: &str = "admin-key-77aa01d3";
 const UPSTREAM_KEY: &str = "upstream-key-c0ffee42";
 
-mod common;
-
-use common::{KillOnDrop, free_port};
+use ps_e2e_tests::{KillOnDrop, free_port};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
@@ -39,7 +37,7 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
     )
     .unwrap();
     let mut server = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_policy-serving"))
+        Command::new(ps_e2e_tests::policy_serving())
             .args(["serve", "--config"])
             .arg(&config)
             .env("T_CLIENT_KEY", CLIENT_KEY)

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 struct Server {
     url: String,
-    running: Option<ps_server::wiring::Running>,
+    running: Option<ps_app::Running>,
 }
 
 fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
@@ -28,9 +28,7 @@ fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
 }
 
 async fn start(settings: &Settings) -> Server {
-    let running = ps_server::wiring::spawn(settings, &|_| None, None)
-        .await
-        .unwrap();
+    let running = ps_app::spawn(settings, &|_| None, None).await.unwrap();
     let url = running.url().to_owned();
     Server {
         url,

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 struct Server {
     url: String,
     fake: FakeHandle,
-    running: Option<ps_server::wiring::Running>,
+    running: Option<ps_app::Running>,
 }
 
 fn settings(fake: &FakeHandle, store: &Path) -> Settings {
@@ -35,9 +35,7 @@ async fn start(settings: Settings, fake: FakeHandle) -> Server {
         CLIENT_VAR => Some("client-secret".to_owned()),
         _ => None,
     };
-    let running = ps_server::wiring::spawn(&settings, &env, None)
-        .await
-        .unwrap();
+    let running = ps_app::spawn(&settings, &env, None).await.unwrap();
     let url = running.url().to_owned();
     Server {
         url,

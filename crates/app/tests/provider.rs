@@ -15,7 +15,7 @@ const KEY: &str = "sk-provider-test-93d1";
 
 struct Server {
     url: String,
-    running: Option<ps_server::wiring::Running>,
+    running: Option<ps_app::Running>,
 }
 
 fn settings(fake: &FakeHandle, provider: &FakeProviderHandle, dir: &Path) -> Settings {
@@ -39,9 +39,7 @@ fn settings(fake: &FakeHandle, provider: &FakeProviderHandle, dir: &Path) -> Set
 async fn start(settings: &Settings, key: &str) -> Server {
     let key = key.to_owned();
     let env = move |name: &str| (name == KEY_VAR).then(|| key.clone());
-    let running = ps_server::wiring::spawn(settings, &env, None)
-        .await
-        .unwrap();
+    let running = ps_app::spawn(settings, &env, None).await.unwrap();
     let url = running.url().to_owned();
     Server {
         url,

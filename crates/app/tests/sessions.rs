@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 struct Server {
     url: String,
     fake: FakeHandle,
-    running: Option<ps_server::wiring::Running>,
+    running: Option<ps_app::Running>,
     http: reqwest::Client,
 }
 
@@ -30,9 +30,7 @@ fn settings(fake: &FakeHandle, store: &Path) -> Settings {
 
 async fn start(settings: Settings, fake: FakeHandle) -> Server {
     let env = |_: &str| None;
-    let running = ps_server::wiring::spawn(&settings, &env, None)
-        .await
-        .unwrap();
+    let running = ps_app::spawn(&settings, &env, None).await.unwrap();
     Server {
         url: running.url().to_owned(),
         fake,

@@ -34,7 +34,7 @@ async fn opd_run(sessions: usize, top_k: usize) -> (f64, u64, u64) {
     s.teacher.max_concurrency = 8;
     s.opd.top_k = top_k;
     s.store.path = dir.path().to_path_buf();
-    let running = ps_server::wiring::spawn(&s, &|_| None, None).await.unwrap();
+    let running = ps_app::spawn(&s, &|_| None, None).await.unwrap();
     let base = running.url().to_owned();
     let http = reqwest::Client::new();
     let started = Instant::now();

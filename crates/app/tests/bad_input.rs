@@ -1,4 +1,4 @@
-//! Hostile and malformed input on every endpoint of the full app (`wiring::build_app`, a temporary
+//! Hostile and malformed input on every endpoint of the full app (`ps_app::build_app`, a temporary
 //! store and record directory, the in-process fake SGLang): wrong methods, unknown routes, wrong JSON
 //! types, huge and deeply nested bodies, invalid UTF-8, header injection attempts over a raw socket,
 //! and session ids made of path characters. Every error has the OpenAI shape, nothing is written
@@ -22,7 +22,7 @@ struct Server {
     addr: std::net::SocketAddr,
     dir: tempfile::TempDir,
     _fake: FakeHandle,
-    running: Option<ps_server::wiring::Running>,
+    running: Option<ps_app::Running>,
 }
 
 impl Server {
@@ -39,7 +39,7 @@ impl Server {
         s.store.path = dir.path().join("store");
         s.logging.record_dir = Some(dir.path().join("records"));
         let env = |_: &str| None;
-        let running = ps_server::wiring::spawn(&s, &env, None).await.unwrap();
+        let running = ps_app::spawn(&s, &env, None).await.unwrap();
         let addr = running.addr();
         Self {
             url: running.url().to_owned(),

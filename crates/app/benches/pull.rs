@@ -65,11 +65,9 @@ async fn main() {
     settings.server.port = 0;
     settings.prm.enabled = false;
     settings.store.path = dir.path().to_path_buf();
-    let app = ps_server::wiring::build_app(&settings, &|_| None, None)
-        .await
-        .unwrap();
+    let app = ps_app::build_app(&settings, &|_| None, None).await.unwrap();
     let store = app.rollout().unwrap().store.clone();
-    let listener = ps_server::wiring::bind(&settings).await.unwrap();
+    let listener = ps_app::bind(&settings).await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(ps_server::serve(listener, app, async {

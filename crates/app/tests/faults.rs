@@ -1,4 +1,4 @@
-//! The chat path under upstream faults, through the full app (`wiring::build_app`) in front of two
+//! The chat path under upstream faults, through the full app (`ps_app::build_app`) in front of two
 //! in-process fakes: the policy (refused connections, timeouts, 5xx and 429 answers, garbage, streams
 //! cut or broken mid-way) and the PRM judge (slow, timing out, 429 storms, refused). Every request
 //! gets the right status and shape (streams end with `[DONE]`), and no captured turn is lost: every
@@ -16,15 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 struct Server {
     url: String,
     _dir: tempfile::TempDir,
-    running: Option<ps_server::wiring::Running>,
+    running: Option<ps_app::Running>,
 }
 
 impl Server {
     async fn start(settings: Settings, dir: tempfile::TempDir) -> Self {
         let env = |_: &str| None;
-        let running = ps_server::wiring::spawn(&settings, &env, None)
-            .await
-            .unwrap();
+        let running = ps_app::spawn(&settings, &env, None).await.unwrap();
         let url = running.url().to_owned();
         Self {
             url,
