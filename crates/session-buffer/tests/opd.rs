@@ -14,7 +14,8 @@ use ps_core::{
 use ps_opd_judge::{HintOutcome, HintVote, MockHintJudge};
 use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
 use ps_session_buffer::{
-    BufferConfig, BufferMode, OpdOptions, OpdParts, RecordSink, SessionBuffer,
+    BufferConfig, BufferMode, ConversationRecord, OpdOptions, OpdParts, OpdRecord, PrmRecord,
+    RecordSink, SessionBuffer, ToJson,
 };
 use ps_teacher_client::{MockTeacherScorer, TeacherError, TeacherLogprobs};
 use serde_json::{Value, json};
@@ -35,10 +36,10 @@ impl SampleSink for CollectSink {
 struct CollectRecords(Mutex<Vec<Value>>);
 
 impl RecordSink for CollectRecords {
-    fn conversation(&self, _: Value) {}
-    fn prm(&self, _: Value) {}
-    fn opd(&self, r: Value) {
-        self.0.lock().unwrap().push(r);
+    fn conversation(&self, _: ConversationRecord) {}
+    fn prm(&self, _: PrmRecord) {}
+    fn opd(&self, r: OpdRecord) {
+        self.0.lock().unwrap().push(r.to_json());
     }
 }
 
