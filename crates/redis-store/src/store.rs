@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
+use ps_core::codec;
 use ps_core::sample::Sample;
 use ps_core::{
     LogError, PendingStore, PendingTurn, SampleLog, SampleSink, SinkError, StoreStats, StoredSample,
@@ -242,9 +243,9 @@ fn token(bytes: &[u8]) -> String {
     format!("{:016x}{:016x}", half(0), half(1))
 }
 
-/// A sample as stored: MessagePack with named fields, as in the embedded store.
+/// A sample as stored: the one sample codec of both stores ([`ps_core::codec`]).
 fn encode(sample: &Sample) -> Result<Vec<u8>, RedisStoreError> {
-    rmp_serde::to_vec_named(sample).map_err(|source| RedisStoreError::Encode {
+    codec::encode_sample(sample).map_err(|source| RedisStoreError::Encode {
         session_id: sample.session_id.clone(),
         turn: sample.turn,
         source,
@@ -258,15 +259,12 @@ fn decode(
     stream: &str,
     url: &str,
 ) -> Result<StoredSample, RedisStoreError> {
-    let mut sample: Sample =
-        rmp_serde::from_slice(bytes).map_err(|source| RedisStoreError::Decode {
-            seq,
-            stream: stream.to_owned(),
-            url: url.to_owned(),
-            source,
-        })?;
-    sample.index = seq;
-    sample.group_index = seq;
+    let sample = codec::decode_sample(seq, bytes).map_err(|source| RedisStoreError::Decode {
+        seq,
+        stream: stream.to_owned(),
+        url: url.to_owned(),
+        source,
+    })?;
     Ok(StoredSample { seq, sample })
 }
 
@@ -939,7 +937,7 @@ impl PendingStore for RedisStore {
         let mut pipe = redis::pipe();
         pipe.atomic();
         for t in &turns {
-            let bytes = rmp_serde::to_vec_named(t).map_err(|e| {
+            let bytes = codec::encode_pending(t).map_err(|e| {
                 SinkError::Store(
                     RedisStoreError::Encode {
                         session_id: t.turn.session_id.clone(),
@@ -969,7 +967,7 @@ impl PendingStore for RedisStore {
             .map_err(|e| SinkError::Store(self.failed("take pending turns")(e).chain()))?;
         let mut turns = Vec::with_capacity(values.len());
         for v in values {
-            match rmp_serde::from_slice::<PendingTurn>(&v) {
+            match codec::decode_pending(&v) {
                 Ok(t) => turns.push(t),
                 Err(e) => tracing::error!(
                     url = %self.inner.url,
