@@ -230,17 +230,12 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// The idempotency token of an append: 128 bits of hash over the encoded sample. Equal bytes are
-/// the same sample, so answering a repeated append with the first one's seq loses nothing.
+/// The idempotency token of an append: the XXH3-128 hash of the encoded sample, as 32 hex
+/// digits. Equal bytes are the same sample, so answering a repeated append with the first one's
+/// seq loses nothing. XXH3 is specified and stable across Rust versions and platforms (std's
+/// `DefaultHasher` is neither), so replicas of different builds agree on a sample's token.
 fn token(bytes: &[u8]) -> String {
-    use std::hash::{Hash, Hasher};
-    let half = |salt: u8| {
-        let mut h = std::hash::DefaultHasher::new();
-        salt.hash(&mut h);
-        bytes.hash(&mut h);
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(0), half(1))
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
 
 /// A sample as stored: the one sample codec of both stores ([`ps_core::codec`]).
@@ -1040,6 +1035,16 @@ mod tests {
         );
         assert_eq!(durability(Some("no"), always), Durability::NoAppendOnly);
         assert_eq!(durability(None, None), Durability::Unknown);
+    }
+
+    #[test]
+    fn the_append_token_is_xxh3_128_in_hex() {
+        // XXH3-128 of the empty input, from the xxHash reference test vectors.
+        assert_eq!(token(b""), "99aa06d3014798d86001c324468d497f");
+        let t = token(b"a sample");
+        assert_eq!(t.len(), 32);
+        assert_eq!(t, token(b"a sample"));
+        assert_ne!(t, token(b"a sample."));
     }
 
     #[test]
