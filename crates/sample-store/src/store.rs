@@ -8,6 +8,11 @@
 //!   bottom.
 //! - table `meta`: `last_seq` (the highest seq ever handed out, so seqs are never reused, even when
 //!   compaction emptied `samples`) and `committed` (the trainer's commit point).
+//!
+//! Why one file of about 900 lines: the handle, the group-commit writer thread, the read paths and
+//! the pending-turn table share these table definitions, the chunking and the counters that keep
+//! seqs, the commit point and retention consistent; the byte format is core's codec
+//! ([`crate::codec`] maps its errors). The writer (`Writer`) would be the next cut.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
