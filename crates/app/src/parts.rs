@@ -17,12 +17,14 @@ use ps_redis_store::{Durability, RedisConfig, RedisStore};
 use ps_sample_store::{SampleStore, StoreConfig};
 use ps_server::ServerOptions;
 use ps_server::rollout::PauseHook;
-use ps_session_buffer::{BufferConfig, BufferMode, OpdOptions, OpdParts, RecordSink};
+use ps_session_buffer::{
+    BufferConfig, BufferMode, ConversationRecord, OpdOptions, OpdParts, OpdRecord, PrmRecord,
+    RecordSink, ToJson,
+};
 use ps_sglang_client::{SglangClient, SglangClientConfig};
 use ps_teacher_client::{
     CompletionsTeacher, CompletionsTeacherConfig, SglangTeacher, SglangTeacherConfig, TeacherScorer,
 };
-use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use crate::error::StartupError;
@@ -77,21 +79,21 @@ impl Records {
 }
 
 impl RecordSink for Records {
-    fn conversation(&self, record: Value) {
+    fn conversation(&self, record: ConversationRecord) {
         if let Some(w) = &self.conversations {
-            w.record(record);
+            w.record(record.to_json());
         }
     }
 
-    fn prm(&self, record: Value) {
+    fn prm(&self, record: PrmRecord) {
         if let Some(w) = &self.prm {
-            w.record(record);
+            w.record(record.to_json());
         }
     }
 
-    fn opd(&self, record: Value) {
+    fn opd(&self, record: OpdRecord) {
         if let Some(w) = &self.opd {
-            w.record(record);
+            w.record(record.to_json());
         }
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod align;
 pub mod capture;
+pub mod codec;
 pub mod errors;
 pub mod log;
 pub mod message;
