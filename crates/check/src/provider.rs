@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ps_config::{ConfigError, EnvLookup, PrmBackend, Settings};
+use ps_config::{ConfigError, EnvLookup, PrmBackend, Secret, Settings};
 use serde_json::{Value, json};
 
 use crate::report::Outcome;
@@ -34,9 +34,10 @@ fn models(s: &Settings) -> Vec<(&'static str, String)> {
 }
 
 /// How the key was resolved, for messages (never the value).
+#[derive(Debug)]
 enum Key {
     /// The value, and the variable it came from.
-    Sent { value: String, var: String },
+    Sent { value: Secret, var: String },
     /// `provider.api_key_env` is unset: no key is sent.
     NotConfigured,
     /// The variable is unset or empty: no key is sent.
@@ -44,9 +45,10 @@ enum Key {
 }
 
 impl Key {
+    /// The key, for the header that sends it and for scrubbing echoes of it from messages.
     fn value(&self) -> Option<&str> {
         match self {
-            Self::Sent { value, .. } => Some(value),
+            Self::Sent { value, .. } => Some(value.expose()),
             _ => None,
         }
     }
@@ -77,7 +79,7 @@ pub(crate) async fn check(s: &Settings, env: EnvLookup<'_>) -> Outcome {
     }
     let key = match s.provider_api_key(env) {
         Ok(Some(secret)) => Key::Sent {
-            value: secret.expose().to_owned(),
+            value: secret,
             var: s.provider.api_key_env.clone().unwrap_or_default(),
         },
         Ok(None) => Key::NotConfigured,

@@ -1,8 +1,6 @@
 //! Secrets: read from the environment (never from files, except the literal `sglang.api_key`),
 //! through a lookup closure so callers and tests choose the environment.
 
-use std::fmt;
-
 use crate::error::ConfigError;
 use crate::schema::Settings;
 
@@ -18,45 +16,8 @@ pub fn process_env(name: &str) -> Option<String> {
 /// proxy must send. Honoured only when `server.api_key_env` is unset.
 pub const LEGACY_CLIENT_KEY_ENV: &str = "SGLANG_API_KEY";
 
-/// A resolved secret. `Debug` and `Display` print `<redacted>`; [`Secret::expose`] gives the value.
-#[derive(Clone)]
-pub struct Secret {
-    value: String,
-    source: String,
-}
-
-impl Secret {
-    /// Wraps a value; `source` says where it came from (e.g. `environment variable TAOTOKEN_API_KEY`)
-    /// and may be printed.
-    pub fn new(value: impl Into<String>, source: impl Into<String>) -> Self {
-        Self {
-            value: value.into(),
-            source: source.into(),
-        }
-    }
-
-    /// The secret value. Do not log it.
-    pub fn expose(&self) -> &str {
-        &self.value
-    }
-
-    /// Where the value came from (safe to print), e.g. `environment variable TAOTOKEN_API_KEY`.
-    pub fn source(&self) -> &str {
-        &self.source
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
+/// Re-exported: the type every API key travels in, from here to the header that sends it.
+pub use ps_core::Secret;
 
 /// Reads the secret held by the variable `var`, which the key `named_by` (e.g.
 /// `provider.api_key_env`) names. Unset or empty variables are errors naming both.

@@ -35,7 +35,7 @@ pub struct ServerOptions {
     /// Largest accepted request body (`server.max_body_bytes`).
     pub max_body_bytes: usize,
     /// Bearer key clients must send, when set.
-    pub client_api_key: Option<String>,
+    pub client_api_key: Option<ps_core::Secret>,
     pub submission_enabled: bool,
     /// Stream upstream when the client streams (`sglang.stream`); otherwise the answer is fetched whole
     /// and sent as synthesised chunks.
@@ -49,7 +49,7 @@ pub struct ServerOptions {
     /// Longest wait of a held request (`server.pause_hold_max_sec`).
     pub pause_hold_max: Duration,
     /// Bearer key of the `/v1/rollout/*` routes, when set (`server.admin_key_env`).
-    pub admin_api_key: Option<String>,
+    pub admin_api_key: Option<ps_core::Secret>,
     /// How long shutdown waits for scoring and submission (`server.shutdown_grace_sec`).
     pub shutdown_grace: Duration,
     /// Most messages in one request (`server.max_messages`).
@@ -243,12 +243,30 @@ async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
 
 /// The client key (`server.api_key_env`) guards the chat routes.
 async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    check_key(app.0.options.client_api_key.as_deref(), req, next).await
+    check_key(
+        app.0
+            .options
+            .client_api_key
+            .as_ref()
+            .map(ps_core::Secret::expose),
+        req,
+        next,
+    )
+    .await
 }
 
 /// The admin key (`server.admin_key_env`) guards the rollout routes: a chat client's key is not enough.
 async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    check_key(app.0.options.admin_api_key.as_deref(), req, next).await
+    check_key(
+        app.0
+            .options
+            .admin_api_key
+            .as_ref()
+            .map(ps_core::Secret::expose),
+        req,
+        next,
+    )
+    .await
 }
 
 /// The router: `/v1/*` behind the client key, health and metrics open.

@@ -45,7 +45,7 @@ pub trait PolicyClient: Send + Sync {
 pub struct SglangClientConfig {
     pub chat_url: String,
     /// Sent as `Authorization: Bearer` when set.
-    pub api_key: Option<String>,
+    pub api_key: Option<ps_core::Secret>,
     /// Whole-answer timeout of a non-streamed call; time to the first byte and between two chunks of
     /// a streamed one.
     pub timeout: Duration,
@@ -86,7 +86,7 @@ impl SglangClient {
     fn post(&self, body: &Value) -> reqwest::RequestBuilder {
         let mut req = self.http.post(&self.config.chat_url).json(body);
         if let Some(key) = &self.config.api_key {
-            req = req.bearer_auth(key);
+            req = req.bearer_auth(key.expose());
         }
         req
     }
@@ -197,7 +197,7 @@ impl SglangClient {
         };
         let mut req = self.http.get(url);
         if let Some(key) = &self.config.api_key {
-            req = req.bearer_auth(key);
+            req = req.bearer_auth(key.expose());
         }
         let resp = tokio::time::timeout(after, req.send())
             .await

@@ -12,23 +12,13 @@ use crate::error::{API_KEY_ENV_KEY, TIMEOUT_KEY, TeacherError, URL_KEY, error_ch
 pub(crate) use ps_core::errors::{error_message, snippet};
 
 /// Where and how to call one teacher. `Debug` never shows the key.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Endpoint {
     pub http: reqwest::Client,
     /// The URL every call is POSTed to.
     pub url: String,
-    pub api_key: Option<String>,
+    pub api_key: Option<ps_core::Secret>,
     pub timeout: Duration,
-}
-
-impl std::fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("url", &self.url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// A client with its own connection pool, its connect phase bounded by `timeout`.
@@ -71,7 +61,7 @@ impl Endpoint {
         let mut req = self.http.post(&self.url).json(body);
         if let Some(key) = &self.api_key {
             // `bearer_auth` marks the header sensitive, so it is not printed by reqwest either.
-            req = req.bearer_auth(key);
+            req = req.bearer_auth(key.expose());
         }
         let resp = req.send().await.map_err(|e| self.send_error(e))?;
         let status = resp.status();

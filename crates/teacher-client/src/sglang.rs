@@ -23,24 +23,14 @@ use crate::{
 };
 
 /// Settings of [`SglangTeacher`] (from `[teacher]` with `backend = "sglang"`). `Debug` hides the key.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SglangTeacherConfig {
     /// The teacher's `/generate` URL (`teacher.url`); a bare `http://host:port` gets `/generate`.
     pub url: String,
     /// Whole-call timeout: connect, answer and body (`teacher.timeout_sec`).
     pub timeout: Duration,
     /// Bearer key, the value of the variable named by `teacher.api_key_env` (SGLang's `--api-key`).
-    pub api_key: Option<String>,
-}
-
-impl fmt::Debug for SglangTeacherConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SglangTeacherConfig")
-            .field("url", &self.url)
-            .field("timeout", &self.timeout)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
+    pub api_key: Option<ps_core::Secret>,
 }
 
 /// The `/generate` URL for a configured teacher URL: a bare root (`http://host:port` or with `/`) gets
