@@ -45,12 +45,17 @@ enum Key {
 }
 
 impl Key {
-    /// The key, for the header that sends it and for scrubbing echoes of it from messages.
-    fn value(&self) -> Option<&str> {
+    /// The key, for the header that sends it.
+    fn secret(&self) -> Option<&Secret> {
         match self {
-            Self::Sent { value, .. } => Some(value.expose()),
+            Self::Sent { value, .. } => Some(value),
             _ => None,
         }
+    }
+
+    /// The key's text, for scrubbing echoes of it from messages.
+    fn value(&self) -> Option<&str> {
+        self.secret().map(Secret::expose)
     }
 }
 
@@ -89,11 +94,7 @@ pub(crate) async fn check(s: &Settings, env: EnvLookup<'_>) -> Outcome {
         },
     };
     let limit = crate::limit(s.provider.timeout());
-    let http = match reqwest::Client::builder()
-        .connect_timeout(limit)
-        .tcp_nodelay(true)
-        .build()
-    {
+    let http = match ps_http::client(limit) {
         Ok(h) => h,
         Err(e) => {
             return Outcome::fail(
@@ -168,10 +169,7 @@ impl Probe<'_> {
             "temperature": 0,
             "stream": false,
         });
-        let mut req = self.http.post(self.url).json(&body);
-        if let Some(k) = self.key.value() {
-            req = req.bearer_auth(k);
-        }
+        let req = ps_http::with_bearer(self.http.post(self.url).json(&body), self.key.secret());
         let exchange = async {
             let resp = req.send().await?;
             let status = resp.status();
@@ -186,12 +184,15 @@ impl Probe<'_> {
         let url = shown_url(self.url);
         let (status, retry_after, bytes) = match tokio::time::timeout(self.limit, exchange).await {
             Err(_) => return Err(self.timeout(&url)),
-            Ok(Err(e)) if e.is_timeout() => return Err(self.timeout(&url)),
+            Ok(Err(e)) if ps_http::classify(&e) == ps_http::Failure::Timeout => {
+                return Err(self.timeout(&url));
+            }
             Ok(Err(e)) => {
                 let chain = scrub(&error_chain(&e), self.key.value());
-                let cause = if e.is_connect() && refused(&chain) {
+                let connect = ps_http::classify(&e) == ps_http::Failure::Connect;
+                let cause = if connect && refused(&chain) {
                     format!("nothing listens at {url} (connection refused)")
-                } else if e.is_connect() {
+                } else if connect {
                     format!("cannot connect to the provider at {url}: {chain}")
                 } else {
                     format!("the call to the provider at {url} failed: {chain}")

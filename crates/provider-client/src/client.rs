@@ -105,14 +105,10 @@ impl ProviderClient {
         if !url.path().ends_with("/chat/completions") {
             return Err(invalid("the chat URL must end in /chat/completions"));
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.timeout)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| ProviderError::Build {
-                name: config.name.clone(),
-                detail: error_chain(&e),
-            })?;
+        let http = ps_http::client(config.timeout).map_err(|e| ProviderError::Build {
+            name: config.name.clone(),
+            detail: error_chain(&e),
+        })?;
         let permits = Arc::new(Semaphore::new(config.max_concurrency.max(1)));
         Ok(Self {
             http,
@@ -250,10 +246,10 @@ impl ProviderClient {
     }
 
     async fn exchange(&self, body: &Value) -> Result<ChatAnswer, Failure> {
-        let mut req = self.http.post(self.url.clone()).json(body);
-        if let Some(key) = &self.config.api_key {
-            req = req.bearer_auth(key.expose());
-        }
+        let req = ps_http::with_bearer(
+            self.http.post(self.url.clone()).json(body),
+            self.config.api_key.as_ref(),
+        );
         let resp = req.send().await.map_err(|e| self.transport(&e))?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
@@ -278,12 +274,10 @@ impl ProviderClient {
 
     fn transport(&self, e: &reqwest::Error) -> Failure {
         let detail = self.redact(&error_chain(e));
-        if e.is_timeout() {
-            Failure::Timeout
-        } else if e.is_connect() {
-            Failure::Connect(detail)
-        } else {
-            Failure::Transport(detail)
+        match ps_http::classify(e) {
+            ps_http::Failure::Timeout => Failure::Timeout,
+            ps_http::Failure::Connect => Failure::Connect(detail),
+            _ => Failure::Transport(detail),
         }
     }
 
