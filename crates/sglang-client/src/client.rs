@@ -29,7 +29,6 @@ pub enum StreamEvent {
 pub type ChatEventStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, SglangError>> + Send>>;
 
 /// The policy model's chat endpoint, as the server sees it.
-#[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
 #[async_trait]
 pub trait PolicyClient: Send + Sync {
     /// Sends a non-streamed chat completion and returns the parsed JSON answer.
