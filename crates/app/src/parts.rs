@@ -155,14 +155,14 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
         default_turn_type: s.default_turn_type,
         served_model_name: s.served_model_name.clone(),
         max_body_bytes: usize::try_from(s.max_body_bytes).unwrap_or(usize::MAX),
-        client_api_key: settings.client_api_key(env)?.map(|k| k.expose().to_owned()),
+        client_api_key: settings.client_api_key(env)?,
         submission_enabled: s.submission_enabled,
         upstream_stream: settings.sglang.stream,
         token_ids: settings.sglang.token_ids_mode(),
         align_policy: settings.capture.align_policy(),
         pause_mode: s.pause_mode,
         pause_hold_max: std::time::Duration::from_secs(s.pause_hold_max_sec),
-        admin_api_key: settings.admin_api_key(env)?.map(|k| k.expose().to_owned()),
+        admin_api_key: settings.admin_api_key(env)?,
         shutdown_grace: s.shutdown_grace(),
         max_messages: s.max_messages,
         max_upstream: settings.sglang.max_concurrency,
@@ -192,7 +192,7 @@ pub fn policy_client(
     let g = &settings.sglang;
     Ok(SglangClient::new(SglangClientConfig {
         chat_url: g.chat_url.clone(),
-        api_key: settings.sglang_api_key(env)?.map(|k| k.expose().to_owned()),
+        api_key: settings.sglang_api_key(env)?,
         timeout: g.timeout(),
         connect_timeout: g.connect_timeout(),
     })?)
@@ -247,9 +247,7 @@ pub fn provider_client(
         // The loaded settings do not say whether the file called the section `taotoken`.
         name: "provider".to_owned(),
         chat_url,
-        api_key: settings
-            .provider_api_key(env)?
-            .map(|k| k.expose().to_owned()),
+        api_key: settings.provider_api_key(env)?,
         key_var: p.api_key_env.clone(),
         max_concurrency: p.max_concurrency.max(1),
         timeout: p.timeout(),
@@ -322,9 +320,7 @@ pub fn teacher(
 ) -> Result<Arc<dyn TeacherScorer>, StartupError> {
     let t = &settings.teacher;
     let url = settings.teacher_url().unwrap_or_default().to_owned();
-    let api_key = settings
-        .teacher_api_key(env)?
-        .map(|k| k.expose().to_owned());
+    let api_key = settings.teacher_api_key(env)?;
     let timeout = std::time::Duration::from_secs(t.timeout_sec);
     Ok(match t.backend {
         TeacherBackend::Sglang => Arc::new(SglangTeacher::new(SglangTeacherConfig {

@@ -248,7 +248,7 @@ impl fmt::Debug for SglangSettings {
         struct Redacted;
         impl fmt::Debug for Redacted {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(crate::redact::REDACTED)
+                f.write_str(crate::secret::REDACTED)
             }
         }
         f.debug_struct("SglangSettings")

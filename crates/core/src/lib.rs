@@ -4,7 +4,7 @@
 //! ([`message`]), session and turn identities ([`session`]), the tokens an upstream reported for a
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
 //! the captured main turn ([`capture`]), the trainer's [`sample::Sample`] and the traits of where
-//! samples go ([`sink`], [`log`]).
+//! samples go ([`sink`], [`log`]), and the [`secret::Secret`] an API key travels in.
 //!
 //! It must not depend on a web framework, an async runtime or any other crate of this workspace:
 //! the dependency arrows of the workspace all point here.
@@ -19,6 +19,7 @@ pub mod metric_names;
 pub mod pending;
 pub mod rollout;
 pub mod sample;
+pub mod secret;
 pub mod session;
 pub mod sink;
 
@@ -28,5 +29,6 @@ pub use errors::error_chain;
 pub use log::{LogError, SampleLog, StoreStats, StoredSample};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
+pub use secret::Secret;
 pub use session::{SessionHeaders, SessionOrigin, SessionSource, TurnType};
 pub use sink::{SampleSink, SinkError};

@@ -47,12 +47,28 @@ async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
 
 /// The client key (`server.api_key_env`) guards the chat routes.
 async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    check_key(app.options().client_api_key.as_deref(), req, next).await
+    check_key(
+        app.options()
+            .client_api_key
+            .as_ref()
+            .map(ps_core::Secret::expose),
+        req,
+        next,
+    )
+    .await
 }
 
 /// The admin key (`server.admin_key_env`) guards the rollout routes: a chat client's key is not enough.
 async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    check_key(app.options().admin_api_key.as_deref(), req, next).await
+    check_key(
+        app.options()
+            .admin_api_key
+            .as_ref()
+            .map(ps_core::Secret::expose),
+        req,
+        next,
+    )
+    .await
 }
 
 /// The router: `/v1/*` behind the client key, health and metrics open.

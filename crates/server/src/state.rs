@@ -33,7 +33,7 @@ pub struct ServerOptions {
     /// Largest accepted request body (`server.max_body_bytes`).
     pub max_body_bytes: usize,
     /// Bearer key clients must send, when set.
-    pub client_api_key: Option<String>,
+    pub client_api_key: Option<ps_core::Secret>,
     pub submission_enabled: bool,
     /// Stream upstream when the client streams (`sglang.stream`); otherwise the answer is fetched whole
     /// and sent as synthesised chunks.
@@ -47,7 +47,7 @@ pub struct ServerOptions {
     /// Longest wait of a held request (`server.pause_hold_max_sec`).
     pub pause_hold_max: Duration,
     /// Bearer key of the `/v1/rollout/*` routes, when set (`server.admin_key_env`).
-    pub admin_api_key: Option<String>,
+    pub admin_api_key: Option<ps_core::Secret>,
     /// How long shutdown waits for scoring and submission (`server.shutdown_grace_sec`).
     pub shutdown_grace: Duration,
     /// Most messages in one request (`server.max_messages`).

@@ -34,7 +34,7 @@ fn sglang(url: &str, timeout: Duration, api_key: Option<&str>) -> SglangTeacher 
     SglangTeacher::new(SglangTeacherConfig {
         url: url.to_owned(),
         timeout,
-        api_key: api_key.map(str::to_owned),
+        api_key: api_key.map(Into::into),
     })
     .expect("teacher")
 }
@@ -43,7 +43,7 @@ fn completions(base: &str, api_key: Option<&str>) -> CompletionsTeacher {
     CompletionsTeacher::new(CompletionsTeacherConfig {
         base_url: base.to_owned(),
         model: "teacher".to_owned(),
-        api_key: api_key.map(str::to_owned),
+        api_key: api_key.map(Into::into),
         timeout: Duration::from_secs(30),
     })
     .expect("teacher")
