@@ -14,9 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     TeacherLogprobs, TeacherScorer,
-    error::{MODEL_KEY, TeacherError, URL_KEY, chat_endpoint_error},
+    error::{MODEL_KEY, ParseError, TeacherError, URL_KEY, chat_endpoint_error},
     http::{Endpoint, build_client, is_chat_path, parse_http_url, snippet},
-    sglang::ParseError,
 };
 
 /// Settings of [`CompletionsTeacher`] (from `[teacher]` with `backend = "openai_completions"`, or the

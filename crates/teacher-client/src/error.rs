@@ -166,3 +166,19 @@ fn key_phrase(key_sent: &bool) -> &'static str {
 
 /// `e` and its causes, joined (one definition for the product, in `ps-core`).
 pub(crate) use ps_core::error_chain;
+
+/// Why an answer (SGLang `/generate` or `/v1/completions`) could not be read; the HTTP layer turns it
+/// into a [`TeacherError`] with the URL.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ParseError {
+    Invalid(String),
+    Missing {
+        field: &'static str,
+        position: usize,
+        input_position: usize,
+    },
+    ShortTopK {
+        position: usize,
+        got: usize,
+    },
+}

@@ -117,8 +117,8 @@ impl Endpoint {
     }
 
     /// The error for an answer that did not hold what was asked (`top_k` = K of the request).
-    pub(crate) fn parse_error(&self, e: crate::sglang::ParseError, top_k: usize) -> TeacherError {
-        use crate::sglang::ParseError;
+    pub(crate) fn parse_error(&self, e: crate::error::ParseError, top_k: usize) -> TeacherError {
+        use crate::error::ParseError;
         match e {
             ParseError::Invalid(detail) => self.invalid_body(detail),
             ParseError::Missing {

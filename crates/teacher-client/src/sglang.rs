@@ -18,7 +18,7 @@ use serde::{
 
 use crate::{
     TeacherLogprobs, TeacherScorer,
-    error::{BACKEND_KEY, TeacherError, URL_KEY, chat_endpoint_error},
+    error::{BACKEND_KEY, ParseError, TeacherError, URL_KEY, chat_endpoint_error},
     http::{Endpoint, build_client, is_chat_path, parse_http_url, snippet},
 };
 
@@ -184,21 +184,6 @@ impl TeacherScorer for SglangTeacher {
     fn describe(&self) -> String {
         format!("sglang /generate at {}", self.url())
     }
-}
-
-/// Why an answer could not be read (the caller adds the URL).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum ParseError {
-    Invalid(String),
-    Missing {
-        field: &'static str,
-        position: usize,
-        input_position: usize,
-    },
-    ShortTopK {
-        position: usize,
-        got: usize,
-    },
 }
 
 /// One logprob entry: the triple `[logprob|null, token_id, text|null]`, or (accepted like the
