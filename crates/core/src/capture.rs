@@ -80,7 +80,6 @@ pub struct WeightVersion {
 /// arrives (synchronously, before forwarding it), then exactly one of [`TurnSink::accept`] (the turn
 /// was captured) or [`TurnSink::abandon`] (the request failed, the client went away, or capture
 /// failed) for that turn. Implementations must not block: they queue and return.
-#[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
 pub trait TurnSink: Send + Sync {
     /// A main request of `session_id` arrived; its last message is the next state of the session's
     /// previous main turn. `done` says the client ends the session with this turn. Returns the

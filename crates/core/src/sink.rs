@@ -15,7 +15,6 @@ pub enum SinkError {
 /// Receives finished samples, in turn order per session. `submit` returns once the sample is
 /// accepted for good (for a durable store: written and synced), with the sequence number it got; the
 /// implementation sets `sample.index` and `sample.group_index` to that number (one sample per group).
-#[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
 #[async_trait::async_trait]
 pub trait SampleSink: Send + Sync {
     async fn submit(&self, sample: Sample) -> Result<u64, SinkError>;
