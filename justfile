@@ -12,6 +12,7 @@ test:
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    python3 scripts/module_cycles.py
 
 # The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang, then the store, the
 # pull API and OPD end to end. Extra arguments go to the load generator.

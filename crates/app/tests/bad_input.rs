@@ -3,6 +3,8 @@
 //! types, huge and deeply nested bodies, invalid UTF-8, header injection attempts over a raw socket,
 //! and session ids made of path characters. Every error has the OpenAI shape, nothing is written
 //! outside the configured directories, and after each bad request the server still serves a good one.
+//!
+//! Long because it is the one catalogue of hostile input: one test per endpoint and kind of bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;

@@ -1,5 +1,8 @@
 //! The RL pipeline through the real server: chat turns → next states → PRM votes (fake SGLang's
 //! /generate) → durable store → the trainer's rollout API.
+//!
+//! Long because each rollout-API behaviour (pull, commit, pause modes, status, eval scores) has its
+//! own end-to-end case over the same harness.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;

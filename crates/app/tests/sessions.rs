@@ -1,5 +1,8 @@
 //! Sessions without headers (`server.session_inference`): conversations recognised from their own
 //! history through the real server, in front of the in-process fake SGLang.
+//!
+//! Long because each matching rule (continue, fork, retry, compaction, side shapes, bounds) has its
+//! own case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};

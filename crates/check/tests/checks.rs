@@ -1,6 +1,8 @@
 //! `run_checks` against the in-process fake SGLang, the fake provider, tiny misbehaving servers and
 //! a real proxy: every check passes on a fake-backed configuration (RL and OPD), and each operator
 //! failure is a FAIL line naming its cause and the key or variable to fix.
+//!
+//! Long because each operator failure has its own case (one check, one cause, one fix).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;

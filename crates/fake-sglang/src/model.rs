@@ -1,6 +1,9 @@
 //! The fake "model": what it samples for a chat request or a `/generate` prompt, as text and as tokens of
 //! the configured tokenizer. Pure functions of the request (plus the per-text vote counter of
 //! `/generate`), and blocking (tokenization), so callers run them off the async executor.
+//!
+//! Over ~600 lines: the sampling rules for chat, judge and teacher prompts are one table of behaviours
+//! that tests script against; splitting them would scatter one contract over several files.
 
 use ps_chat_template::{ChatTemplateError, ChatTokenizer};
 use serde_json::{Map, Value, json};

@@ -1,5 +1,8 @@
 //! The report: per-phase figures, the proxy's costs, the targets (pass/miss, never asserted), as a
 //! human table or JSON.
+//!
+//! Over ~600 lines: every figure of the report has its row in the table and its key in the JSON here,
+//! so one file shows both forms side by side; about 100 lines are unit tests.
 
 use std::fmt::Write as _;
 

@@ -1,5 +1,7 @@
 //! The Redis store's contract against a real redis-server (skipped when it is not installed,
 //! required in CI).
+//!
+//! Long because each clause of the store's contract (seqs, idempotence, requeue, trim) has its own case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;

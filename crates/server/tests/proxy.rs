@@ -1,5 +1,7 @@
 //! The real server in front of the in-process fake SGLang: answers, forwarding, streaming, capture and
 //! every bad input of the serving path.
+//!
+//! Long because it is the serving path's whole contract: one case per answer shape and bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -1,4 +1,6 @@
 //! The session state machine with small fakes for the scorer and the sink.
+//!
+//! Long because each transition of the state machine has its own case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;

@@ -1,5 +1,7 @@
 //! OPD and Combine through the session buffer, with mockall mocks and small fakes for the hint judge,
 //! the teacher and the PRM.
+//!
+//! Long because each OPD/Combine outcome (sample, each drop reason, caps) has its own case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,8 @@
 //! Assembling an answer: the assistant message and the sampled tokens' log-probs, from a non-streamed
 //! response or from the chunks of a stream.
+//!
+//! Longer than ~600 lines because of its unit tests (from line ~400): one case per response shape the
+//! real builds send (docs/upstream-protocols.md), kept beside the code they pin.
 
 use ps_core::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 use serde_json::{Map, Value, json};
