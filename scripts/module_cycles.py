@@ -40,30 +40,39 @@ def brace_group(text, start):
 
 
 def top_level_names(group):
-    """First path segments at depth 0 of a `{a::x, b, c::{d, e}}` group."""
-    names, depth, token = [], 0, ""
-    at_start = True
-    for ch in group + ",":
+    """First path segments at depth 0 of a `{a::x, b, c::{d, e}}` group: `[a, b, c]`."""
+    names = []
+    for item in split_top(group):
+        m = re.match(r"\s*(" + IDENT + r")", item)
+        if m and m.group(1) != "self":
+            names.append(m.group(1))
+    return names
+
+
+def split_top(group):
+    """The items of a use group, split at the commas outside nested braces."""
+    items, depth, cur = [], 0, ""
+    for ch in group:
         if ch == "{":
             depth += 1
         elif ch == "}":
             depth -= 1
-        elif depth == 0:
-            if ch == ",":
-                at_start = True
-                token = ""
-                continue
-            if at_start:
-                if re.match(r"[A-Za-z0-9_]", ch):
-                    token += ch
-                    continue
-                if token:
-                    names.append(token)
-                    at_start = False
-                token = ""
-    if at_start and token:
-        names.append(token)
-    return names
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    return items
+
+
+def self_test():
+    assert top_level_names("chat, health, rollout") == ["chat", "health", "rollout"]
+    assert top_level_names("a::x, b") == ["a", "b"]
+    assert top_level_names("a::{x, y}, b::z,\n c") == ["a", "b", "c"]
+    assert referenced("use crate::{router};") == {"router"}
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
 
 
 def referenced(text):
@@ -146,6 +155,7 @@ def cycles(edges):
 
 
 def main(argv):
+    self_test()
     show = "--graph" in argv
     dirs = [pathlib.Path(a) for a in argv if a != "--graph"]
     if not dirs:

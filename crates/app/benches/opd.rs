@@ -1,7 +1,7 @@
 //! End-to-end OPD throughput: sessions of two main turns through the real server, the fake SGLang
 //! answering chat, hint votes and teacher scoring; turns per second until every turn is resolved,
 //! with K = 0 and K = 50 in the same run, plus the store's write rate for K = 50 samples
-//! (T = 4,096). Run: `cargo bench -p ps-server --bench opd -- [--sessions N]`.
+//! (T = 4,096). Run: `cargo bench -p ps-app --bench opd -- [--sessions N]`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};

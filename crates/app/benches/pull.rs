@@ -1,6 +1,6 @@
 //! The pull API's rate: `GET /v1/rollout/samples` through the real server (HTTP + JSON, as a trainer
 //! sees it) against reading the same store directly, in the same run. Samples have 4,096 response
-//! tokens. Run: `cargo bench -p ps-server --bench pull -- [--samples N] [--page M]`.
+//! tokens. Run: `cargo bench -p ps-app --bench pull -- [--samples N] [--page M]`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;

@@ -17,8 +17,10 @@
 //! `defaults` are leaves; `schema` uses only those; `keys` (resolving the named secrets), `redact`
 //! (printing), `validate` and `trainer_file` sit on them, and `load` on everything.
 //!
-//! This crate depends on no workspace crate but `ps-core`, and on no web framework or async
-//! runtime.
+//! Besides `ps-core`, this crate depends only on the crates that own the behaviour its wire enums
+//! select, and re-exports those enums: `ps-server` (`PauseMode`, `TokenIdsMode`) and
+//! `ps-session-infer` (`SessionInference`). It opens no connection and starts no runtime; the
+//! composition crate (`ps-app`) turns the settings into running parts.
 
 pub mod defaults;
 mod dict;

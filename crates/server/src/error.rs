@@ -147,7 +147,8 @@ impl ApiError {
         self.answer().status
     }
 
-    /// Whether the client is at fault (4xx, refusals) rather than the upstream or this server.
+    /// Whether the client is at fault (4xx, refusals) rather than the upstream or this server. A
+    /// trainer committing past the store's last seq (409 `commit_ahead`) is the client's fault.
     pub fn is_client_error(&self) -> bool {
         matches!(self.answer().class, Class::Client | Class::Unauthorized)
     }
@@ -191,9 +192,13 @@ pub struct ErrorReport {
 
 impl ErrorReport {
     /// Logs the error once, at the level its class says.
-    pub fn log(&self, method: &http::Method, path: &str) {
+    /// `chat`: the request was a chat completion, whose lines keep their long-standing messages.
+    pub fn log(&self, method: &http::Method, path: &str, chat: bool) {
         let (status, code, error) = (self.status.as_u16(), self.code, &self.message);
         match self.class {
+            Class::Client if chat => {
+                tracing::info!(%method, path, status, code, error, "rejected chat request");
+            }
             Class::Client => {
                 tracing::info!(%method, path, status, code, error, "request rejected");
             }
@@ -204,6 +209,9 @@ impl ErrorReport {
                 code,
                 "rejected a request without a valid API key"
             ),
+            Class::Upstream if chat => {
+                tracing::warn!(%method, path, status, code, error, "chat request failed upstream");
+            }
             Class::Upstream => {
                 tracing::warn!(%method, path, status, code, error, "request failed upstream");
             }

@@ -74,7 +74,7 @@ async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next
 /// The router: `/v1/*` behind the client key, health and metrics open.
 pub fn build_router(app: AppState) -> Router {
     let v1 = Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route(CHAT_PATH, post(chat::chat_completions))
         .route("/v1/models", get(health::models))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
     let rollout = Router::new()
@@ -105,20 +105,30 @@ pub fn build_router(app: AppState) -> Router {
         .with_state(app)
 }
 
+/// The chat completions route.
+const CHAT_PATH: &str = "/v1/chat/completions";
+
 /// Runs the request in its span (the chat path records the session id, turn type, turn and
-/// arrival sequence into it) and logs an error answer ([`ErrorReport`]) there, once.
+/// arrival sequence into it) and logs an error answer ([`ErrorReport`]) there, once. The chat
+/// route keeps the span name and messages it has always had (`chat`, "rejected chat request",
+/// "chat request failed upstream"), so operators' filters keep matching.
 async fn edge(req: Request, next: Next) -> Response {
-    let span = tracing::info_span!(
-        "request",
-        session_id = tracing::field::Empty,
-        turn_type = tracing::field::Empty,
-        turn = tracing::field::Empty,
-        seq = tracing::field::Empty
-    );
+    let chat = req.uri().path() == CHAT_PATH;
+    let span = if chat {
+        tracing::info_span!(
+            "chat",
+            session_id = tracing::field::Empty,
+            turn_type = tracing::field::Empty,
+            turn = tracing::field::Empty,
+            seq = tracing::field::Empty
+        )
+    } else {
+        tracing::info_span!("request")
+    };
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let resp = next.run(req).instrument(span.clone()).await;
     if let Some(report) = resp.extensions().get::<ErrorReport>() {
-        span.in_scope(|| report.log(&method, &path));
+        span.in_scope(|| report.log(&method, &path, chat));
     }
     resp
 }

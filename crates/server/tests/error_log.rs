@@ -165,3 +165,43 @@ async fn a_rollout_store_failure_is_a_500_logged_once_in_the_request_span() {
     assert!(line.contains("path=\"/v1/rollout/status\""), "{line}");
     assert!(line.contains("status=500"), "{line}");
 }
+
+/// The chat route keeps its span name and message ("rejected chat request"), which operators filter
+/// on, while the other routes share the edge's generic ones.
+#[tokio::test]
+async fn a_rejected_chat_request_keeps_its_span_and_message() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let router = ps_server::build_router(app());
+    let resp = router
+        .oneshot(
+            http::Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Body::from("{not json"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), http::StatusCode::BAD_REQUEST);
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let logged: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("rejected chat request"))
+        .collect();
+    assert_eq!(logged.len(), 1, "logged once, got:\n{text}");
+    assert!(
+        logged[0].contains("chat:"),
+        "inside the chat span: {}",
+        logged[0]
+    );
+    assert!(
+        !text.contains("request rejected"),
+        "no generic line for the chat route:\n{text}"
+    );
+}
