@@ -213,12 +213,11 @@ def _server_url(args: Any, cfg: Optional[OperatorConfig] = None) -> str:
     )
 
 
-def _timeout(args: Any, cfg: Optional[OperatorConfig]) -> Optional[float]:
+def _timeout(args: Any) -> Optional[float]:
     """Only an explicit ``args.policy_serving_timeout_sec`` bounds the wait for a batch. The
-    config file's ``rollout.sample_timeout_sec`` is the server's session timeout: a rollout that
-    waited only that long would stop a training run whenever live traffic is slow, where the
-    reference waits for as long as it takes."""
-    del cfg
+    config file's ``rollout.sample_timeout_sec`` is the server's session timeout, deliberately not
+    read here: a rollout that waited only that long would stop a training run whenever live
+    traffic is slow, where the reference waits for as long as it takes."""
     explicit = getattr(args, "policy_serving_timeout_sec", None)
     return None if explicit is None else float(explicit)
 
@@ -300,7 +299,7 @@ def generate_rollout(
     try:
         batch = bridge.next_batch(
             n,
-            timeout_sec=_timeout(args, cfg),
+            timeout_sec=_timeout(args),
             current_version=version,
             max_staleness=None if max_staleness is None else int(max_staleness),
         )

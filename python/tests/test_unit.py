@@ -416,7 +416,8 @@ def test_config_toml_from_env_and_explicit_args_win(
         )
     # rollout.sample_timeout_sec is the server's session timeout: it never bounds the wait for a
     # batch (a slow stretch of live traffic must not stop the training run).
-    assert sr._timeout(types.SimpleNamespace(), sr.load_for(types.SimpleNamespace())) is None
+    assert sr.load_for(types.SimpleNamespace()).sample_timeout_sec == 0.2
+    assert sr._timeout(types.SimpleNamespace()) is None
     other = FakeClient([api_sample(1), api_sample(2)])
     install(other, "http://explicit")
     a = types.SimpleNamespace(
