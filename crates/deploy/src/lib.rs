@@ -5,8 +5,11 @@
 //!
 //! It owns the checks only (a small PromQL reader, the extraction of queries from both files, and a
 //! reader of the workspace's `counter!`/`gauge!`/`histogram!` calls that keeps the catalogue's labels
-//! honest). It depends on `ps-core` alone and nothing depends on it.
+//! honest), and a runner of Debian's Prometheus that evaluates the dashboard's queries against a
+//! live `/metrics` ([`prometheus::Prometheus`]). It depends on `ps-core` alone and only tests
+//! depend on it.
 
+pub mod prometheus;
 pub mod promql;
 pub mod source;
 

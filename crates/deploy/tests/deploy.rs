@@ -216,3 +216,107 @@ fn promtool_parses_every_dashboard_query() {
     std::fs::write(&file, yaml).unwrap();
     run(Command::new(&promtool).arg("check").arg("rules").arg(&file));
 }
+
+/// A `/metrics` page with a series of every catalogued metric: each label takes the values
+/// `ok`, `failed` and `teacher_error`, summaries have their quantiles, `_sum` and `_count`, and
+/// counters grow with every scrape.
+fn exposition(scrape: u64) -> String {
+    let mut out = String::new();
+    let values = ["ok", "failed", "teacher_error"];
+    for m in CATALOGUE {
+        let mut label_sets = vec![String::new()];
+        for l in m.labels {
+            label_sets = label_sets
+                .iter()
+                .flat_map(|prefix| {
+                    values.iter().map(move |v| {
+                        let sep = if prefix.is_empty() { "" } else { "," };
+                        format!("{prefix}{sep}{l}=\"{v}\"")
+                    })
+                })
+                .collect();
+        }
+        match m.kind {
+            MetricKind::Histogram => {
+                out.push_str(&format!("# TYPE {} summary\n", m.name));
+                for q in ["0.5", "0.9", "0.99"] {
+                    out.push_str(&format!("{}{{quantile=\"{q}\"}} 0.25\n", m.name));
+                }
+                out.push_str(&format!(
+                    "{}_sum {}\n{}_count {}\n",
+                    m.name,
+                    scrape,
+                    m.name,
+                    4 * scrape
+                ));
+            }
+            kind => {
+                let ty = if kind == MetricKind::Counter {
+                    "counter"
+                } else {
+                    "gauge"
+                };
+                out.push_str(&format!("# TYPE {} {ty}\n", m.name));
+                for set in &label_sets {
+                    out.push_str(&format!("{}{{{set}}} {}\n", m.name, scrape + 1));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Serves [`exposition`] on a loopback port from a thread; returns `host:port`.
+fn serve_exposition() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for (scrape, stream) in listener.incoming().enumerate() {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let body = exposition(scrape as u64);
+            let _ = write!(
+                s,
+                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr.to_string()
+}
+
+/// Grafana's variables as Prometheus sees them after substitution.
+fn grafana_to_promql(expr: &str) -> String {
+    expr.replace("$__rate_interval", "30s")
+        .replace("$job", ".*")
+}
+
+/// Prometheus scrapes a page with every catalogued series and evaluates every dashboard query to
+/// at least one series. (The end-to-end tests do the same against the running demo.)
+#[test]
+fn prometheus_evaluates_every_dashboard_query_to_series() {
+    let target = serve_exposition();
+    let Some(prom) =
+        ps_deploy::prometheus::Prometheus::start(std::slice::from_ref(&target)).unwrap()
+    else {
+        return;
+    };
+    prom.wait_scraped(1, 3, std::time::Duration::from_secs(60))
+        .unwrap();
+    let mut empty = Vec::new();
+    for q in dashboard() {
+        let result = prom
+            .query(&grafana_to_promql(&q.expr))
+            .unwrap_or_else(|e| panic!("{}: {e}", q.place));
+        if result.is_empty() {
+            empty.push(format!("{}: {}", q.place, q.expr));
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "queries without series:\n{}",
+        empty.join("\n")
+    );
+}
