@@ -337,18 +337,26 @@ async function sample(id, seq) {
   let pinned = null;
   s.tokens.forEach((t, i) => {
     const label = t.text === undefined ? '#' + t.id : shown(t.text);
-    const chip = el('span', { class: 'tok' + (t.marks && t.marks.length ? ' marked' : ''), 'data-i': i, 'data-id': t.id, tabindex: 0 }, label);
-    chip.addEventListener('mouseenter', () => { if (!pinned) showTip(chip, t, i); });
-    chip.addEventListener('mouseleave', () => { if (!pinned) tip.hidden = true; });
-    chip.addEventListener('focus', () => showTip(chip, t, i));
-    chip.addEventListener('click', () => {
-      if (pinned) pinned.classList.remove('pinned');
-      pinned = pinned === chip ? null : chip;
-      if (pinned) { chip.classList.add('pinned'); showTip(chip, t, i); } else tip.hidden = true;
-    });
+    const chip = el('span', { class: 'tok' + (t.marks && t.marks.length ? ' marked' : ''), 'data-i': i, tabindex: 0 }, label);
     chips.push(chip);
     box.append(chip);
     if (t.text && t.text.includes('\n')) box.append(el('br'));
+  });
+  // One set of listeners for every chip (a response may have thousands).
+  const chipOf = (ev) => {
+    const c = ev.target.closest && ev.target.closest('.tok');
+    return c && box.contains(c) ? c : null;
+  };
+  const tokenOf = (c) => s.tokens[Number(c.dataset.i)];
+  box.addEventListener('mouseover', (ev) => { const c = chipOf(ev); if (c && !pinned) showTip(c, tokenOf(c), Number(c.dataset.i)); });
+  box.addEventListener('mouseout', (ev) => { const c = chipOf(ev); if (c && !pinned) tip.hidden = true; });
+  box.addEventListener('focusin', (ev) => { const c = chipOf(ev); if (c) showTip(c, tokenOf(c), Number(c.dataset.i)); });
+  box.addEventListener('click', (ev) => {
+    const c = chipOf(ev);
+    if (!c) return;
+    if (pinned) pinned.classList.remove('pinned');
+    pinned = pinned === c ? null : c;
+    if (pinned) { c.classList.add('pinned'); showTip(c, tokenOf(c), Number(c.dataset.i)); } else tip.hidden = true;
   });
   const legendSlot = el('div');
   const paint = () => {
@@ -386,7 +394,13 @@ async function sample(id, seq) {
 
 function schedule(id, ms) {
   clearTimeout(timer);
-  timer = setTimeout(() => { if (id === renderId && !document.hidden) render(true); else if (id === renderId) schedule(id, ms); }, ms);
+  timer = setTimeout(() => {
+    if (id !== renderId) return;
+    // Not while the tab is hidden, nor under someone typing a search.
+    const typing = document.activeElement && document.activeElement.id === 'session-search';
+    if (document.hidden || typing) schedule(id, ms);
+    else render(true);
+  }, ms);
 }
 
 async function render(refresh) {

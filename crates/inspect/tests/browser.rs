@@ -84,7 +84,7 @@ async fn a_person_sees_sessions_turns_votes_hints_and_tokens() {
     b.goto(&format!("{base}/ui")).await;
     b.wait_text("#card-requests", "6 requests (5 main, 1 side)")
         .await;
-    b.wait_text("#card-lag", "stored 2 · committed 0").await;
+    b.wait_text("#card-lag", "stored 3 · committed 0").await;
     b.wait_text("#card-submission", "paused").await;
     b.wait_text("#card-submission", "pause mode hold").await;
     b.wait_text("#dropped", "teacher_token_mismatch").await;
@@ -224,6 +224,25 @@ async fn a_person_sees_sessions_turns_votes_hints_and_tokens() {
     let tip = b.wait_text("#tip", "teacher top-2").await;
     assert!(tip.contains("\"w7 \""), "{tip}");
     no_script_ran(&b).await;
+
+    // A long response of a session the history never saw (a sample written before a restart):
+    // every token is a chip, the last one's tip works.
+    b.goto(&format!("{base}/ui/#/sample/3")).await;
+    b.wait_text("#sample-facts", "before-restart").await;
+    let n = b
+        .js(
+            "return document.querySelectorAll('#tokens .tok').length;",
+            vec![],
+        )
+        .await;
+    assert_eq!(n, json!(support::LONG));
+    b.js(
+        "const c = document.querySelectorAll('#tokens .tok'); c[c.length - 1].scrollIntoView(); c[c.length - 1].click();",
+        vec![],
+    )
+    .await;
+    b.wait_text("#tip", &format!("position\t{}", support::LONG - 1))
+        .await;
 
     // A seq the store does not hold.
     b.goto(&format!("{base}/ui/#/sample/99")).await;

@@ -40,7 +40,7 @@ async fn overview_counts_requests_samples_drops_and_reads_the_store_and_live_sta
     assert_eq!(o.totals.dropped["teacher_token_mismatch"], 1);
     assert_eq!(o.totals.teacher_mismatches, 1);
     let store = o.store.unwrap();
-    assert_eq!((store.last_seq, store.committed, store.lag), (2, 0, 2));
+    assert_eq!((store.last_seq, store.committed, store.lag), (3, 0, 3));
     let live = o.live.unwrap();
     assert!(!live.submission_enabled);
     assert_eq!(live.pause_mode, "hold");
@@ -148,6 +148,15 @@ async fn a_sample_is_read_from_the_store_by_seq() {
     assert!(s.has_teacher);
     assert_eq!(s.tokens[2].adv, Some(-2.0));
     assert_eq!(s.tokens[0].top[0].text.as_deref(), Some("w200 "));
+
+    // A sample of a session the history never saw (written before a restart) is read all the same.
+    let (status, body) = get(app().await, "/v1/inspect/samples/3").await;
+    assert_eq!(status, StatusCode::OK);
+    let s: SampleView = serde_json::from_value(body).unwrap();
+    assert_eq!(
+        (s.session_id.as_str(), s.tokens.len(), s.status.as_str()),
+        ("before-restart", support::LONG, "truncated")
+    );
 
     let (status, body) = get(app().await, "/v1/inspect/samples/9").await;
     assert_eq!(

@@ -105,6 +105,9 @@ impl TokenText for Vocab {
     }
 }
 
+/// Response tokens of the long sample.
+pub const LONG: usize = 2000;
+
 pub struct FixedLive;
 
 impl LiveStatus for FixedLive {
@@ -179,6 +182,24 @@ pub fn opd_sample() -> Sample {
         session_id: "beta".into(),
         turn: 1,
         metadata,
+        ..Sample::default()
+    }
+}
+
+/// A sample of a session the history never saw (seq 3: as if written before a restart), with a
+/// long response: `n` tokens, log-probs falling along it.
+pub fn long_sample(n: usize) -> Sample {
+    let ids: Vec<u32> = (0..n as u32).map(|i| 1000 + i % 500).collect();
+    Sample {
+        prompt: "long".into(),
+        tokens: [vec![1u32], ids].concat(),
+        response_length: n,
+        loss_mask: vec![1; n],
+        rollout_log_probs: (0..n).map(|i| -(i as f64) / n as f64 * 6.0).collect(),
+        reward: Reward { score: 0.0 },
+        status: SampleStatus::Truncated,
+        session_id: "before-restart".into(),
+        turn: 7,
         ..Sample::default()
     }
 }
@@ -262,6 +283,7 @@ pub async fn filled() -> Inspect {
         session: "beta",
         reason: "done",
     });
+    log.submit(long_sample(LONG)).await.unwrap();
     // A session whose id is itself hostile.
     h.observe(opened("<b>bold</b>", Some(1), TurnType::Main));
     Inspect {
