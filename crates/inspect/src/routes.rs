@@ -87,8 +87,8 @@ pub const DEFAULT_LIST_LIMIT: usize = 200;
 pub const MAX_LIST_LIMIT: usize = 5000;
 
 /// `GET /v1/inspect/overview`, `/v1/inspect/sessions`, `/v1/inspect/sessions/{id}`,
-/// `/v1/inspect/samples/{seq}`.
-pub fn api_router(state: Inspect) -> Router {
+/// `/v1/inspect/samples/{seq}`. Generic over the state of the router it is merged into.
+pub fn api_router<S: Clone + Send + Sync + 'static>(state: Inspect) -> Router<S> {
     Router::new()
         .route("/v1/inspect/overview", get(overview))
         .route("/v1/inspect/sessions", get(sessions))
@@ -203,8 +203,9 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// `GET /ui` (the page) and its assets `/ui/app.js`, `/ui/app.css`.
-pub fn ui_router() -> Router {
+/// `GET /ui` (the page) and its assets `/ui/app.js`, `/ui/app.css`. Generic over the state of
+/// the router it is merged into.
+pub fn ui_router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
         .route(
