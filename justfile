@@ -19,8 +19,8 @@ bench *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
     cargo run --release -p loadgen -- --stream --rounds 5 {{ARGS}}
     cargo bench -p ps-sample-store --bench store
-    cargo bench -p ps-server --bench pull
-    cargo bench -p ps-server --bench opd
+    cargo bench -p ps-app --bench pull
+    cargo bench -p ps-app --bench opd
     cargo bench -p ps-server --bench capture
     cargo bench -p ps-server --bench session_infer
 

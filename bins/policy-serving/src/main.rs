@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use ps_chat_template::ChatTokenizer;
 use ps_config::{LogFormat, Overrides, Settings};
 
@@ -35,8 +35,8 @@ enum Command {
     /// Run the self-contained demo: fake SGLang, proxy and a scripted conversation on loopback.
     Demo {
         /// `rl`, `opd` or `combine`.
-        #[arg(long, default_value = "rl", value_parser = parse_mode)]
-        mode: ps_config::Mode,
+        #[arg(long, value_enum, default_value_t = DemoMode::Rl)]
+        mode: DemoMode,
     },
     /// Render and tokenize turns read as JSON lines on stdin (see the README).
     Tokenize {
@@ -96,12 +96,21 @@ impl ServeArgs {
     }
 }
 
-fn parse_mode(s: &str) -> Result<ps_config::Mode, String> {
-    match s {
-        "rl" => Ok(ps_config::Mode::Rl),
-        "opd" => Ok(ps_config::Mode::Opd),
-        "combine" => Ok(ps_config::Mode::Combine),
-        other => Err(format!("{other:?} is not rl, opd or combine")),
+/// `demo --mode`: the values of `server.mode`, parsed by clap (which lists them in its error).
+#[derive(Clone, Copy, ValueEnum)]
+enum DemoMode {
+    Rl,
+    Opd,
+    Combine,
+}
+
+impl From<DemoMode> for ps_config::Mode {
+    fn from(mode: DemoMode) -> Self {
+        match mode {
+            DemoMode::Rl => Self::Rl,
+            DemoMode::Opd => Self::Opd,
+            DemoMode::Combine => Self::Combine,
+        }
     }
 }
 
@@ -164,11 +173,7 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
                 .map_err(|e| tracing::warn!("metrics disabled: {e}"))
                 .ok();
             runtime()?
-                .block_on(ps_server::wiring::run(
-                    &settings,
-                    metrics,
-                    ps_server::wiring::shutdown_signal(),
-                ))
+                .block_on(ps_app::run(&settings, metrics, ps_app::shutdown_signal()))
                 .map_err(|e| {
                     tracing::error!("{e}");
                     eprintln!("policy-serving: {e}");
@@ -193,7 +198,7 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
             init_tracing("warn", LogFormat::Text);
             let mut out = std::io::stdout();
             runtime()?
-                .block_on(ps_demo::run(&mut out, mode))
+                .block_on(ps_demo::run(&mut out, mode.into()))
                 .map(|_| ())
                 .map_err(|e| {
                     eprintln!("policy-serving demo: {e}");

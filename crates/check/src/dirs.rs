@@ -103,7 +103,7 @@ pub(crate) async fn check(s: &Settings) -> Outcome {
 /// what the directory probe found.
 async fn redis(s: &Settings, dirs: String) -> Outcome {
     use ps_core::SampleLog as _;
-    let store = match ps_redis_store::RedisStore::open(ps_server::wiring::redis_config(s)).await {
+    let store = match ps_redis_store::RedisStore::open(ps_app::redis_config(s)).await {
         Ok(store) => store,
         Err(e) => {
             return Outcome::fail(
@@ -113,7 +113,7 @@ async fn redis(s: &Settings, dirs: String) -> Outcome {
             );
         }
     };
-    let risks = ps_server::wiring::redis_risks(&store);
+    let risks = ps_app::redis_risks(&store);
     if !risks.is_empty() {
         return Outcome::fail(
             format!("{}: {}", store.describe(), risks.join("; ")),

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use ps_app::StartupError;
 use ps_config::{PrmBackend, Settings};
 use ps_prm_client::{JudgeBackend, JudgeError, JudgeInput, judge_messages, parse_boxed_score};
-use ps_server::wiring::StartupError;
 
 use crate::TokenizerResult;
 use crate::report::Outcome;
@@ -48,8 +48,7 @@ pub(crate) async fn check(s: &Settings, tokenizer: Option<&TokenizerResult>) -> 
     };
     let owned = s.clone();
     let built =
-        tokio::task::spawn_blocking(move || ps_server::wiring::judge_backend(&owned, &policy_tok))
-            .await;
+        tokio::task::spawn_blocking(move || ps_app::judge_backend(&owned, &policy_tok)).await;
     let judge = match built {
         Ok(Ok(j)) => j,
         Ok(Err(StartupError::Tokenizer { dir, source })) => {

@@ -14,7 +14,7 @@
 //! limit, derived from the configured timeout ([`CHECK_TIMEOUT_CAP`], [`JUDGE_TIMEOUT_CAP`]).
 //!
 //! This crate owns the checks and their wording only. The policy client, judge, teacher and tokenizer
-//! are built by `ps_server::wiring`, exactly as `serve` builds them, so a check exercises the same
+//! are built by `ps_app` (the composition root), exactly as `serve` builds them, so a check exercises the same
 //! URL, key, template and tokenizer. The provider probe is one plain chat call without retries: a
 //! check must show the first 401 or 429, not hide it behind back-off. Secrets are never printed:
 //! variables are named, values are not, and error bodies are scrubbed of the key. Nothing but the
@@ -32,8 +32,8 @@ mod util;
 
 use std::time::{Duration, Instant};
 
+use ps_app::policy_tokenizer::{PolicyTokenizer, Reported};
 use ps_config::{EnvLookup, Settings};
-use ps_server::policy_tokenizer::{PolicyTokenizer, Reported};
 
 pub use report::{CheckId, CheckReport, CheckResult, Outcome};
 pub use teacher::TEACHER_PROBE_TOKENS;
@@ -68,8 +68,8 @@ pub async fn run_checks(settings: &Settings, env: EnvLookup<'_>) -> CheckReport 
     timed(CheckId::KeyVariables, t, keys::check(settings, env));
 
     let t = Instant::now();
-    let base = ps_server::wiring::local_base_url(&settings.server.host, settings.server.port);
-    let auth = Outcome::ok(ps_server::wiring::client_auth_line(settings, env, &base));
+    let base = ps_app::local_base_url(&settings.server.host, settings.server.port);
+    let auth = Outcome::ok(ps_app::client_auth_line(settings, env, &base));
     timed(CheckId::ClientAuth, t, auth);
 
     let t = Instant::now();
@@ -110,7 +110,7 @@ pub async fn run_checks(settings: &Settings, env: EnvLookup<'_>) -> CheckReport 
     CheckReport { checks }
 }
 
-/// The policy tokenizer as `serve` finds it ([`ps_server::policy_tokenizer`]), or the failure
+/// The policy tokenizer as `serve` finds it ([`ps_app::policy_tokenizer`]), or the failure
 /// every check that needs it reports.
 pub(crate) type TokenizerResult = Result<PolicyTokenizer, Outcome>;
 
@@ -121,7 +121,7 @@ async fn policy_tokenizer(
     policy: &sglang::Policy,
 ) -> (Outcome, TokenizerResult) {
     let reported = match policy.built() {
-        Some(client) => ps_server::wiring::ask_policy_server(settings, client).await,
+        Some(client) => ps_app::ask_policy_server(settings, client).await,
         None => Reported::Unreachable {
             url: util::shown_url(&settings.sglang.chat_url),
             error: "the SGLang client could not be built (see the sglang checks)".to_owned(),
@@ -129,7 +129,7 @@ async fn policy_tokenizer(
     };
     let dir = settings.server.model_dir.clone();
     let chosen = tokio::task::spawn_blocking(move || {
-        ps_server::policy_tokenizer::choose(dir.as_deref(), &reported)
+        ps_app::policy_tokenizer::choose(dir.as_deref(), &reported)
     })
     .await;
     let fix = "set server.model_dir (or --model-dir) to the tokenizer directory of the model the \

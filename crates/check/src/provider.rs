@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ps_config::{ConfigError, EnvLookup, PrmBackend, Settings};
+use ps_config::{ConfigError, EnvLookup, PrmBackend, Secret, Settings};
 use serde_json::{Value, json};
 
 use crate::report::Outcome;
@@ -34,9 +34,10 @@ fn models(s: &Settings) -> Vec<(&'static str, String)> {
 }
 
 /// How the key was resolved, for messages (never the value).
+#[derive(Debug)]
 enum Key {
     /// The value, and the variable it came from.
-    Sent { value: String, var: String },
+    Sent { value: Secret, var: String },
     /// `provider.api_key_env` is unset: no key is sent.
     NotConfigured,
     /// The variable is unset or empty: no key is sent.
@@ -44,11 +45,17 @@ enum Key {
 }
 
 impl Key {
-    fn value(&self) -> Option<&str> {
+    /// The key, for the header that sends it.
+    fn secret(&self) -> Option<&Secret> {
         match self {
             Self::Sent { value, .. } => Some(value),
             _ => None,
         }
+    }
+
+    /// The key's text, for scrubbing echoes of it from messages.
+    fn value(&self) -> Option<&str> {
+        self.secret().map(Secret::expose)
     }
 }
 
@@ -77,7 +84,7 @@ pub(crate) async fn check(s: &Settings, env: EnvLookup<'_>) -> Outcome {
     }
     let key = match s.provider_api_key(env) {
         Ok(Some(secret)) => Key::Sent {
-            value: secret.expose().to_owned(),
+            value: secret,
             var: s.provider.api_key_env.clone().unwrap_or_default(),
         },
         Ok(None) => Key::NotConfigured,
@@ -87,11 +94,7 @@ pub(crate) async fn check(s: &Settings, env: EnvLookup<'_>) -> Outcome {
         },
     };
     let limit = crate::limit(s.provider.timeout());
-    let http = match reqwest::Client::builder()
-        .connect_timeout(limit)
-        .tcp_nodelay(true)
-        .build()
-    {
+    let http = match ps_http::client(limit) {
         Ok(h) => h,
         Err(e) => {
             return Outcome::fail(
@@ -166,10 +169,7 @@ impl Probe<'_> {
             "temperature": 0,
             "stream": false,
         });
-        let mut req = self.http.post(self.url).json(&body);
-        if let Some(k) = self.key.value() {
-            req = req.bearer_auth(k);
-        }
+        let req = ps_http::with_bearer(self.http.post(self.url).json(&body), self.key.secret());
         let exchange = async {
             let resp = req.send().await?;
             let status = resp.status();
@@ -184,12 +184,15 @@ impl Probe<'_> {
         let url = shown_url(self.url);
         let (status, retry_after, bytes) = match tokio::time::timeout(self.limit, exchange).await {
             Err(_) => return Err(self.timeout(&url)),
-            Ok(Err(e)) if e.is_timeout() => return Err(self.timeout(&url)),
+            Ok(Err(e)) if ps_http::classify(&e) == ps_http::Failure::Timeout => {
+                return Err(self.timeout(&url));
+            }
             Ok(Err(e)) => {
                 let chain = scrub(&error_chain(&e), self.key.value());
-                let cause = if e.is_connect() && refused(&chain) {
+                let connect = ps_http::classify(&e) == ps_http::Failure::Connect;
+                let cause = if connect && refused(&chain) {
                     format!("nothing listens at {url} (connection refused)")
-                } else if e.is_connect() {
+                } else if connect {
                     format!("cannot connect to the provider at {url}: {chain}")
                 } else {
                     format!("the call to the provider at {url} failed: {chain}")

@@ -1,8 +1,8 @@
 //! Checks 3 and 4: the SGLang policy server's `/health`, and a tiny chat round trip that must carry
 //! per-token log-probs (and the sampled token ids when `sglang.return_token_ids` is set).
 
+use ps_app::StartupError;
 use ps_config::{EnvLookup, Settings, TokenIdsMode};
-use ps_server::wiring::StartupError;
 use ps_sglang_client::{PolicyClient, SglangClient, SglangClientConfig, SglangError};
 use serde_json::{Value, json};
 
@@ -19,7 +19,7 @@ pub(crate) struct Policy {
 /// Builds the client as `serve` does; when only the key variable is missing, builds it without a
 /// key so that the health check still runs.
 pub(crate) fn client(s: &Settings, env: EnvLookup<'_>) -> Policy {
-    match ps_server::wiring::policy_client(s, env) {
+    match ps_app::policy_client(s, env) {
         Ok(c) => Policy {
             client: Ok(c),
             key_missing: None,

@@ -38,10 +38,7 @@ pub(crate) async fn check(s: &Settings) -> Outcome {
         );
     }
     let url = health_url(s);
-    let http = match reqwest::Client::builder()
-        .connect_timeout(HEALTH_TIMEOUT)
-        .build()
-    {
+    let http = match ps_http::client(HEALTH_TIMEOUT) {
         Ok(h) => h,
         Err(e) => {
             return Outcome::fail(
@@ -58,7 +55,7 @@ pub(crate) async fn check(s: &Settings) -> Outcome {
     };
     let (status, bytes) = match tokio::time::timeout(HEALTH_TIMEOUT, exchange).await {
         Ok(Ok(parts)) => parts,
-        Ok(Err(e)) if e.is_connect() => {
+        Ok(Err(e)) if ps_http::classify(&e) == ps_http::Failure::Connect => {
             return Outcome::skip(format!(
                 "the proxy is not running (nothing listens at {url})"
             ));

@@ -2,8 +2,8 @@
 //! policy tokenizer, and the ids it echoes are ours — a teacher whose tokenizer differs from the
 //! policy's is found here, before training starts.
 
+use ps_app::StartupError;
 use ps_config::{Settings, TeacherBackend};
-use ps_server::wiring::StartupError;
 use ps_teacher_client::{Mismatch, TeacherError, TeacherScorer};
 use serde_json::json;
 
@@ -63,7 +63,7 @@ pub(crate) async fn check(
             );
         }
     };
-    let teacher = match ps_server::wiring::teacher(s, env) {
+    let teacher = match ps_app::teacher(s, env) {
         Ok(t) => t,
         Err(StartupError::Config(e)) => {
             return Outcome::fail(

@@ -46,19 +46,11 @@ pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
     }
 }
 
-/// The message of an error body (`{"error":{"message"}}`, `{"message"}`, `{"error":"…"}`,
-/// `{"detail"}`), else an excerpt of the body.
+/// The message of an error body (the shapes `ps_http::body_message` reads), else an excerpt of
+/// the body.
 pub(crate) fn body_message(bytes: &[u8]) -> String {
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
-    let message = parsed.as_ref().and_then(|v| {
-        v.pointer("/error/message")
-            .or_else(|| v.get("message"))
-            .or_else(|| v.get("error"))
-            .or_else(|| v.get("detail"))
-            .and_then(serde_json::Value::as_str)
-    });
-    match message {
-        Some(m) => excerpt(m),
+    match ps_http::body_message(bytes) {
+        Some(m) => excerpt(&m),
         None if bytes.is_empty() => "(empty body)".to_owned(),
         None => excerpt(&String::from_utf8_lossy(bytes)),
     }

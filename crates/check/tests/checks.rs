@@ -601,9 +601,7 @@ async fn the_submission_state_of_a_running_proxy_is_reported() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = rl_settings(&fake, tmp.path());
     s.store.path = tmp.path().join("proxy-store");
-    let app = ps_server::wiring::build_app(&s, &no_env, None)
-        .await
-        .unwrap();
+    let app = ps_app::build_app(&s, &no_env, None).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     s.server.port = listener.local_addr().unwrap().port();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

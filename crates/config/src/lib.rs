@@ -13,11 +13,17 @@
 //! servers): `*.api_key_env` keys name environment variables, resolved into [`Secret`]s through an
 //! environment lookup closure the caller chooses ([`process_env`] for the real one).
 //!
+//! Modules point one way: `secret` (secret values and the redaction helpers), `dict`, `error` and
+//! `defaults` are leaves; `schema` uses only those; `keys` (resolving the named secrets), `redact`
+//! (printing), `validate` and `trainer_file` sit on them, and `load` on everything.
+//!
 //! This crate depends on no workspace crate but `ps-core`, and on no web framework or async
 //! runtime.
 
 pub mod defaults;
+mod dict;
 mod error;
+mod keys;
 mod load;
 mod redact;
 mod schema;
@@ -32,7 +38,6 @@ pub use load::{
 };
 /// Re-exported: the type of `server.default_turn_type`.
 pub use ps_core::TurnType;
-pub use redact::REDACTED;
 pub use schema::{
     CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PauseMode,
     PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings,
@@ -40,6 +45,7 @@ pub use schema::{
     TeacherBackend, TeacherSettings, TokenIdsMode,
 };
 pub use secret::{
-    EnvLookup, LEGACY_CLIENT_KEY_ENV, Secret, process_env, resolve_optional_secret, resolve_secret,
+    EnvLookup, LEGACY_CLIENT_KEY_ENV, REDACTED, Secret, process_env, resolve_optional_secret,
+    resolve_secret,
 };
 pub use trainer_file::{Reader, TRAINER_FILE_KEYS, trainer_side_keys};

@@ -9,6 +9,7 @@ use figment::providers::{Format, Json, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider, Source};
 
+use crate::dict::insert_path;
 use crate::error::ConfigError;
 use crate::schema::Settings;
 use crate::secret::EnvLookup;
@@ -292,7 +293,7 @@ impl Layers {
     fn render_value(&self, path: &[String], actual: &Actual) -> String {
         let key = path.join(".");
         if key == "sglang.api_key" {
-            return crate::redact::REDACTED_JSON.to_owned();
+            return crate::secret::REDACTED_JSON.to_owned();
         }
         self.figment
             .find_value(&key)
@@ -479,27 +480,6 @@ fn env_value(key: &str, value: &str) -> Value {
     Value::from(value.to_owned())
 }
 
-pub(crate) fn insert_path(dict: &mut Dict, key: &str, value: Value) {
-    let mut parts = key.split('.').peekable();
-    let mut current = dict;
-    while let Some(part) = parts.next() {
-        if parts.peek().is_none() {
-            current.insert(part.to_owned(), value);
-            return;
-        }
-        let entry = current
-            .entry(part.to_owned())
-            .or_insert_with(|| Value::from(Dict::new()));
-        if !matches!(entry, Value::Dict(..)) {
-            *entry = Value::from(Dict::new());
-        }
-        match entry {
-            Value::Dict(_, inner) => current = inner,
-            _ => return,
-        }
-    }
-}
-
 fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
     let head = s.get(..prefix.len())?;
     head.eq_ignore_ascii_case(prefix)
@@ -545,15 +525,6 @@ fn friendly_expectation(expected: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn insert_path_nests() {
-        let mut d = Dict::new();
-        insert_path(&mut d, "a.b", Value::from(1u16));
-        insert_path(&mut d, "a.c", Value::from("x"));
-        let a = d.get("a").and_then(|v| v.as_dict()).unwrap();
-        assert_eq!(a.len(), 2);
-    }
 
     #[test]
     fn prefix_is_case_insensitive() {

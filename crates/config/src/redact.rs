@@ -3,12 +3,7 @@
 use serde_json::Value;
 
 use crate::schema::Settings;
-use crate::validate::is_var_name;
-
-/// What a secret is replaced with.
-pub const REDACTED: &str = "<redacted>";
-/// [`REDACTED`] as a JSON string.
-pub(crate) const REDACTED_JSON: &str = "\"<redacted>\"";
+use crate::secret::{REDACTED, is_var_name, redact_url};
 
 /// Keys holding URLs, whose passwords (`http://user:pass@host`) are redacted.
 const URL_KEYS: &[(&str, &str)] = &[
@@ -67,38 +62,4 @@ impl Settings {
 
 fn field<'a>(json: &'a mut Value, section: &str, name: &str) -> Option<&'a mut Value> {
     json.get_mut(section)?.get_mut(name)
-}
-
-/// The URL with any password replaced by `redacted` (`<` and `>` would be percent-encoded). Text
-/// that is not an http(s) URL is returned unchanged unless it contains `@` (it may then hold
-/// credentials), in which case it is redacted whole.
-pub(crate) fn redact_url(text: &str) -> String {
-    match url::Url::parse(text) {
-        Ok(mut url) if url.password().is_some() => {
-            if url.set_password(Some("redacted")).is_ok() {
-                url.to_string()
-            } else {
-                REDACTED.to_owned()
-            }
-        }
-        Ok(url) if matches!(url.scheme(), "http" | "https") => text.to_owned(),
-        // Not an http(s) URL: it may still hold credentials before an `@`.
-        _ if text.contains('@') => REDACTED.to_owned(),
-        _ => text.to_owned(),
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls() {
-        assert_eq!(redact_url("http://h:1/x"), "http://h:1/x");
-        assert_eq!(redact_url("http://u:p@h/x"), "http://u:redacted@h/x");
-        assert_eq!(redact_url("http://u@h/x"), "http://u@h/x");
-        assert_eq!(redact_url("not a url"), "not a url");
-        assert_eq!(redact_url("u:p@h"), REDACTED);
-    }
 }

@@ -12,6 +12,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::defaults as d;
 
+// The wire enums are defined by the crates whose behaviour they select.
+pub use ps_server::{PauseMode, TokenIdsMode};
+pub use ps_session_infer::SessionInference;
+
 /// The whole configuration, after layering (see [`crate::load`]).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -137,26 +141,6 @@ pub struct ServerSettings {
     pub side_turn_rules: Vec<SideTurnRule>,
 }
 
-/// How a request without a session key finds its session (`server.session_inference`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionInference {
-    Off,
-    #[default]
-    WhenMissing,
-    Always,
-}
-
-impl SessionInference {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Off => "off",
-            Self::WhenMissing => "when_missing",
-            Self::Always => "always",
-        }
-    }
-}
-
 /// One `[[server.side_turn_rules]]` entry. Unset conditions are not checked; at least one is needed.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -171,26 +155,6 @@ pub struct SideTurnRule {
     pub without_tools: bool,
     /// `max_tokens` or `max_completion_tokens` is set and at most this.
     pub max_tokens_at_most: Option<u64>,
-}
-
-/// What chat requests get while submission is paused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PauseMode {
-    #[default]
-    Reject,
-    Hold,
-    Serve,
-}
-
-impl PauseMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Reject => "reject",
-            Self::Hold => "hold",
-            Self::Serve => "serve",
-        }
-    }
 }
 
 impl Default for ServerSettings {
@@ -284,7 +248,7 @@ impl fmt::Debug for SglangSettings {
         struct Redacted;
         impl fmt::Debug for Redacted {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(crate::redact::REDACTED)
+                f.write_str(crate::secret::REDACTED)
             }
         }
         f.debug_struct("SglangSettings")
@@ -298,29 +262,6 @@ impl fmt::Debug for SglangSettings {
             .field("return_token_ids", &self.return_token_ids)
             .field("max_concurrency", &self.max_concurrency)
             .finish()
-    }
-}
-
-/// `sglang.token_ids`: where a main turn's token ids come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TokenIdsMode {
-    /// The engine's ids when it returns them, exact re-tokenization otherwise (counted, logged).
-    #[default]
-    Auto,
-    /// Only the engine's ids: a turn without them gives no sample.
-    Engine,
-    /// Never ask for ids: render and re-tokenize every turn.
-    Retokenize,
-}
-
-impl TokenIdsMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Engine => "engine",
-            Self::Retokenize => "retokenize",
-        }
     }
 }
 

@@ -1,10 +1,11 @@
 //! Secrets: read from the environment (never from files, except the literal `sglang.api_key`),
-//! through a lookup closure so callers and tests choose the environment.
-
-use std::fmt;
+//! through a lookup closure so callers and tests choose the environment; and the helpers that keep
+//! them out of printed text (URL passwords, values that cannot be variable names).
+//!
+//! A leaf of this crate: it knows only [`ConfigError`], not the settings that name the variables
+//! (their resolution is `keys.rs`, their printing `redact.rs`, their validation `validate.rs`).
 
 use crate::error::ConfigError;
-use crate::schema::Settings;
 
 /// An environment lookup: the value of a variable, or `None` when it is not set.
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -18,45 +19,13 @@ pub fn process_env(name: &str) -> Option<String> {
 /// proxy must send. Honoured only when `server.api_key_env` is unset.
 pub const LEGACY_CLIENT_KEY_ENV: &str = "SGLANG_API_KEY";
 
-/// A resolved secret. `Debug` and `Display` print `<redacted>`; [`Secret::expose`] gives the value.
-#[derive(Clone)]
-pub struct Secret {
-    value: String,
-    source: String,
-}
+/// What a secret is replaced with (the same text a [`Secret`] prints).
+pub const REDACTED: &str = ps_core::secret::REDACTED;
+/// [`REDACTED`] as a JSON string.
+pub(crate) const REDACTED_JSON: &str = "\"<redacted>\"";
 
-impl Secret {
-    /// Wraps a value; `source` says where it came from (e.g. `environment variable TAOTOKEN_API_KEY`)
-    /// and may be printed.
-    pub fn new(value: impl Into<String>, source: impl Into<String>) -> Self {
-        Self {
-            value: value.into(),
-            source: source.into(),
-        }
-    }
-
-    /// The secret value. Do not log it.
-    pub fn expose(&self) -> &str {
-        &self.value
-    }
-
-    /// Where the value came from (safe to print), e.g. `environment variable TAOTOKEN_API_KEY`.
-    pub fn source(&self) -> &str {
-        &self.source
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
+/// Re-exported: the type every API key travels in, from here to the header that sends it.
+pub use ps_core::Secret;
 
 /// Reads the secret held by the variable `var`, which the key `named_by` (e.g.
 /// `provider.api_key_env`) names. Unset or empty variables are errors naming both.
@@ -87,93 +56,59 @@ pub fn resolve_optional_secret(
     var.map(|v| resolve_secret(named_by, v, env)).transpose()
 }
 
-impl Settings {
-    /// The Bearer key clients of the proxy must send: the variable named by `server.api_key_env`
-    /// (an error if it is unset), else the legacy `SGLANG_API_KEY` when set and non-empty, else none.
-    pub fn client_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
-        if let Some(var) = &self.server.api_key_env {
-            return resolve_secret("server.api_key_env", var, env).map(Some);
-        }
-        Ok(env(LEGACY_CLIENT_KEY_ENV)
-            .filter(|v| !v.trim().is_empty())
-            .map(|v| {
-                Secret::new(
-                    v,
-                    format!("environment variable {LEGACY_CLIENT_KEY_ENV} (legacy)"),
-                )
-            }))
-    }
-
-    /// The key of the `/v1/rollout/*` endpoints: the variable named by `server.admin_key_env` (an
-    /// error if it is unset), else none.
-    pub fn admin_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
-        resolve_optional_secret(
-            "server.admin_key_env",
-            self.server.admin_key_env.as_deref(),
-            env,
-        )
-    }
-
-    /// The key sent to the SGLang policy server: the variable named by `sglang.api_key_env` (an
-    /// error if it is unset), else the literal `sglang.api_key` unless empty, else none.
-    pub fn sglang_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
-        if let Some(var) = &self.sglang.api_key_env {
-            return resolve_secret("sglang.api_key_env", var, env).map(Some);
-        }
-        Ok(self
-            .sglang
-            .api_key
-            .as_deref()
-            .filter(|k| !k.is_empty())
-            .map(|k| Secret::new(k, "sglang.api_key")))
-    }
-
-    /// The provider key: the variable named by `provider.api_key_env` (an error if it is unset),
-    /// or none when no variable is named.
-    pub fn provider_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
-        resolve_optional_secret(
-            "provider.api_key_env",
-            self.provider.api_key_env.as_deref(),
-            env,
-        )
-    }
-
-    /// The teacher key: the variable named by `teacher.api_key_env` (an error if it is unset), or
-    /// none when no variable is named.
-    pub fn teacher_api_key(&self, env: EnvLookup<'_>) -> Result<Option<Secret>, ConfigError> {
-        if self.teacher.api_key_env.is_none() && self.teacher_uses_provider() {
-            // The provider's one key serves every call made through it, the teacher's too.
-            return resolve_optional_secret(
-                "provider.api_key_env",
-                self.provider.api_key_env.as_deref(),
-                env,
-            );
-        }
-        resolve_optional_secret(
-            "teacher.api_key_env",
-            self.teacher.api_key_env.as_deref(),
-            env,
-        )
-    }
-
-    /// Resolves every secret the active features need, reporting all missing variables at once.
-    /// Call it at start-up so a missing key is named before the first 401.
-    pub fn check_secrets(&self, env: EnvLookup<'_>) -> Result<(), ConfigError> {
-        let mut errors = Vec::new();
-        let mut keep = |r: Result<Option<Secret>, ConfigError>| {
-            if let Err(e) = r {
-                errors.push(e);
+/// The URL with any password replaced by `redacted` (`<` and `>` would be percent-encoded). Text
+/// that is not an http(s) URL is returned unchanged unless it contains `@` (it may then hold
+/// credentials), in which case it is redacted whole.
+pub(crate) fn redact_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut url) if url.password().is_some() => {
+            if url.set_password(Some("redacted")).is_ok() {
+                url.to_string()
+            } else {
+                REDACTED.to_owned()
             }
-        };
-        keep(self.client_api_key(env));
-        keep(self.admin_api_key(env));
-        keep(self.sglang_api_key(env));
-        if self.provider_in_use() {
-            keep(self.provider_api_key(env));
         }
-        if self.opd_active() {
-            keep(self.teacher_api_key(env));
-        }
-        ConfigError::from_list(errors)
+        Ok(url) if matches!(url.scheme(), "http" | "https") => text.to_owned(),
+        // Not an http(s) URL: it may still hold credentials before an `@`.
+        _ if text.contains('@') => REDACTED.to_owned(),
+        _ => text.to_owned(),
+    }
+}
+
+/// Whether `s` can name an environment variable: `[A-Za-z_][A-Za-z0-9_]*`.
+pub(crate) fn is_var_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(redact_url("http://h:1/x"), "http://h:1/x");
+        assert_eq!(redact_url("http://u:p@h/x"), "http://u:redacted@h/x");
+        assert_eq!(redact_url("http://u@h/x"), "http://u@h/x");
+        assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(redact_url("u:p@h"), REDACTED);
+    }
+
+    #[test]
+    fn var_names() {
+        assert!(is_var_name("TAOTOKEN_API_KEY"));
+        assert!(is_var_name("_x1"));
+        assert!(!is_var_name(""));
+        assert!(!is_var_name("1ABC"));
+        assert!(!is_var_name("sk-abc"));
+        assert!(!is_var_name("A B"));
+    }
+
+    #[test]
+    fn redacted_json_is_redacted_quoted() {
+        assert_eq!(REDACTED_JSON, format!("\"{REDACTED}\""));
     }
 }

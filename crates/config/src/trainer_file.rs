@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use figment::value::{Dict, Value};
 
+use crate::dict::insert_path;
 use crate::error::ConfigError;
 
 /// Who reads a key of the trainer-side file.
@@ -110,7 +111,7 @@ fn get<'a>(dict: &'a Dict, path: &str) -> Option<&'a Value> {
 /// Sets `key` to `value` unless the file sets it itself, remembering that `from` set it.
 fn set(dict: &mut Dict, out: &mut Translated, key: &str, from: &str, value: Value) {
     if get(dict, key).is_none() {
-        crate::load::insert_path(dict, key, value);
+        insert_path(dict, key, value);
         out.renamed.insert(key.to_owned(), from.to_owned());
     }
 }

@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use crate::error::ConfigError;
-use crate::redact::{REDACTED_JSON, redact_url};
 use crate::schema::{Mode, PrmBackend, Settings, TeacherBackend};
+use crate::secret::{REDACTED_JSON, is_var_name, redact_url};
 
 impl Settings {
     /// Validates the whole configuration. [`crate::load`] calls it; call it again after changing
@@ -389,29 +389,10 @@ impl Checks {
     }
 }
 
-/// Whether `s` can name an environment variable: `[A-Za-z_][A-Za-z0-9_]*`.
-pub(crate) fn is_var_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn var_names() {
-        assert!(is_var_name("TAOTOKEN_API_KEY"));
-        assert!(is_var_name("_x1"));
-        assert!(!is_var_name(""));
-        assert!(!is_var_name("1ABC"));
-        assert!(!is_var_name("sk-abc"));
-        assert!(!is_var_name("A B"));
-    }
 
     #[test]
     fn defaults_are_valid() {

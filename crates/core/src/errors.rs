@@ -1,4 +1,5 @@
-//! Helpers for error messages shared by every client crate.
+//! Helpers for error messages shared by every crate (the outbound-HTTP ones, quoting upstream
+//! error bodies, are in `ps-http`).
 
 /// `e` and its causes joined with `": "`, skipping a cause whose text the message already holds,
 /// so that a message ends with what actually happened ("Connection refused").
@@ -27,48 +28,9 @@ pub fn snippet(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The message of an upstream error body, whatever its shape: the nested `{"error":{"message"}}`
-/// (SGLang `/generate`, vLLM, hosted providers), the flat `{"message"}` (SGLang's OpenAI routes,
-/// older vLLM), `{"error":"…"}`, FastAPI's `{"detail"}`; else the start of the body.
-pub fn error_message(bytes: &[u8]) -> String {
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
-    let message = parsed.as_ref().and_then(|v| {
-        v.pointer("/error/message")
-            .or_else(|| v.get("message"))
-            .or_else(|| v.get("error"))
-            .or_else(|| v.get("detail"))
-            .and_then(serde_json::Value::as_str)
-    });
-    match message {
-        Some(m) => m.chars().take(SNIPPET_CHARS).collect(),
-        None if bytes.is_empty() => "(empty body)".to_owned(),
-        None => snippet(bytes),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn error_message_shapes() {
-        assert_eq!(error_message(br#"{"error":{"message":"bad"}}"#), "bad");
-        assert_eq!(
-            error_message(br#"{"object":"error","message":"flat"}"#),
-            "flat"
-        );
-        assert_eq!(
-            error_message(br#"{"error":"Unauthorized"}"#),
-            "Unauthorized"
-        );
-        assert_eq!(error_message(br#"{"detail":"Not Found"}"#), "Not Found");
-        assert_eq!(error_message(b"oops"), "oops");
-        assert_eq!(error_message(b""), "(empty body)");
-        assert_eq!(
-            error_message("x".repeat(1000).as_bytes()).len(),
-            SNIPPET_CHARS
-        );
-    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("calling the judge failed")]

@@ -4,14 +4,15 @@
 //! ([`message`]), session and turn identities ([`session`]), the tokens an upstream reported for a
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
 //! the captured main turn ([`capture`]), the trainer's [`sample::Sample`] and the traits of where
-//! samples go ([`sink`], [`log`]), and the events observers of sessions and turns are told
-//! ([`observe`]).
+//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, and the events
+//! observers of sessions and turns are told ([`observe`]).
 //!
 //! It must not depend on a web framework, an async runtime or any other crate of this workspace:
 //! the dependency arrows of the workspace all point here.
 
 pub mod align;
 pub mod capture;
+pub mod codec;
 pub mod errors;
 pub mod log;
 pub mod message;
@@ -20,6 +21,7 @@ pub mod observe;
 pub mod pending;
 pub mod rollout;
 pub mod sample;
+pub mod secret;
 pub mod session;
 pub mod sink;
 
@@ -30,5 +32,6 @@ pub use log::{LogError, SampleLog, StoreStats, StoredSample};
 pub use observe::{NoObserver, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
+pub use secret::Secret;
 pub use session::{SessionHeaders, SessionOrigin, SessionSource, TurnType};
 pub use sink::{SampleSink, SinkError};

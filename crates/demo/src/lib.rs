@@ -31,7 +31,7 @@ pub enum DemoError {
     #[error("the embedded demo settings are invalid: {0}")]
     Settings(String),
     #[error(transparent)]
-    Startup(#[from] ps_server::StartupError),
+    Startup(#[from] ps_app::StartupError),
     #[error("demo I/O failed: {0}")]
     Io(#[from] std::io::Error),
     #[error("demo request failed: {0}")]
@@ -76,10 +76,9 @@ pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport,
     let no_env = |_: &str| None;
     // The fake policy samples with the embedded mini model, so the demo captures with it too
     // (`serve` never does: it needs the policy's own tokenizer).
-    let policy_tokenizer = ps_server::policy_tokenizer::PolicyTokenizer::embedded_demo();
+    let policy_tokenizer = ps_app::policy_tokenizer::PolicyTokenizer::embedded_demo();
     let source = policy_tokenizer.source.to_string();
-    let running =
-        ps_server::wiring::spawn_with(&settings, &no_env, None, Some(policy_tokenizer)).await?;
+    let running = ps_app::spawn_with(&settings, &no_env, None, Some(policy_tokenizer)).await?;
     let base = running.url().to_owned();
     writeln!(out, "fake SGLang  : {}", fake.base_url())?;
     writeln!(out, "tokenizer    : {source}")?;

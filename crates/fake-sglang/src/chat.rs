@@ -165,7 +165,7 @@ fn completion_json(
     } else {
         Value::Null
     };
-    // A non-streamed answer that ends in tool calls reports no matched stop (Gotcha 14).
+    // A non-streamed answer that ends in tool calls reports no matched stop (docs/upstream-protocols.md 1.6).
     let matched_stop = if sample.tool_call.is_some() {
         Value::Null
     } else {
@@ -383,14 +383,14 @@ fn stream_events(
             }]}),
             // Empty text delta (markers swallowed by the parsers, stripped whitespace, the eos):
             // without a parser SGLang sends no chunk, and this step's logprob is lost; builds
-            // after PR #28601 send it on a standalone chunk with an empty delta (Gotcha 3).
+            // after PR #28601 send it on a standalone chunk with an empty delta (docs/upstream-protocols.md 1.3).
             _ => match q.stream_logprobs {
                 StreamLogprobs::StepChunks if !entry_here.is_null() => json!({}),
                 _ => continue,
             },
         };
         // Builds after PR #28601 may emit one step's text in two chunks: the step's log-probs ride
-        // on the first, the second carries text and `logprobs: null` (Gotcha 3). Every fifth
+        // on the first, the second carries text and `logprobs: null` (docs/upstream-protocols.md 1.3). Every fifth
         // visible token is split so.
         let split = q.stream_logprobs == StreamLogprobs::StepChunks
             && per_chunk == 1

@@ -2,7 +2,7 @@
 //! in production paths.
 //!
 //! It owns one idea: speak SGLang's wire protocol faithfully (see `docs/upstream-protocols.md`, sections
-//! 1, 2 and 6 and the Gotchas) from a deterministic fake model, on a real HTTP server bound to
+//! 1, 2, 5 and 6) from a deterministic fake model, on a real HTTP server bound to
 //! `127.0.0.1:0`, with a request recorder, injectable [`Fault`]s and a hold/release gate so tests observe
 //! in-flight state without sleeping. It depends on the chat-template crate only (for real token ids);
 //! nothing in the serving path may depend on it.
@@ -34,7 +34,7 @@
 //! # Streaming
 //! One chunk per sampled token whose text delta is non-empty. The `<think>`/`</think>` markers and the
 //! whitespace around them, the tool-call markup and the eos send no chunk, so their logprobs are lost, as
-//! in SGLang (Gotcha 3). Concatenated `reasoning_content`/`content` deltas equal the non-streamed fields.
+//! in SGLang (docs/upstream-protocols.md 1.3). Concatenated `reasoning_content`/`content` deltas equal the non-streamed fields.
 //!
 //! # Hosted provider
 //! [`FakeProvider`] stands in for an external OpenAI-compatible provider (section 4): Bearer key,

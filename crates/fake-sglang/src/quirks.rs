@@ -1,5 +1,5 @@
-//! Switches for the ways real SGLang builds differ (docs/upstream-protocols.md, 1.5 and Gotchas 3,
-//! 5, 14, 15), so that tests run across them instead of against one idealised server. The defaults
+//! Switches for the ways real SGLang builds differ (docs/upstream-protocols.md 1.3, 1.5, 1.6 and
+//! 5), so that tests run across them instead of against one idealised server. The defaults
 //! follow current SGLang with a reasoning parser.
 
 /// Where a non-streamed answer puts the sampled ids it was asked for (`return_token_ids`).
@@ -20,7 +20,7 @@ pub enum IdField {
     None,
 }
 
-/// How a streamed answer carries its log-probs (Gotcha 3).
+/// How a streamed answer carries its log-probs (docs/upstream-protocols.md 1.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StreamLogprobs {
     /// A parser active, builds after PR #28601 (mid-2026): a step's log-probs ride on its chunk, or
@@ -48,7 +48,7 @@ pub struct Quirks {
     /// `--weight-version`.
     pub weight_version: Option<String>,
     /// Top lists shorter than asked and missing the sampled token (ids that decode to the same text
-    /// collapse; Gotcha 5). Default false.
+    /// collapse; docs/upstream-protocols.md 1.6). Default false.
     pub short_top_lists: bool,
 }
 

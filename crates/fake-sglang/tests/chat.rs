@@ -277,7 +277,7 @@ async fn streamed_tool_call_fragments() {
 
 #[tokio::test]
 async fn stream_chunk_sequence_loses_empty_delta_logprobs() {
-    // A server without reasoning/tool parsers (Gotcha 3, first behaviour).
+    // A server without reasoning/tool parsers (docs/upstream-protocols.md 1.3, first behaviour).
     let fake = FakeSglang::builder()
         .quirks(Quirks {
             stream_logprobs: StreamLogprobs::DropEmptyDeltas,

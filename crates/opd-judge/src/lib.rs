@@ -23,7 +23,7 @@ pub use inject::{HINT_MARKER, append_hint, teacher_input_text};
 pub use parse::{parse_hint_vote, select_best_hint};
 pub use prompt::hint_messages;
 pub use ps_prm_client::{JudgeBackend, JudgeInput};
-pub use scorer::HintScorer;
+pub use scorer::{HintScorer, HintVotes};
 
 /// Default of `opd.min_hint_chars`: a hint is a candidate only when its trimmed length (in
 /// characters) is strictly greater than this.

@@ -2,8 +2,8 @@
 //! followed it, asking for hindsight. The wording is ours; the behaviour follows
 //! `docs/upstream-protocols.md` section 6.
 
-use ps_prm_client::JudgeInput;
-use serde_json::{Value, json};
+use ps_prm_client::{JudgeInput, turn_prompt};
+use serde_json::Value;
 
 const SYSTEM: &str = "You look back at one step of an AI assistant working on a multi-turn task. \
 You are shown the assistant's response exactly as it was produced (reasoning and tool-call markup \
@@ -22,31 +22,15 @@ answer \\boxed{-1} and give no hint.
 
 End with exactly one boxed decision: \\boxed{1} or \\boxed{-1}.";
 
-/// What the next state is, in words, for the prompt.
-fn describe_role(role: &str) -> String {
-    match role {
-        "user" => "role: user, the user's next message".to_owned(),
-        "tool" => "role: tool, the output of the assistant's tool call".to_owned(),
-        other => format!("role: {other}"),
-    }
-}
-
 /// The hint-judge messages for one turn: `[system, user]`, ready for the judge's chat template.
 pub fn hint_messages(input: &JudgeInput) -> Vec<Value> {
-    let user = format!(
-        "=== Assistant response ===\n{response}\n=== End of assistant response ===\n\n\
-         === Next state ({role}) ===\n{next}\n=== End of next state ===\n\n\
-         Knowing the next state, is there a hint that would have made the assistant's response \
-         better? If so, write it between [HINT_START] and [HINT_END] and finish with \\boxed{{1}}; \
-         if not, give no hint and finish with \\boxed{{-1}}.",
-        response = input.response_text,
-        role = describe_role(&input.next_state_role),
-        next = input.next_state_text,
-    );
-    vec![
-        json!({"role": "system", "content": SYSTEM}),
-        json!({"role": "user", "content": user}),
-    ]
+    turn_prompt(
+        SYSTEM,
+        input,
+        "Knowing the next state, is there a hint that would have made the assistant's response \
+         better? If so, write it between [HINT_START] and [HINT_END] and finish with \\boxed{1}; \
+         if not, give no hint and finish with \\boxed{-1}.",
+    )
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use async_trait::async_trait;
-use ps_prm_client::{JudgeBackend, JudgeInput, answer_tail, ask_votes};
+use ps_prm_client::{JudgeBackend, JudgeInput, VotePolicy, VoteScorer, Voted, answer_tail};
 use tokio::sync::Semaphore;
 
 use crate::{HintJudge, HintOutcome, HintVote, hint_messages, parse_hint_vote, select_best_hint};
@@ -12,111 +12,55 @@ use crate::{HintJudge, HintOutcome, HintVote, hint_messages, parse_hint_vote, se
 /// judge-concurrency semaphore when one is given), parses each answer with [`parse_hint_vote`] and
 /// picks the best hint with [`select_best_hint`]. A call that fails or an answer without a final
 /// `\boxed{1}` or `\boxed{-1}` is a failed vote with its reason kept; judging itself never fails.
+/// The PRM scorer's [`VoteScorer`] with the [`HintVotes`] policy.
 #[derive(Clone)]
-pub struct HintScorer {
-    backend: Arc<dyn JudgeBackend>,
-    votes: usize,
-    min_hint_chars: usize,
-    semaphore: Option<Arc<Semaphore>>,
-}
+pub struct HintScorer(VoteScorer<HintVotes>);
 
 impl fmt::Debug for HintScorer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HintScorer")
-            .field("backend", &self.backend.describe())
-            .field("votes", &self.votes)
-            .field("min_hint_chars", &self.min_hint_chars)
-            .field(
-                "semaphore_available",
-                &self.semaphore.as_ref().map(|s| s.available_permits()),
-            )
-            .finish()
+        f.debug_tuple("HintScorer").field(&self.0).finish()
     }
 }
 
-/// One vote's outcome.
-struct Vote {
-    vote: HintVote,
-    text: Option<String>,
-    failure: Option<String>,
+/// The hint judge's [`VotePolicy`]: [`hint_messages`], one [`parse_hint_vote`] per answer (valid
+/// when it has a score), and [`select_best_hint`] over hints longer than `min_hint_chars`.
+#[derive(Debug, Clone, Copy)]
+pub struct HintVotes {
+    /// `opd.min_hint_chars`: a hint must be strictly longer.
+    pub min_hint_chars: usize,
 }
 
-impl HintScorer {
-    /// `votes` is `prm.num_votes` (m); `min_hint_chars` is `opd.min_hint_chars` (a hint must be
-    /// strictly longer); `semaphore` bounds judge calls across all turns.
-    pub fn new(
-        backend: Arc<dyn JudgeBackend>,
-        votes: usize,
-        min_hint_chars: usize,
-        semaphore: Option<Arc<Semaphore>>,
-    ) -> Self {
-        Self {
-            backend,
-            votes,
-            min_hint_chars,
-            semaphore,
+impl VotePolicy for HintVotes {
+    type Vote = HintVote;
+    type Outcome = HintOutcome;
+    const ROLE: &'static str = "hint judge";
+
+    fn messages(&self, input: &JudgeInput) -> Vec<serde_json::Value> {
+        hint_messages(input)
+    }
+
+    fn parse(&self, answer: &str) -> Result<HintVote, HintVote> {
+        let vote = parse_hint_vote(answer);
+        if vote.score.is_some() {
+            Ok(vote)
+        } else {
+            Err(vote)
         }
     }
 
-    /// Votes per turn (m).
-    pub fn votes(&self) -> usize {
-        self.votes
-    }
-
-    /// The hint-length threshold (characters, strictly greater).
-    pub fn min_hint_chars(&self) -> usize {
-        self.min_hint_chars
-    }
-
-    /// One vote from the judge's answer (or the call's failure).
-    fn vote(&self, index: usize, answer: Result<String, String>) -> Vote {
-        match answer {
-            Ok(text) => {
-                let vote = parse_hint_vote(&text);
-                if vote.score.is_some() {
-                    return Vote {
-                        vote,
-                        text: Some(text),
-                        failure: None,
-                    };
-                }
-                let reason = format!(
-                    "the hint-judge answer of {} does not end on a \\boxed{{1}} or \\boxed{{-1}} (its last boxed value is missing or invalid; it ends with {:?})",
-                    self.backend.describe(),
-                    answer_tail(&text)
-                );
-                self.failed(index, vote, reason)
-            }
-            Err(reason) => self.failed(index, HintVote::failed(), reason),
-        }
-    }
-
-    fn failed(&self, index: usize, vote: HintVote, reason: String) -> Vote {
-        tracing::warn!(vote = index, reason = %reason, "hint judge vote failed");
-        Vote {
-            vote,
-            text: None,
-            failure: Some(reason),
-        }
-    }
-}
-
-#[async_trait]
-impl HintJudge for HintScorer {
-    async fn judge(&self, input: &JudgeInput) -> HintOutcome {
-        let messages = hint_messages(input);
-        let answers = ask_votes(
-            self.backend.as_ref(),
-            &messages,
-            self.votes,
-            self.semaphore.as_deref(),
+    fn invalid_answer(&self, judge: &str, answer: &str) -> String {
+        format!(
+            "the hint-judge answer of {judge} does not end on a \\boxed{{1}} or \\boxed{{-1}} (its last boxed value is missing or invalid; it ends with {:?})",
+            answer_tail(answer)
         )
-        .await;
-        let outcomes: Vec<Vote> = answers
-            .into_iter()
-            .enumerate()
-            .map(|(i, a)| self.vote(i, a))
-            .collect();
+    }
+
+    fn failed_vote(&self) -> HintVote {
+        HintVote::failed()
+    }
+
+    /// The best hint; the representative text is the best vote's, else the first valid vote's.
+    fn outcome(&self, outcomes: Vec<Voted<HintVote>>) -> HintOutcome {
         let votes: Vec<HintVote> = outcomes.iter().map(|v| v.vote.clone()).collect();
         let best = select_best_hint(&votes, self.min_hint_chars);
         let representative = best
@@ -131,6 +75,41 @@ impl HintJudge for HintScorer {
             best,
             representative,
         }
+    }
+}
+
+impl HintScorer {
+    /// `votes` is `prm.num_votes` (m); `min_hint_chars` is `opd.min_hint_chars` (a hint must be
+    /// strictly longer); `semaphore` bounds judge calls across all turns.
+    pub fn new(
+        backend: Arc<dyn JudgeBackend>,
+        votes: usize,
+        min_hint_chars: usize,
+        semaphore: Option<Arc<Semaphore>>,
+    ) -> Self {
+        Self(VoteScorer::with_policy(
+            HintVotes { min_hint_chars },
+            backend,
+            votes,
+            semaphore,
+        ))
+    }
+
+    /// Votes per turn (m).
+    pub fn votes(&self) -> usize {
+        self.0.votes()
+    }
+
+    /// The hint-length threshold (characters, strictly greater).
+    pub fn min_hint_chars(&self) -> usize {
+        self.0.policy().min_hint_chars
+    }
+}
+
+#[async_trait]
+impl HintJudge for HintScorer {
+    async fn judge(&self, input: &JudgeInput) -> HintOutcome {
+        self.0.run(input).await
     }
 }
 

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY, error_chain};
 
 /// Error-body excerpts and messages, shared by every client crate.
-use ps_core::errors::{error_message, snippet};
+use ps_http::{error_message, snippet};
 
 /// Sends one judge prompt and returns the judge's answer text.
 #[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
@@ -51,16 +51,12 @@ impl SglangJudge {
         config: SglangJudgeConfig,
         tokenizer: Option<Arc<ChatTokenizer>>,
     ) -> Result<Self, JudgeError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.timeout)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| JudgeError::Connect {
-                url: config.router_url.clone(),
-                config_key: ROUTER_URL_KEY,
-                detail: error_chain(&e),
-                source: Some(e),
-            })?;
+        let http = ps_http::client(config.timeout).map_err(|e| JudgeError::Connect {
+            url: config.router_url.clone(),
+            config_key: ROUTER_URL_KEY,
+            detail: error_chain(&e),
+            source: Some(e),
+        })?;
         Self::with_client(http, config, tokenizer)
     }
 
@@ -129,11 +125,12 @@ impl SglangJudge {
     }
 
     fn send_error(&self, e: reqwest::Error) -> JudgeError {
-        if e.is_timeout() {
+        let kind = ps_http::classify(&e);
+        if kind == ps_http::Failure::Timeout {
             return self.timeout_error();
         }
         let detail = error_chain(&e);
-        if e.is_connect() {
+        if kind == ps_http::Failure::Connect {
             JudgeError::Connect {
                 url: self.url().to_owned(),
                 config_key: ROUTER_URL_KEY,

@@ -22,9 +22,9 @@ pub use backend::MockJudgeBackend;
 pub use backend::{JudgeBackend, SglangJudge, SglangJudgeConfig};
 pub use error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY};
 pub use parse::{last_boxed_digit, majority_vote, parse_boxed_score};
-pub use prompt::judge_messages;
-pub use scorer::PrmScorer;
-pub use votes::{answer_tail, ask_votes};
+pub use prompt::{judge_messages, turn_prompt};
+pub use scorer::{PrmScorer, PrmVotes};
+pub use votes::{VotePolicy, VoteScorer, Voted, answer_tail, ask_votes};
 
 /// What the judge sees of one turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -29,22 +29,31 @@ fn describe_role(role: &str) -> String {
     }
 }
 
-/// The judge messages for one turn: `[system, user]`, ready for the judge's chat template.
-pub fn judge_messages(input: &JudgeInput) -> Vec<Value> {
+/// The frame every vote judge's prompt shares: `[system, user]`, the user message showing the
+/// assistant's response and the next state (with its role in words), then `question`.
+pub fn turn_prompt(system: &str, input: &JudgeInput, question: &str) -> Vec<Value> {
     let user = format!(
         "=== Assistant response ===\n{response}\n=== End of assistant response ===\n\n\
-         === Next state ({role}) ===\n{next}\n=== End of next state ===\n\n\
-         Judging by the next state, did the assistant's response move the task forward? Reason \
-         briefly, then finish with exactly one of \\boxed{{1}} (correct or helpful), \\boxed{{-1}} \
-         (wrong or unhelpful) or \\boxed{{0}} (cannot tell).",
+         === Next state ({role}) ===\n{next}\n=== End of next state ===\n\n{question}",
         response = input.response_text,
         role = describe_role(&input.next_state_role),
         next = input.next_state_text,
     );
     vec![
-        json!({"role": "system", "content": SYSTEM}),
+        json!({"role": "system", "content": system}),
         json!({"role": "user", "content": user}),
     ]
+}
+
+/// The judge messages for one turn: `[system, user]`, ready for the judge's chat template.
+pub fn judge_messages(input: &JudgeInput) -> Vec<Value> {
+    turn_prompt(
+        SYSTEM,
+        input,
+        "Judging by the next state, did the assistant's response move the task forward? Reason \
+         briefly, then finish with exactly one of \\boxed{1} (correct or helpful), \\boxed{-1} \
+         (wrong or unhelpful) or \\boxed{0} (cannot tell).",
+    )
 }
 
 #[cfg(test)]

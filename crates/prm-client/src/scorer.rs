@@ -1,44 +1,69 @@
 //! [`PrmScorer`]: `m` parallel judge votes on one turn and their majority.
 
-use std::{fmt, sync::Arc};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
 use crate::{
-    JudgeBackend, JudgeInput, PrmScore, TurnScorer, answer_tail, ask_votes, judge_messages,
-    majority_vote, parse_boxed_score,
+    JudgeBackend, JudgeInput, PrmScore, TurnScorer, VotePolicy, VoteScorer, Voted, answer_tail,
+    judge_messages, majority_vote, parse_boxed_score,
 };
 
 /// [`TurnScorer`] of binary RL: sends `votes` judge calls at once (each holding one permit of the
 /// judge-concurrency semaphore when one is given) and takes their majority. A call that fails or an
 /// answer without a valid `\boxed{1|-1|0}` is a failed vote with its reason kept; scoring itself
-/// never fails.
-#[derive(Clone)]
-pub struct PrmScorer {
-    backend: Arc<dyn JudgeBackend>,
-    votes: usize,
-    semaphore: Option<Arc<Semaphore>>,
-}
+/// never fails. Built with [`PrmScorer::new`].
+pub type PrmScorer = VoteScorer<PrmVotes>;
 
-impl fmt::Debug for PrmScorer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PrmScorer")
-            .field("backend", &self.backend.describe())
-            .field("votes", &self.votes)
-            .field(
-                "semaphore_available",
-                &self.semaphore.as_ref().map(|s| s.available_permits()),
-            )
-            .finish()
+/// The PRM's [`VotePolicy`]: [`judge_messages`], a final `\boxed{1}`, `\boxed{-1}` or
+/// `\boxed{0}` per vote ([`parse_boxed_score`]), and their [`majority_vote`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrmVotes;
+
+impl VotePolicy for PrmVotes {
+    type Vote = Option<i8>;
+    type Outcome = PrmScore;
+    const ROLE: &'static str = "PRM judge";
+
+    fn messages(&self, input: &JudgeInput) -> Vec<serde_json::Value> {
+        judge_messages(input)
     }
-}
 
-/// One vote's outcome.
-struct Vote {
-    value: Option<i8>,
-    text: Option<String>,
-    failure: Option<String>,
+    fn parse(&self, answer: &str) -> Result<Option<i8>, Option<i8>> {
+        parse_boxed_score(answer).map(Some).ok_or(None)
+    }
+
+    fn invalid_answer(&self, judge: &str, answer: &str) -> String {
+        format!(
+            "the answer of {judge} does not end on a \\boxed{{1}}, \\boxed{{-1}} or \\boxed{{0}} (its last boxed value is missing or invalid; it ends with {:?})",
+            answer_tail(answer)
+        )
+    }
+
+    fn failed_vote(&self) -> Option<i8> {
+        None
+    }
+
+    /// The majority; the representative text is the first vote agreeing with it, else the first
+    /// valid vote.
+    fn outcome(&self, outcomes: Vec<Voted<Option<i8>>>) -> PrmScore {
+        let votes: Vec<Option<i8>> = outcomes.iter().map(|v| v.vote).collect();
+        let score = majority_vote(&votes);
+        let agreeing = outcomes
+            .iter()
+            .find(|v| v.vote.is_some_and(|x| f64::from(x) == score));
+        let representative = agreeing
+            .or_else(|| outcomes.iter().find(|v| v.vote.is_some()))
+            .and_then(|v| v.text.clone());
+        let failures = outcomes.into_iter().map(|v| v.failure).collect();
+        PrmScore {
+            votes,
+            score,
+            representative,
+            failures,
+        }
+    }
 }
 
 impl PrmScorer {
@@ -48,81 +73,14 @@ impl PrmScorer {
         votes: usize,
         semaphore: Option<Arc<Semaphore>>,
     ) -> Self {
-        Self {
-            backend,
-            votes,
-            semaphore,
-        }
-    }
-
-    /// Votes per turn (m).
-    pub fn votes(&self) -> usize {
-        self.votes
-    }
-
-    /// One vote from the judge's answer (or the call's failure).
-    fn vote(&self, index: usize, answer: Result<String, String>) -> Vote {
-        match answer {
-            Ok(text) => match parse_boxed_score(&text) {
-                Some(v) => Vote {
-                    value: Some(v),
-                    text: Some(text),
-                    failure: None,
-                },
-                None => {
-                    let reason = format!(
-                        "the answer of {} does not end on a \\boxed{{1}}, \\boxed{{-1}} or \\boxed{{0}} (its last boxed value is missing or invalid; it ends with {:?})",
-                        self.backend.describe(),
-                        answer_tail(&text)
-                    );
-                    self.failed(index, reason)
-                }
-            },
-            Err(reason) => self.failed(index, reason),
-        }
-    }
-
-    fn failed(&self, index: usize, reason: String) -> Vote {
-        tracing::warn!(vote = index, reason = %reason, "PRM judge vote failed");
-        Vote {
-            value: None,
-            text: None,
-            failure: Some(reason),
-        }
+        Self::with_policy(PrmVotes, backend, votes, semaphore)
     }
 }
 
 #[async_trait]
 impl TurnScorer for PrmScorer {
     async fn score(&self, input: &JudgeInput) -> PrmScore {
-        let messages = judge_messages(input);
-        let answers = ask_votes(
-            self.backend.as_ref(),
-            &messages,
-            self.votes,
-            self.semaphore.as_deref(),
-        )
-        .await;
-        let outcomes: Vec<Vote> = answers
-            .into_iter()
-            .enumerate()
-            .map(|(i, a)| self.vote(i, a))
-            .collect();
-        let votes: Vec<Option<i8>> = outcomes.iter().map(|v| v.value).collect();
-        let score = majority_vote(&votes);
-        let agreeing = outcomes
-            .iter()
-            .find(|v| v.value.is_some_and(|x| f64::from(x) == score));
-        let representative = agreeing
-            .or_else(|| outcomes.iter().find(|v| v.value.is_some()))
-            .and_then(|v| v.text.clone());
-        let failures = outcomes.into_iter().map(|v| v.failure).collect();
-        PrmScore {
-            votes,
-            score,
-            representative,
-            failures,
-        }
+        self.run(input).await
     }
 }
 

@@ -16,14 +16,14 @@ use crate::error::{ProviderError, error_chain};
 use crate::policy::{self, Failure, StatusFailure, snippet};
 
 /// Settings of one provider (from `[provider]`, alias `[taotoken]`).
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ProviderConfig {
     /// The provider's name as messages show it (`provider`, or `taotoken` as the operator wrote it).
     pub name: String,
     /// The chat endpoint, `<base_url>/v1/chat/completions` (`ProviderSettings::chat_completions_url`).
     pub chat_url: String,
     /// The Bearer key; `None` sends no `Authorization` header.
-    pub api_key: Option<String>,
+    pub api_key: Option<ps_core::Secret>,
     /// The NAME of the variable the key came from (`provider.api_key_env`), for messages.
     pub key_var: Option<String>,
     /// Cap on simultaneous calls in flight, across every role and session (at least 1).
@@ -35,21 +35,6 @@ pub struct ProviderConfig {
     /// Bound of one whole call, attempts, back-off and `Retry-After` waits included; `None`: only
     /// `timeout` × attempts bounds it.
     pub deadline: Option<Duration>,
-}
-
-impl fmt::Debug for ProviderConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProviderConfig")
-            .field("name", &self.name)
-            .field("chat_url", &self.chat_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("key_var", &self.key_var)
-            .field("max_concurrency", &self.max_concurrency)
-            .field("timeout", &self.timeout)
-            .field("max_retries", &self.max_retries)
-            .field("deadline", &self.deadline)
-            .finish()
-    }
 }
 
 /// Token counts of one completion.
@@ -120,14 +105,10 @@ impl ProviderClient {
         if !url.path().ends_with("/chat/completions") {
             return Err(invalid("the chat URL must end in /chat/completions"));
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.timeout)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| ProviderError::Build {
-                name: config.name.clone(),
-                detail: error_chain(&e),
-            })?;
+        let http = ps_http::client(config.timeout).map_err(|e| ProviderError::Build {
+            name: config.name.clone(),
+            detail: error_chain(&e),
+        })?;
         let permits = Arc::new(Semaphore::new(config.max_concurrency.max(1)));
         Ok(Self {
             http,
@@ -265,10 +246,10 @@ impl ProviderClient {
     }
 
     async fn exchange(&self, body: &Value) -> Result<ChatAnswer, Failure> {
-        let mut req = self.http.post(self.url.clone()).json(body);
-        if let Some(key) = &self.config.api_key {
-            req = req.bearer_auth(key);
-        }
+        let req = ps_http::with_bearer(
+            self.http.post(self.url.clone()).json(body),
+            self.config.api_key.as_ref(),
+        );
         let resp = req.send().await.map_err(|e| self.transport(&e))?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
@@ -293,18 +274,16 @@ impl ProviderClient {
 
     fn transport(&self, e: &reqwest::Error) -> Failure {
         let detail = self.redact(&error_chain(e));
-        if e.is_timeout() {
-            Failure::Timeout
-        } else if e.is_connect() {
-            Failure::Connect(detail)
-        } else {
-            Failure::Transport(detail)
+        match ps_http::classify(e) {
+            ps_http::Failure::Timeout => Failure::Timeout,
+            ps_http::Failure::Connect => Failure::Connect(detail),
+            _ => Failure::Transport(detail),
         }
     }
 
     /// `text` with any copy of the key replaced (providers sometimes echo part of it).
     fn redact(&self, text: &str) -> String {
-        match self.config.api_key.as_deref() {
+        match self.config.api_key.as_ref().map(ps_core::Secret::expose) {
             Some(key) if !key.is_empty() => text.replace(key, "<redacted>"),
             _ => text.to_owned(),
         }

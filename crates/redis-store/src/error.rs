@@ -54,7 +54,7 @@ pub enum RedisStoreError {
         session_id: String,
         turn: u64,
         #[source]
-        source: rmp_serde::encode::Error,
+        source: ps_core::codec::EncodeError,
     },
     /// A stored entry could not be decoded.
     #[error("cannot decode sample {seq} of the stream {stream} at {url}")]
@@ -63,7 +63,7 @@ pub enum RedisStoreError {
         stream: String,
         url: String,
         #[source]
-        source: rmp_serde::decode::Error,
+        source: ps_core::codec::DecodeError,
     },
     /// The trainer tried to commit samples that do not exist yet.
     #[error("cannot commit through sample {through}: the last stored sample is {last_seq}")]

@@ -30,6 +30,7 @@
 
 mod config;
 mod error;
+mod scripts;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;

@@ -6,14 +6,21 @@
 //!   (named fields, as the embedded store; `index` and `group_index` are set from the seq on read).
 //! - `ps:{d}:seq`: the highest seq handed out (never reused, also when trimming emptied the stream).
 //! - `ps:{d}:committed`: the trainer's commit point.
-//! - `ps:{d}:append:<token>`: the seq an append got, for a day, so that its retry is idempotent.
+//! - `ps:{d}:append:<token>`: the seq an append got (token: XXH3-128 of the encoded sample), for
+//!   [`TOKEN_TTL_RETRIES`] × `retry_for` and at least [`TOKEN_TTL_MIN`], so that its retry is
+//!   idempotent.
 //! - `ps:{d}:pending:<replica>`: the turns this replica persisted at shutdown.
+//!
+//! The Lua scripts are in `scripts.rs`. This file stays above 600 lines on purpose: every
+//! operation is a method of [`RedisStore`] over the same keys, scripts, connection manager and
+//! retry policy, and about 100 lines are the unit tests of its reply parsing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
+use ps_core::codec;
 use ps_core::sample::Sample;
 use ps_core::{
     LogError, PendingStore, PendingTurn, SampleLog, SampleSink, SinkError, StoreStats, StoredSample,
@@ -21,119 +28,8 @@ use ps_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncConnectionConfig, Client, RedisError, RetryMethod, Script, Value};
 
+use crate::scripts::{APPEND, COMMIT, REQUEUE, TAKE_PENDING};
 use crate::{RedisConfig, RedisStoreError};
-
-/// Lua shared by the scripts that add entries: `add(stream, counter, field, value...)` adds the
-/// entry under the next seq and only then moves the counter, so a failure writes nothing. When the
-/// counter is behind the stream (it was lost or reset), the seq continues after the stream's last
-/// ID instead of failing.
-macro_rules! lua_add {
-    () => {
-        r"
-local function add(stream, counter, ...)
-  local seq = tonumber(redis.call('GET', counter) or '0') + 1
-  local r = redis.pcall('XADD', stream, string.format('%d-0', seq), ...)
-  if type(r) == 'table' and r.err then
-    local info = redis.call('XINFO', 'STREAM', stream)
-    for i = 1, #info, 2 do
-      if info[i] == 'last-generated-id' then
-        local top = tonumber(string.match(info[i + 1], '^(%d+)'))
-        if top >= seq then seq = top + 1 end
-      end
-    end
-    redis.call('XADD', stream, string.format('%d-0', seq), ...)
-  end
-  redis.call('SET', counter, string.format('%d', seq))
-  return seq
-end
-"
-    };
-}
-
-/// Adds the entry under the next seq, unless this append's token already got one. Also tells
-/// whether the deployment's epoch key was missing (Redis lost its data since it was set).
-/// KEYS: stream, counter, token, epoch. ARGV: payload, token lifetime (s), epoch value.
-/// Returns {seq, lost}.
-const APPEND: &str = concat!(
-    lua_add!(),
-    r"
-local done = redis.call('GET', KEYS[3])
-if done then return {tonumber(done), 0} end
-local lost = 0
-if redis.call('EXISTS', KEYS[4]) == 0 then
-  lost = 1
-  redis.call('SET', KEYS[4], ARGV[3])
-end
-local seq = add(KEYS[1], KEYS[2], 's', ARGV[1])
-redis.call('SET', KEYS[3], string.format('%d', seq), 'EX', ARGV[2])
-return {seq, lost}
-"
-);
-
-/// Hands the entries other consumers left pending longer than the idle time to whoever reads next:
-/// each is added again under a new seq (above every cursor) and the old entry acknowledged and
-/// deleted, in one step. KEYS: stream, counter. ARGV: group, this consumer, idle (ms), how many
-/// pending entries to look at. Returns how many were moved.
-const REQUEUE: &str = concat!(
-    lua_add!(),
-    r"
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', tonumber(ARGV[3]), '-', '+', tonumber(ARGV[4]))
-local moved = 0
-for _, e in ipairs(p) do
-  local id, owner = e[1], e[2]
-  if owner ~= ARGV[2] then
-    local entry = redis.call('XRANGE', KEYS[1], id, id)
-    if #entry > 0 then
-      add(KEYS[1], KEYS[2], unpack(entry[1][2]))
-      moved = moved + 1
-    end
-    redis.call('XACK', KEYS[1], ARGV[1], id)
-    redis.call('XDEL', KEYS[1], id)
-  end
-end
-return moved
-"
-);
-
-/// Acknowledges this consumer's pending entries up to `through`, moves the commit point (never
-/// back) and trims below both the retention point and the oldest entry still pending for anyone.
-/// KEYS: stream, counter, committed. ARGV: through, group, retain, consumer.
-/// Returns {1, last} when done, {0, last} when `through` is beyond the last seq.
-const COMMIT: &str = r"
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-local through = tonumber(ARGV[1])
-if through > last then return {0, last} end
-local upto = string.format('%d-0', through)
-while true do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[2], '-', upto, 1000, ARGV[4])
-  if #p == 0 then break end
-  local ids = {}
-  for i, e in ipairs(p) do ids[i] = e[1] end
-  redis.call('XACK', KEYS[1], ARGV[2], unpack(ids))
-end
-local committed = tonumber(redis.call('GET', KEYS[3]) or '0')
-if through > committed then
-  redis.call('SET', KEYS[3], string.format('%d', through))
-  committed = through
-end
-local floor = committed - tonumber(ARGV[3]) + 1
-local summary = redis.call('XPENDING', KEYS[1], ARGV[2])
-if summary[2] then
-  local lowest = tonumber(string.match(summary[2], '^(%d+)'))
-  if lowest < floor then floor = lowest end
-end
-if floor > 1 then
-  redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', floor))
-end
-return {1, last}
-";
-
-/// Returns and removes every pending turn of a replica. KEYS: the hash.
-const TAKE_PENDING: &str = r"
-local v = redis.call('HVALS', KEYS[1])
-redis.call('DEL', KEYS[1])
-return v
-";
 
 /// An append's token (a hash of the encoded sample) is remembered this many times `retry_for`,
 /// and at least [`TOKEN_TTL_MIN`]: longer than the store's own retries and the session buffer's
@@ -229,22 +125,17 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// The idempotency token of an append: 128 bits of hash over the encoded sample. Equal bytes are
-/// the same sample, so answering a repeated append with the first one's seq loses nothing.
+/// The idempotency token of an append: the XXH3-128 hash of the encoded sample, as 32 hex
+/// digits. Equal bytes are the same sample, so answering a repeated append with the first one's
+/// seq loses nothing. XXH3 is specified and stable across Rust versions and platforms (std's
+/// `DefaultHasher` is neither), so replicas of different builds agree on a sample's token.
 fn token(bytes: &[u8]) -> String {
-    use std::hash::{Hash, Hasher};
-    let half = |salt: u8| {
-        let mut h = std::hash::DefaultHasher::new();
-        salt.hash(&mut h);
-        bytes.hash(&mut h);
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(0), half(1))
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
 
-/// A sample as stored: MessagePack with named fields, as in the embedded store.
+/// A sample as stored: the one sample codec of both stores ([`ps_core::codec`]).
 fn encode(sample: &Sample) -> Result<Vec<u8>, RedisStoreError> {
-    rmp_serde::to_vec_named(sample).map_err(|source| RedisStoreError::Encode {
+    codec::encode_sample(sample).map_err(|source| RedisStoreError::Encode {
         session_id: sample.session_id.clone(),
         turn: sample.turn,
         source,
@@ -258,15 +149,12 @@ fn decode(
     stream: &str,
     url: &str,
 ) -> Result<StoredSample, RedisStoreError> {
-    let mut sample: Sample =
-        rmp_serde::from_slice(bytes).map_err(|source| RedisStoreError::Decode {
-            seq,
-            stream: stream.to_owned(),
-            url: url.to_owned(),
-            source,
-        })?;
-    sample.index = seq;
-    sample.group_index = seq;
+    let sample = codec::decode_sample(seq, bytes).map_err(|source| RedisStoreError::Decode {
+        seq,
+        stream: stream.to_owned(),
+        url: url.to_owned(),
+        source,
+    })?;
     Ok(StoredSample { seq, sample })
 }
 
@@ -939,7 +827,7 @@ impl PendingStore for RedisStore {
         let mut pipe = redis::pipe();
         pipe.atomic();
         for t in &turns {
-            let bytes = rmp_serde::to_vec_named(t).map_err(|e| {
+            let bytes = codec::encode_pending(t).map_err(|e| {
                 SinkError::Store(
                     RedisStoreError::Encode {
                         session_id: t.turn.session_id.clone(),
@@ -969,7 +857,7 @@ impl PendingStore for RedisStore {
             .map_err(|e| SinkError::Store(self.failed("take pending turns")(e).chain()))?;
         let mut turns = Vec::with_capacity(values.len());
         for v in values {
-            match rmp_serde::from_slice::<PendingTurn>(&v) {
+            match codec::decode_pending(&v) {
                 Ok(t) => turns.push(t),
                 Err(e) => tracing::error!(
                     url = %self.inner.url,
@@ -1050,6 +938,16 @@ mod tests {
         );
         assert_eq!(durability(Some("no"), always), Durability::NoAppendOnly);
         assert_eq!(durability(None, None), Durability::Unknown);
+    }
+
+    #[test]
+    fn the_append_token_is_xxh3_128_in_hex() {
+        // XXH3-128 of the empty input, from the xxHash reference test vectors.
+        assert_eq!(token(b""), "99aa06d3014798d86001c324468d497f");
+        let t = token(b"a sample");
+        assert_eq!(t.len(), 32);
+        assert_eq!(t, token(b"a sample"));
+        assert_ne!(t, token(b"a sample."));
     }
 
     #[test]

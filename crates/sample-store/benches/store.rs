@@ -237,13 +237,13 @@ fn codec_times(sample: &Sample) -> [f64; 4] {
         }
         start.elapsed().as_secs_f64() * 1e6 / f64::from(ROUNDS)
     };
-    let msgpack = rmp_serde::to_vec_named(sample).expect("encode");
+    let msgpack = ps_core::codec::encode_sample(sample).expect("encode");
     let json = serde_json::to_vec(sample).expect("json");
     [
-        time(&mut || drop(std::hint::black_box(rmp_serde::to_vec_named(sample)))),
+        time(&mut || drop(std::hint::black_box(ps_core::codec::encode_sample(sample)))),
         time(&mut || {
-            drop(std::hint::black_box(rmp_serde::from_slice::<Sample>(
-                &msgpack,
+            drop(std::hint::black_box(ps_core::codec::decode_sample(
+                0, &msgpack,
             )))
         }),
         time(&mut || drop(std::hint::black_box(serde_json::to_vec(sample)))),
@@ -380,7 +380,7 @@ async fn main() {
     .expect("temporary directory");
 
     let templates: Arc<Vec<Sample>> = Arc::new((0..16).map(sample).collect());
-    let bytes_per_sample = rmp_serde::to_vec_named(&templates[0])
+    let bytes_per_sample = ps_core::codec::encode_sample(&templates[0])
         .expect("encode")
         .len();
     let json_bytes = serde_json::to_vec(&templates[0]).expect("json").len();

@@ -1,27 +1,16 @@
-//! How a sample is laid out on disk: MessagePack with named fields (`rmp-serde`).
-//!
-//! Why this format: `Sample.metadata` is a `serde_json::Map`, which only self-describing formats
-//! can decode, so bincode and postcard are out. Between the self-describing ones, MessagePack
-//! keeps `f64` as its 8 raw bytes (bit-exact, NaN and infinities included, no float printing or
-//! parsing) and integers in 1 to 5 bytes, where JSON spends about 20 bytes of text per log-prob
-//! and has to print and re-parse every one of them. A sample with 5,000 tokens is about 80 KB in
-//! MessagePack against about 150 KB in JSON, and encodes several times faster, which matters at
-//! the 2,000 samples/s target: the disk write and the encoding are the cost of an append.
-//! Named fields (a map per struct, not an array) are required because `Sample` skips its absent
-//! teacher fields (`skip_serializing_if`), which would shift positional fields.
-//!
-//! The stored bytes do not carry the sequence number: a sample is encoded before the writer
-//! assigns its seq, and decoding sets `index` and `group_index` from the key it was stored under.
+//! The sample store's use of the one sample codec ([`ps_core::codec`], shared with the Redis
+//! store): its errors become [`StoreError`]s that name the sample or the file.
 
 use std::path::Path;
 
+use ps_core::codec;
 use ps_core::sample::Sample;
 
 use crate::StoreError;
 
 /// Encodes a sample for storage. Its `index` and `group_index` are ignored on decode.
 pub(crate) fn encode(sample: &Sample) -> Result<Vec<u8>, StoreError> {
-    rmp_serde::to_vec_named(sample).map_err(|source| StoreError::Encode {
+    codec::encode_sample(sample).map_err(|source| StoreError::Encode {
         session_id: sample.session_id.clone(),
         turn: sample.turn,
         source,
@@ -30,14 +19,11 @@ pub(crate) fn encode(sample: &Sample) -> Result<Vec<u8>, StoreError> {
 
 /// Decodes the sample stored under `seq`, with `index` and `group_index` set to `seq`.
 pub(crate) fn decode(seq: u64, bytes: &[u8], path: &Path) -> Result<Sample, StoreError> {
-    let mut sample: Sample = rmp_serde::from_slice(bytes).map_err(|source| StoreError::Decode {
+    codec::decode_sample(seq, bytes).map_err(|source| StoreError::Decode {
         seq,
         path: path.to_path_buf(),
         source,
-    })?;
-    sample.index = seq;
-    sample.group_index = seq;
-    Ok(sample)
+    })
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub enum StoreError {
         session_id: String,
         turn: u64,
         #[source]
-        source: rmp_serde::encode::Error,
+        source: ps_core::codec::EncodeError,
     },
     /// A stored sample could not be decoded.
     #[error("cannot decode sample {seq} of the sample store {}", path.display())]
@@ -58,7 +58,7 @@ pub enum StoreError {
         seq: u64,
         path: PathBuf,
         #[source]
-        source: rmp_serde::decode::Error,
+        source: ps_core::codec::DecodeError,
     },
     /// A metadata record of the database is missing or inconsistent.
     #[error("the sample store {} is inconsistent: {reason}", path.display())]

@@ -8,6 +8,11 @@
 //!   bottom.
 //! - table `meta`: `last_seq` (the highest seq ever handed out, so seqs are never reused, even when
 //!   compaction emptied `samples`) and `committed` (the trainer's commit point).
+//!
+//! Why one file of about 900 lines: the handle, the group-commit writer thread, the read paths and
+//! the pending-turn table share these table definitions, the chunking and the counters that keep
+//! seqs, the commit point and retention consistent; the byte format is core's codec
+//! ([`crate::codec`] maps its errors). The writer (`Writer`) would be the next cut.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -785,11 +790,12 @@ impl ps_core::PendingStore for SampleStore {
             {
                 let mut table = txn.open_table(PENDING).map_err(|e| storage(e.into()))?;
                 for t in &turns {
-                    let bytes = rmp_serde::to_vec_named(t).map_err(|e| StoreError::Encode {
-                        session_id: t.turn.session_id.clone(),
-                        turn: t.turn.turn,
-                        source: e,
-                    })?;
+                    let bytes =
+                        ps_core::codec::encode_pending(t).map_err(|e| StoreError::Encode {
+                            session_id: t.turn.session_id.clone(),
+                            turn: t.turn.turn,
+                            source: e,
+                        })?;
                     table
                         .insert((t.turn.session_id.as_str(), t.turn.turn), bytes.as_slice())
                         .map_err(|e| storage(e.into()))?;
@@ -815,11 +821,12 @@ impl ps_core::PendingStore for SampleStore {
                 let mut table = txn.open_table(PENDING).map_err(|e| storage(e.into()))?;
                 for entry in table.iter().map_err(|e| storage(e.into()))? {
                     let (_, value) = entry.map_err(|e| storage(e.into()))?;
-                    let turn: ps_core::PendingTurn =
-                        rmp_serde::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
+                    let turn = ps_core::codec::decode_pending(value.value()).map_err(|e| {
+                        StoreError::Corrupt {
                             path: file.clone(),
                             reason: format!("a pending turn does not decode: {e}"),
-                        })?;
+                        }
+                    })?;
                     out.push(turn);
                 }
                 table.retain(|_, _| false).map_err(|e| storage(e.into()))?;

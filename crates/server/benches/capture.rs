@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ps_chat_template::{ChatTokenizer, TurnInput};
-use ps_config::TokenIdsMode;
 use ps_core::{AlignPolicy, EngineIds, FinishReason, RolloutResponse, SampledToken, TurnGuard};
+use ps_server::TokenIdsMode;
 use ps_server::capture::{CaptureJob, CaptureStats, DriftCheck, PrefixCache, capture_turn_with};
 use serde_json::{Value, json};
 

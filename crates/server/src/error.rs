@@ -1,5 +1,7 @@
 //! The one place where errors become HTTP responses, in the OpenAI shape
-//! `{"error": {"message", "type", "code"}}`.
+//! `{"error": {"message", "type", "code"}}`. One exhaustive match ([`ApiError::answer`]) decides
+//! status, type, code and headers; `into_response` stays pure and attaches an [`ErrorReport`],
+//! which the router's edge logs once per request, in the request span (`crate::router`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -47,52 +49,168 @@ impl ApiError {
         }
     }
 
+    /// How this error answers, decided once for every variant: status, `type`, code, headers, and
+    /// how loudly the edge logs it.
+    fn answer(&self) -> Answer {
+        use StatusCode as S;
+        let a = |status, kind, code, class| Answer {
+            status,
+            kind,
+            code,
+            class,
+            retry_after: None,
+        };
+        match self {
+            Self::InvalidJson(_) => a(S::BAD_REQUEST, INVALID, "invalid_json", Class::Client),
+            Self::InvalidRequest { code, .. } => a(S::BAD_REQUEST, INVALID, code, Class::Client),
+            Self::PayloadTooLarge { .. } => a(
+                S::PAYLOAD_TOO_LARGE,
+                INVALID,
+                "body_too_large",
+                Class::Client,
+            ),
+            Self::Unauthorized => a(
+                S::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_api_key",
+                Class::Unauthorized,
+            ),
+            Self::Paused { retry_after_secs } => Answer {
+                retry_after: Some(HeaderValue::from(*retry_after_secs)),
+                ..a(
+                    S::SERVICE_UNAVAILABLE,
+                    "submission_paused",
+                    "submission_paused",
+                    Class::Client,
+                )
+            },
+            Self::RolloutDisabled => a(
+                S::SERVICE_UNAVAILABLE,
+                "rollout_disabled",
+                "rollout_disabled",
+                Class::Client,
+            ),
+            Self::Store(ps_core::LogError::CommitAhead { .. }) => {
+                a(S::CONFLICT, INVALID, "commit_ahead", Class::Client)
+            }
+            Self::Store(_) => a(
+                S::INTERNAL_SERVER_ERROR,
+                "store_error",
+                "store_error",
+                Class::Internal,
+            ),
+            Self::Encode(_) => a(
+                S::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "encode_failed",
+                Class::Internal,
+            ),
+            Self::Overloaded { .. } => Answer {
+                retry_after: Some(HeaderValue::from_static("1")),
+                ..a(
+                    S::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    "too_many_requests",
+                    Class::Client,
+                )
+            },
+            Self::Upstream(e) => {
+                let (status, code) = match e {
+                    SglangError::Connect { .. } => (S::BAD_GATEWAY, "upstream_unreachable"),
+                    SglangError::Transport { .. } => (S::BAD_GATEWAY, "upstream_connection_lost"),
+                    SglangError::Timeout { .. } => (S::GATEWAY_TIMEOUT, "upstream_timeout"),
+                    // Upstream 4xx/5xx pass through with their status (and body).
+                    SglangError::Status { status, .. } => (
+                        S::from_u16(*status).unwrap_or(S::BAD_GATEWAY),
+                        "upstream_status",
+                    ),
+                    SglangError::InvalidBody { .. } => {
+                        (S::BAD_GATEWAY, "upstream_invalid_response")
+                    }
+                    SglangError::Stream { .. } => (S::BAD_GATEWAY, "upstream_stream_broken"),
+                    SglangError::StreamErrorEvent { .. } => {
+                        (S::BAD_GATEWAY, "upstream_stream_error")
+                    }
+                };
+                a(status, "upstream_error", code, Class::Upstream)
+            }
+        }
+    }
+
     /// The stable snake_case code of this error.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidJson(_) => "invalid_json",
-            Self::InvalidRequest { code, .. } => code,
-            Self::PayloadTooLarge { .. } => "body_too_large",
-            Self::Unauthorized => "invalid_api_key",
-            Self::Paused { .. } => "submission_paused",
-            Self::RolloutDisabled => "rollout_disabled",
-            Self::Store(ps_core::LogError::CommitAhead { .. }) => "commit_ahead",
-            Self::Store(_) => "store_error",
-            Self::Encode(_) => "encode_failed",
-            Self::Overloaded { .. } => "too_many_requests",
-            Self::Upstream(e) => match e {
-                SglangError::Connect { .. } => "upstream_unreachable",
-                SglangError::Transport { .. } => "upstream_connection_lost",
-                SglangError::Timeout { .. } => "upstream_timeout",
-                SglangError::Status { .. } => "upstream_status",
-                SglangError::InvalidBody { .. } => "upstream_invalid_response",
-                SglangError::Stream { .. } => "upstream_stream_broken",
-                SglangError::StreamErrorEvent { .. } => "upstream_stream_error",
-            },
-        }
+        self.answer().code
     }
 
     /// The HTTP status this error answers with.
     pub fn status_code(&self) -> StatusCode {
-        match self {
-            Self::InvalidJson(_) | Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Paused { .. } | Self::RolloutDisabled => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Store(ps_core::LogError::CommitAhead { .. }) => StatusCode::CONFLICT,
-            Self::Store(_) | Self::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Upstream(SglangError::Status { status, .. }) => {
-                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
-            }
-            Self::Upstream(SglangError::Timeout { .. }) => StatusCode::GATEWAY_TIMEOUT,
-            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
-        }
+        self.answer().status
     }
 
-    /// Whether the client (4xx) or the upstream (5xx) is at fault, for metrics.
+    /// Whether the client is at fault (4xx, refusals) rather than the upstream or this server.
     pub fn is_client_error(&self) -> bool {
-        !matches!(self, Self::Upstream(_) | Self::Store(_) | Self::Encode(_))
+        matches!(self.answer().class, Class::Client | Class::Unauthorized)
+    }
+}
+
+/// The OpenAI `type` of a malformed request.
+const INVALID: &str = "invalid_request_error";
+
+/// Who is at fault, which decides how loudly the edge logs the error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A request refused for what it is or when it came (info).
+    Client,
+    /// A request without a valid key (warn: someone may be probing).
+    Unauthorized,
+    /// The policy server failed (warn).
+    Upstream,
+    /// This server failed, e.g. its sample store (error).
+    Internal,
+}
+
+/// How one error answers.
+struct Answer {
+    status: StatusCode,
+    /// The OpenAI error `type`.
+    kind: &'static str,
+    code: &'static str,
+    class: Class,
+    retry_after: Option<HeaderValue>,
+}
+
+/// What the edge logs about an error answer, attached to the response as an extension by
+/// `into_response` (which stays pure) and logged once by [`ErrorReport::log`] in the request span.
+#[derive(Debug, Clone)]
+pub struct ErrorReport {
+    class: Class,
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ErrorReport {
+    /// Logs the error once, at the level its class says.
+    pub fn log(&self, method: &http::Method, path: &str) {
+        let (status, code, error) = (self.status.as_u16(), self.code, &self.message);
+        match self.class {
+            Class::Client => {
+                tracing::info!(%method, path, status, code, error, "request rejected");
+            }
+            Class::Unauthorized => tracing::warn!(
+                %method,
+                path,
+                status,
+                code,
+                "rejected a request without a valid API key"
+            ),
+            Class::Upstream => {
+                tracing::warn!(%method, path, status, code, error, "request failed upstream");
+            }
+            Class::Internal => {
+                tracing::error!(%method, path, status, code, error, "request failed");
+            }
+        }
     }
 }
 
@@ -103,66 +221,49 @@ pub fn error_body(message: &str, kind: &str, code: &str) -> serde_json::Value {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, kind) = match &self {
-            Self::InvalidJson(_) | Self::InvalidRequest { .. } => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error")
-            }
-            Self::PayloadTooLarge { .. } => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error")
-            }
-            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
-            Self::Paused { .. } => (StatusCode::SERVICE_UNAVAILABLE, "submission_paused"),
-            Self::RolloutDisabled => (StatusCode::SERVICE_UNAVAILABLE, "rollout_disabled"),
-            Self::Store(ps_core::LogError::CommitAhead { .. }) => {
-                (StatusCode::CONFLICT, "invalid_request_error")
-            }
-            Self::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store_error"),
-            Self::Encode(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
-            Self::Overloaded { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+        let answer = self.answer();
+        let report = ErrorReport {
+            class: answer.class,
+            status: answer.status,
+            code: answer.code,
+            message: self.to_string(),
+        };
+        let mut resp = match &self {
             Self::Upstream(SglangError::Status {
-                status,
-                content_type,
-                body,
-                ..
+                content_type, body, ..
             }) => {
-                // Upstream 4xx/5xx pass through with their status and body.
-                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
-                let mut resp = (status, body.clone()).into_response();
+                // Upstream 4xx/5xx pass through with their body.
+                let mut resp = (answer.status, body.clone()).into_response();
                 let ct = content_type
                     .as_deref()
                     .and_then(|c| HeaderValue::from_str(c).ok())
                     .unwrap_or(HeaderValue::from_static("application/json"));
                 resp.headers_mut().insert(header::CONTENT_TYPE, ct);
-                return resp;
+                resp
             }
-            Self::Upstream(SglangError::Timeout { .. }) => {
-                (StatusCode::GATEWAY_TIMEOUT, "upstream_error")
+            Self::PayloadTooLarge { unread, .. } => {
+                let body = error_body(&report.message, answer.kind, answer.code);
+                match unread.take() {
+                    Some(rest) => {
+                        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+                        crate::linger::respond(answer.status, bytes, rest)
+                    }
+                    None => (answer.status, axum::Json(body)).into_response(),
+                }
             }
-            Self::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
+            _ => {
+                let body = error_body(&report.message, answer.kind, answer.code);
+                (answer.status, axum::Json(body)).into_response()
+            }
         };
-        let body = error_body(&self.to_string(), kind, self.code());
-        if let Self::PayloadTooLarge { unread, .. } = &self
-            && let Some(rest) = unread.take()
-        {
-            let bytes = serde_json::to_vec(&body).unwrap_or_default();
-            return crate::linger::respond(status, bytes, rest);
+        let headers = resp.headers_mut();
+        if answer.class == Class::Unauthorized {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        let mut resp = (status, axum::Json(body)).into_response();
-        match &self {
-            Self::Unauthorized => {
-                resp.headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            Self::Paused { retry_after_secs } => {
-                resp.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
-            }
-            Self::Overloaded { .. } => {
-                resp.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            _ => {}
+        if let Some(v) = answer.retry_after {
+            headers.insert(header::RETRY_AFTER, v);
         }
+        resp.extensions_mut().insert(report);
         resp
     }
 }

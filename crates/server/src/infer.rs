@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use ps_config::SessionInference;
 use ps_core::{SessionOrigin, SessionSource, TurnType};
+use ps_session_infer::SessionInference;
 use ps_session_infer::{History, Limits, PendingReply, SessionMatcher, ShapeRule};
 use serde_json::Value;
 
@@ -129,7 +129,7 @@ pub(crate) fn find_session(
         };
     }
     let unknown = || Found {
-        session_id: crate::chat::UNKNOWN_SESSION.to_owned(),
+        session_id: crate::request::UNKNOWN_SESSION.to_owned(),
         origin: SessionOrigin::of(SessionSource::Unknown),
         reply: None,
     };

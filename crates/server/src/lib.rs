@@ -6,9 +6,12 @@
 //! the trainer-facing rollout API ([`rollout`]: pull, commit, pause/resume with the chat path's pause
 //! modes, status, eval scores), health, model and metrics routes, client and admin authentication,
 //! request limits, and the one place where errors become HTTP responses ([`error::ApiError`]).
-//! [`wiring`] builds the concrete clients, store and session buffer from the settings for `serve`,
-//! `demo` and `check`; everything else works through the client crates' traits.
+//! It depends only on core, the chat template, the SGLang client, the session buffer's traits and
+//! session inference; the concrete stores, judges, teacher and records are built by `ps-app` (the
+//! composition root) and handed in as trait objects. The wire enums whose behaviour lives here
+//! ([`PauseMode`], [`TokenIdsMode`]) are defined here and read by `ps-config`.
 
+mod admission;
 pub mod capture;
 mod chat;
 pub mod error;
@@ -16,17 +19,19 @@ mod health;
 pub mod infer;
 pub mod linger;
 pub mod metrics;
-pub mod policy_tokenizer;
+mod modes;
+mod plumbing;
 mod proxy_stream;
 mod request;
 pub mod rollout;
+mod router;
 mod state;
-pub mod wiring;
 
 pub use capture::CaptureQueue;
 pub use error::ApiError;
-pub use state::{AppState, ServerOptions, build_router};
-pub use wiring::StartupError;
+pub use modes::{PauseMode, TokenIdsMode};
+pub use router::build_router;
+pub use state::{AppState, ServerOptions};
 
 use std::future::Future;
 

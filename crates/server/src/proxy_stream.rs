@@ -10,9 +10,9 @@ use futures::{Stream, StreamExt};
 use ps_sglang_client::{ChatEventStream, SglangError, StreamAssembler, StreamEvent};
 use serde_json::{Map, Value};
 
-use crate::chat::TurnContext;
 use crate::error::{ApiError, error_body};
 use crate::metrics as m;
+use crate::plumbing::TurnContext;
 use crate::state::AppState;
 
 /// One server-sent event carrying `data`.

@@ -12,6 +12,8 @@ const SESSION_ID_KEY: &str = "session_id";
 const SESSION_DONE_KEY: &str = "session_done";
 const TURN_TYPE_KEY: &str = "turn_type";
 
+/// Session id of a request that names none (as the reference).
+pub const UNKNOWN_SESSION: &str = "unknown";
 pub const SESSION_ID_HEADER: &str = "x-session-id";
 pub const TURN_TYPE_HEADER: &str = "x-turn-type";
 pub const SESSION_DONE_HEADER: &str = "x-session-done";

@@ -10,46 +10,25 @@
 //! | `POST /v1/rollout/eval-scores/drain` | returns and clears the collected PRM scores |
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use ps_core::{LogError, SampleLog, StoredSample};
-use ps_session_buffer::SessionBuffer;
+use ps_core::{LogError, StoredSample};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
+use crate::plumbing::read_body;
 use crate::state::AppState;
+pub use crate::state::{PauseHook, Rollout};
 
 /// Default and largest `max` of one pull.
 pub const DEFAULT_PULL_MAX: usize = 64;
 pub const MAX_PULL_MAX: usize = 1024;
 /// Longest long-poll.
 pub const MAX_WAIT_MS: u64 = 60_000;
-
-/// Something to tell when the trainer pauses (records rotate there; they are never truncated).
-pub trait PauseHook: Send + Sync {
-    fn on_pause(&self);
-}
-
-/// What the rollout routes work on.
-#[derive(Clone)]
-pub struct Rollout {
-    pub store: Arc<dyn SampleLog>,
-    pub buffer: SessionBuffer,
-    pub on_pause: Option<Arc<dyn PauseHook>>,
-}
-
-impl std::fmt::Debug for Rollout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rollout")
-            .field("store", &self.store.describe())
-            .finish_non_exhaustive()
-    }
-}
 
 fn rollout(app: &AppState) -> Result<&Rollout, ApiError> {
     app.0.rollout.as_ref().ok_or(ApiError::RolloutDisabled)
@@ -204,7 +183,7 @@ pub async fn commit(
     body: axum::body::Body,
 ) -> Result<Json<Value>, ApiError> {
     let r = rollout(&app)?;
-    let body = crate::chat::read_body(&headers, body, MAX_ADMIN_BODY_BYTES).await?;
+    let body = read_body(&headers, body, MAX_ADMIN_BODY_BYTES).await?;
     let v: Value =
         serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let through = v.get("through").and_then(Value::as_u64).ok_or_else(|| {
@@ -251,7 +230,7 @@ pub async fn resume(
     body: axum::body::Body,
 ) -> Result<Json<Value>, ApiError> {
     rollout(&app)?;
-    let body = crate::chat::read_body(&headers, body, MAX_ADMIN_BODY_BYTES).await?;
+    let body = read_body(&headers, body, MAX_ADMIN_BODY_BYTES).await?;
     let version = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {

@@ -1,23 +1,21 @@
-//! The application state shared by every handler, and the router.
+//! The application state shared by every handler: [`AppState`], the validated [`ServerOptions`],
+//! and the rollout parts ([`Rollout`]). A leaf among the server's modules: it names no handler and
+//! no route (the router is `crate::router`).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Request, State};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use crate::modes::PauseMode;
 use metrics_exporter_prometheus::PrometheusHandle;
-use ps_config::PauseMode;
 use ps_core::{AlignPolicy, TurnType};
 use ps_sglang_client::PolicyClient;
-use subtle::ConstantTimeEq;
+
+use ps_core::SampleLog;
+use ps_session_buffer::SessionBuffer;
 
 use crate::capture::CaptureQueue;
-use crate::error::ApiError;
 
 /// Defaults, named.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -35,21 +33,21 @@ pub struct ServerOptions {
     /// Largest accepted request body (`server.max_body_bytes`).
     pub max_body_bytes: usize,
     /// Bearer key clients must send, when set.
-    pub client_api_key: Option<String>,
+    pub client_api_key: Option<ps_core::Secret>,
     pub submission_enabled: bool,
     /// Stream upstream when the client streams (`sglang.stream`); otherwise the answer is fetched whole
     /// and sent as synthesised chunks.
     pub upstream_stream: bool,
     /// Where main turns' token ids come from (`sglang.token_ids`); unless `retokenize`, non-streamed
     /// calls ask the engine for its ids.
-    pub token_ids: ps_config::TokenIdsMode,
+    pub token_ids: crate::modes::TokenIdsMode,
     pub align_policy: AlignPolicy,
     /// What chat requests get while submission is paused (`server.pause_mode`).
     pub pause_mode: PauseMode,
     /// Longest wait of a held request (`server.pause_hold_max_sec`).
     pub pause_hold_max: Duration,
     /// Bearer key of the `/v1/rollout/*` routes, when set (`server.admin_key_env`).
-    pub admin_api_key: Option<String>,
+    pub admin_api_key: Option<ps_core::Secret>,
     /// How long shutdown waits for scoring and submission (`server.shutdown_grace_sec`).
     pub shutdown_grace: Duration,
     /// Most messages in one request (`server.max_messages`).
@@ -72,7 +70,7 @@ impl Default for ServerOptions {
             client_api_key: None,
             submission_enabled: true,
             upstream_stream: true,
-            token_ids: ps_config::TokenIdsMode::Auto,
+            token_ids: crate::modes::TokenIdsMode::Auto,
             align_policy: AlignPolicy::default(),
             pause_mode: PauseMode::Reject,
             pause_hold_max: Duration::from_secs(30),
@@ -93,7 +91,7 @@ pub(crate) struct Inner {
     pub arrival: AtomicU64,
     /// `true` while submission is enabled; watched by held requests.
     pub submission: tokio::sync::watch::Sender<bool>,
-    pub rollout: Option<crate::rollout::Rollout>,
+    pub rollout: Option<Rollout>,
     /// Permits for upstream chat requests, held until a streamed body ends.
     pub upstream_permits: Arc<tokio::sync::Semaphore>,
     warned: Mutex<HashSet<String>>,
@@ -131,7 +129,7 @@ impl AppState {
         policy: Arc<dyn PolicyClient>,
         capture: CaptureQueue,
         metrics: Option<PrometheusHandle>,
-        rollout: Option<crate::rollout::Rollout>,
+        rollout: Option<Rollout>,
     ) -> Self {
         Self(Arc::new(Inner {
             submission: tokio::sync::watch::Sender::new(options.submission_enabled),
@@ -186,7 +184,7 @@ impl AppState {
     }
 
     /// The rollout parts (store, session buffer), when enabled.
-    pub fn rollout(&self) -> Option<&crate::rollout::Rollout> {
+    pub fn rollout(&self) -> Option<&Rollout> {
         self.0.rollout.as_ref()
     }
 
@@ -212,73 +210,23 @@ impl AppState {
     }
 }
 
-/// Whether the request carries `Authorization: Bearer <key>` (constant-time comparison).
-fn bearer_matches(req: &Request, key: &str) -> bool {
-    let given = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .unwrap_or_default();
-    bool::from(given.as_bytes().ct_eq(key.as_bytes()))
+/// Something to tell when the trainer pauses (records rotate there; they are never truncated).
+pub trait PauseHook: Send + Sync {
+    fn on_pause(&self);
 }
 
-async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
-    if let Some(key) = key
-        && !bearer_matches(&req, key)
-    {
-        tracing::warn!(path = %req.uri().path(), "rejected a request without a valid API key");
-        metrics::counter!(
-            ps_core::metric_names::REQUESTS_TOTAL,
-            "turn_type" => "unknown",
-            "outcome" => "client_error",
-            "status" => "401"
-        )
-        .increment(1);
-        return ApiError::Unauthorized.into_response();
+/// What the rollout routes work on.
+#[derive(Clone)]
+pub struct Rollout {
+    pub store: Arc<dyn SampleLog>,
+    pub buffer: SessionBuffer,
+    pub on_pause: Option<Arc<dyn PauseHook>>,
+}
+
+impl std::fmt::Debug for Rollout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rollout")
+            .field("store", &self.store.describe())
+            .finish_non_exhaustive()
     }
-    next.run(req).await
-}
-
-/// The client key (`server.api_key_env`) guards the chat routes.
-async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    check_key(app.0.options.client_api_key.as_deref(), req, next).await
-}
-
-/// The admin key (`server.admin_key_env`) guards the rollout routes: a chat client's key is not enough.
-async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    check_key(app.0.options.admin_api_key.as_deref(), req, next).await
-}
-
-/// The router: `/v1/*` behind the client key, health and metrics open.
-pub fn build_router(app: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/chat/completions", post(crate::chat::chat_completions))
-        .route("/v1/models", get(crate::health::models))
-        .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
-    let rollout = Router::new()
-        .route("/v1/rollout/samples", get(crate::rollout::samples))
-        .route("/v1/rollout/commit", post(crate::rollout::commit))
-        .route("/v1/rollout/pause", post(crate::rollout::pause))
-        .route("/v1/rollout/resume", post(crate::rollout::resume))
-        .route("/v1/rollout/status", get(crate::rollout::status))
-        .route(
-            "/v1/rollout/eval-scores/drain",
-            post(crate::rollout::drain_eval_scores),
-        )
-        .route_layer(middleware::from_fn_with_state(
-            app.clone(),
-            require_admin_key,
-        ));
-    Router::new()
-        .merge(v1)
-        .merge(rollout)
-        .route("/health", get(crate::health::health))
-        .route("/healthz", get(crate::health::health))
-        .route("/metrics", get(crate::health::metrics))
-        // Last, so that they cover every route above.
-        .fallback(crate::health::not_found)
-        .method_not_allowed_fallback(crate::health::method_not_allowed)
-        .with_state(app)
 }

@@ -8,10 +8,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, Setup};
-use ps_config::TokenIdsMode;
 use ps_core::{CapturedTurn, PositionSource, TokenSource};
 use ps_fake_sglang::{FakeSglang, IdField, Quirks, StreamLogprobs};
 use ps_server::ServerOptions;
+use ps_server::TokenIdsMode;
 use serde_json::{Value, json};
 
 fn setup(quirks: Quirks, token_ids: TokenIdsMode) -> Setup {

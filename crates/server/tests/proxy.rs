@@ -28,7 +28,7 @@ fn conversation() -> Value {
 /// The server re-tokenizes every turn (`sglang.token_ids = "retokenize"`): the tests of that path.
 fn retokenizing() -> Setup {
     let mut setup = Setup::default();
-    setup.options.token_ids = ps_config::TokenIdsMode::Retokenize;
+    setup.options.token_ids = ps_server::TokenIdsMode::Retokenize;
     setup
 }
 

@@ -14,12 +14,29 @@
 //! [`ps_prm_client::TurnScorer`], hints through [`ps_opd_judge::HintJudge`], teacher log-probs through
 //! [`ps_teacher_client::TeacherScorer`], storage through [`ps_core::SampleSink`], records through
 //! [`RecordSink`]. It must not depend on the server or on any HTTP crate.
+//!
+//! Modules, each depending only on those listed before it (no cycles; checked with
+//! `grep -o 'crate::[a-z_]*'` per file): `config` (settings), [`records`] (the typed JSONL
+//! records), `input` (what a judge sees), [`rules`] (the RL sample rules), `status` (counters),
+//! `state` (the per-session state machine), [`opd`] (judging an OPD/Combine turn and what it
+//! becomes), `judge` (judging: PRM votes, backlog, dropped turns), `submit` (ordered submission),
+//! `persist` (shutdown and resume), `buffer` ([`SessionBuffer`], which holds the sessions and
+//! drives the others).
 
 mod buffer;
+mod config;
+mod input;
+mod judge;
 pub mod opd;
+mod persist;
+pub mod records;
 pub mod rules;
+mod state;
+mod status;
+mod submit;
 
-pub use buffer::{
-    BufferConfig, BufferMode, BufferStatus, OpdOptions, PendingCounts, RecordSink, SessionBuffer,
-};
+pub use buffer::SessionBuffer;
+pub use config::{BufferConfig, BufferMode, OpdOptions};
 pub use opd::OpdParts;
+pub use records::{ConversationRecord, OpdRecord, PrmRecord, RecordSink, ToJson};
+pub use status::{BufferStatus, MAX_TRACKED_VERSIONS, PendingCounts};

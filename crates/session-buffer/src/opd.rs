@@ -1,4 +1,5 @@
-//! On-policy distillation and Combine: what one judged turn becomes.
+//! On-policy distillation and Combine: judging one turn (`OpdJudging`: hint votes beside the eval
+//! votes, then the teacher) and what it becomes.
 //!
 //! OPD: the hint judge votes; the best hint (if any) is appended to the last user message; the teacher
 //! scores the ORIGINAL response tokens under that hinted prompt; the sample carries the teacher's
@@ -12,6 +13,7 @@
 //! no hint (or a failed teacher) + eval ±1 → an RL sample whose teacher log-probs are its rollout
 //! log-probs; otherwise nothing. So every sample of a batch carries the teacher fields.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use ps_chat_template::ChatTokenizer;
@@ -23,7 +25,13 @@ use ps_teacher_client::{TeacherLogprobs, TeacherScorer};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+pub use crate::rules::MASKED_WITHOUT_LOGPROB;
+
+use crate::config::{BufferMode, OpdOptions};
+use crate::input::judge_input;
+use crate::records::{OpdFacts, OpdRecord, RecordSink, record_turn};
 use crate::rules::{RlDecision, list_trained_placeholders, rl_sample};
+use crate::state::Job;
 
 /// What OPD needs besides the PRM: the hint judge, the teacher and the policy's tokenizer (to render
 /// the hinted prompt), with the cap on concurrent teacher calls (`teacher.max_concurrency`).
@@ -157,10 +165,6 @@ pub(crate) fn distill_sample(
     s
 }
 
-/// `metadata` key of Combine's RL-only samples: the positions taken out of the loss mask because
-/// their rollout log-prob, copied into `teacher_log_probs`, would be a placeholder.
-pub const MASKED_WITHOUT_LOGPROB: &str = "masked_without_logprob";
-
 /// Combine's RL-only sample: the RL rules' mask and reward, with the rollout log-probs as teacher
 /// log-probs so that every sample of a batch has the teacher fields (teacher − rollout = 0: no
 /// distillation signal). A trained position whose rollout log-prob is a placeholder (the
@@ -208,41 +212,151 @@ fn annotate(s: &mut Sample, mode: &str, hint: &HintOutcome, eval: Option<&PrmSco
     );
 }
 
-/// The OPD record of one judged turn.
-pub(crate) fn opd_record(
-    session_id: &str,
-    turn: u64,
-    mode: &str,
-    hint: Option<&HintOutcome>,
-    eval: Option<&PrmScore>,
-    signal: Option<&TeacherLogprobs>,
-    dropped: Option<(&str, &str)>,
-) -> Value {
-    let h = hint.and_then(HintOutcome::hint);
-    let outcome = match (signal, dropped) {
-        (Some(_), _) => "distilled",
-        // Combine keeps a turn without a usable teacher signal as an RL sample when its eval is ±1.
-        (None, Some(_)) if mode == "combine" && eval.is_some_and(|e| e.score != 0.0) => "rl",
-        _ => "dropped",
-    };
-    json!({
-        "session_id": session_id,
-        "turn": turn,
-        "outcome": outcome,
-        "timestamp_ms": crate::buffer::unix_millis(),
-        "mode": mode,
-        "accepted": hint.is_some_and(HintOutcome::accepted) && dropped.is_none(),
-        "hint": h,
-        "hint_len": h.map_or(0, |h| h.chars().count()),
-        "votes": hint.map(HintOutcome::scores),
-        "vote_failures": hint.map(|o| &o.failures),
-        "eval_score": eval.map(|e| e.score),
-        "eval_votes": eval.map(|e| &e.votes),
-        "teacher_log_probs_len": signal.map(|s| s.log_probs.len()),
-        // The operators' field name for the teacher log-probs themselves.
-        "teacher_lp": signal.map(|s| &s.log_probs),
-        "teacher_log_probs_sum": signal.map(|s| s.log_probs.iter().sum::<f64>()),
-        "reason": dropped.map(|d| d.0),
-        "detail": dropped.map(|d| d.1),
-    })
+/// What judging an OPD/Combine turn gave.
+pub(crate) enum OpdVerdict {
+    Sample(Box<Sample>),
+    /// No sample: the caller counts and logs it (`reason`, `detail`), then writes `record`.
+    Drop {
+        reason: &'static str,
+        detail: String,
+        record: Box<OpdRecord>,
+    },
+}
+
+/// What judging an OPD/Combine turn needs besides the PRM.
+pub(crate) struct OpdJudging<'a> {
+    pub parts: Option<&'a OpdParts>,
+    pub mode: BufferMode,
+    pub options: OpdOptions,
+    pub records: Option<&'a dyn RecordSink>,
+}
+
+impl OpdJudging<'_> {
+    /// Judges one turn: hint votes (and eval votes through `eval`, which runs the PRM on the
+    /// given next state), then the teacher; writes the conversation, PRM and OPD records of a
+    /// turn that becomes a sample (a dropped turn's OPD record is the caller's to write).
+    pub async fn judge<F, Fut>(&self, job: &Job, eval: F) -> OpdVerdict
+    where
+        F: FnOnce(Value) -> Fut,
+        Fut: Future<Output = Option<PrmScore>>,
+    {
+        let mode = self.mode;
+        let combine = mode == BufferMode::Combine;
+        let opts = self.options;
+        let facts = |dropped: Option<(&'static str, &'static str)>| OpdFacts {
+            session_id: &job.session_id,
+            turn: job.turn_no,
+            mode: mode.as_str(),
+            hint: None,
+            eval: None,
+            signal: None,
+            dropped,
+        };
+        let Some(parts) = self.parts else {
+            return OpdVerdict::Drop {
+                reason: "opd_not_configured",
+                detail: "no hint judge or teacher is configured".into(),
+                record: Box::new(OpdRecord::new(facts(Some(("opd_not_configured", ""))))),
+            };
+        };
+        let next = match (&job.next, opts.drop_without_next_state || combine) {
+            (Some(v), _) => v.clone(),
+            (None, true) => {
+                record_turn(
+                    self.records,
+                    &job.session_id,
+                    job.turn_no,
+                    &job.turn,
+                    None,
+                    None,
+                );
+                return OpdVerdict::Drop {
+                    reason: "no_next_state",
+                    detail: "the turn never got a next state".into(),
+                    record: Box::new(OpdRecord::new(facts(Some(("no_next_state", ""))))),
+                };
+            }
+            (None, false) => json!({"role": "user", "content": ""}),
+        };
+        let input = judge_input(&job.turn, &next);
+        let want_eval = combine || opts.eval_votes;
+        let (hint, eval) = futures::join!(parts.hint.judge(&input), async {
+            if want_eval { eval(next).await } else { None }
+        });
+        for v in hint.scores() {
+            let outcome = match v {
+                Some(1) => "1",
+                Some(_) => "-1",
+                None => "failed",
+            };
+            metrics::counter!(ps_core::metric_names::HINT_VOTES_TOTAL, "outcome" => outcome)
+                .increment(1);
+        }
+        record_turn(
+            self.records,
+            &job.session_id,
+            job.turn_no,
+            &job.turn,
+            job.next.as_ref(),
+            eval.as_ref(),
+        );
+        let eval_score = eval.as_ref().map_or(0.0, |e| e.score);
+        let signal = match hint.hint() {
+            Some(h) => Some(teacher_signal(parts, &job.turn, h, opts.top_k).await),
+            None => None,
+        };
+        let record = |signal: Option<&TeacherLogprobs>, dropped: Option<(&str, &str)>| {
+            OpdRecord::new(OpdFacts {
+                session_id: &job.session_id,
+                turn: job.turn_no,
+                mode: mode.as_str(),
+                hint: Some(&hint),
+                eval: eval.as_ref(),
+                signal,
+                dropped,
+            })
+        };
+        match signal {
+            Some(Ok(signal)) => {
+                let reward = if combine { eval_score } else { 1.0 };
+                if let Some(r) = self.records {
+                    r.opd(record(Some(&signal), None));
+                }
+                OpdVerdict::Sample(Box::new(distill_sample(
+                    &job.turn,
+                    reward,
+                    signal,
+                    mode.as_str(),
+                    &hint,
+                    eval.as_ref(),
+                )))
+            }
+            failed => {
+                // No usable teacher signal: no hint, or the teacher failed / mismatched.
+                let (reason, detail) = match &failed {
+                    Some(Err(f)) => (f.reason, f.detail.clone()),
+                    _ => (
+                        "no_hint",
+                        format!(
+                            "no hint longer than the minimum among {} votes",
+                            hint.votes.len()
+                        ),
+                    ),
+                };
+                match eval.as_ref().filter(|e| combine && e.score != 0.0) {
+                    Some(e) => {
+                        if let Some(r) = self.records {
+                            r.opd(record(None, Some((reason, &detail))));
+                        }
+                        OpdVerdict::Sample(Box::new(combine_rl_sample(&job.turn, e, &hint)))
+                    }
+                    None => OpdVerdict::Drop {
+                        record: Box::new(record(None, Some((reason, &detail)))),
+                        reason,
+                        detail,
+                    },
+                }
+            }
+        }
+    }
 }

@@ -91,6 +91,10 @@ pub fn rl_decision(
 /// log-probs (importance-sampling corrections, Slime's `--use-rollout-logprobs`) must leave them out.
 pub const TRAINED_WITHOUT_ROLLOUT_LOGPROB: &str = "trained_without_rollout_logprob";
 
+/// `metadata` key of Combine's RL-only samples: the positions taken out of the loss mask because
+/// their rollout log-prob, copied into `teacher_log_probs`, would be a placeholder.
+pub const MASKED_WITHOUT_LOGPROB: &str = "masked_without_logprob";
+
 /// Lists (in `metadata`, under [`TRAINED_WITHOUT_ROLLOUT_LOGPROB`]) the trained positions of `s`
 /// whose rollout log-prob is a placeholder, from the turn's alignment and the sample's final mask.
 pub(crate) fn list_trained_placeholders(s: &mut Sample, turn: &CapturedTurn) {

@@ -14,9 +14,10 @@ use ps_core::{
 use ps_opd_judge::{HintOutcome, HintVote, MockHintJudge};
 use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
 use ps_session_buffer::{
-    BufferConfig, BufferMode, OpdOptions, OpdParts, RecordSink, SessionBuffer,
+    BufferConfig, BufferMode, ConversationRecord, OpdOptions, OpdParts, OpdRecord, PrmRecord,
+    RecordSink, SessionBuffer, ToJson,
 };
-use ps_teacher_client::{MockTeacherScorer, TeacherError, TeacherLogprobs};
+use ps_teacher_client::{MockTeacherScorer, TeacherError, TeacherLogprobs, TeacherScorer};
 use serde_json::{Value, json};
 
 #[derive(Default)]
@@ -35,10 +36,10 @@ impl SampleSink for CollectSink {
 struct CollectRecords(Mutex<Vec<Value>>);
 
 impl RecordSink for CollectRecords {
-    fn conversation(&self, _: Value) {}
-    fn prm(&self, _: Value) {}
-    fn opd(&self, r: Value) {
-        self.0.lock().unwrap().push(r);
+    fn conversation(&self, _: ConversationRecord) {}
+    fn prm(&self, _: PrmRecord) {}
+    fn opd(&self, r: OpdRecord) {
+        self.0.lock().unwrap().push(r.to_json());
     }
 }
 
@@ -127,6 +128,22 @@ fn rig_prm(
     teacher: MockTeacherScorer,
     prm_enabled: bool,
 ) -> Rig {
+    rig_parts(
+        mode,
+        opd,
+        Arc::new(teacher),
+        prm_enabled,
+        Arc::new(tokio::sync::Semaphore::new(2)),
+    )
+}
+
+fn rig_parts(
+    mode: BufferMode,
+    opd: OpdOptions,
+    teacher: Arc<dyn TeacherScorer>,
+    prm_enabled: bool,
+    teacher_permits: Arc<tokio::sync::Semaphore>,
+) -> Rig {
     let tok = Arc::new(ChatTokenizer::mini());
     let sink = Arc::new(CollectSink::default());
     let records = Arc::new(CollectRecords::default());
@@ -142,9 +159,9 @@ fn rig_prm(
         Some(Arc::new(EvalByText)),
         Some(OpdParts {
             hint: Arc::new(hint_judge()),
-            teacher: Arc::new(teacher),
+            teacher,
             tokenizer: tok.clone(),
-            teacher_permits: Some(Arc::new(tokio::sync::Semaphore::new(2))),
+            teacher_permits: Some(teacher_permits),
         }),
         sink.clone(),
         Some(records.clone()),
@@ -575,4 +592,71 @@ async fn opd_records_carry_the_teacher_log_probs_as_teacher_lp() {
         json!(s.teacher_log_probs.as_ref().unwrap())
     );
     assert_eq!(rec["teacher_log_probs_len"], s.response_length);
+}
+
+/// A teacher that echoes its input and holds every call until the test opens its gate, counting
+/// the calls in flight.
+struct GatedTeacher {
+    gate: tokio::sync::Semaphore,
+    in_flight: std::sync::atomic::AtomicUsize,
+    max_in_flight: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl TeacherScorer for GatedTeacher {
+    async fn score(
+        &self,
+        ids: &[u32],
+        n: usize,
+        _k: usize,
+    ) -> Result<TeacherLogprobs, TeacherError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, SeqCst);
+        self.gate.acquire().await.unwrap().forget();
+        self.in_flight.fetch_sub(1, SeqCst);
+        Ok(TeacherLogprobs {
+            log_probs: vec![-0.1; n],
+            topk_log_probs: None,
+            topk_indices: None,
+            echoed_ids: ids[ids.len() - n..].to_vec(),
+            echo_verified: true,
+        })
+    }
+
+    fn describe(&self) -> String {
+        "gated teacher".into()
+    }
+}
+
+/// `teacher.max_concurrency`: the teacher permits cap the calls in flight across sessions (the
+/// one cap of teacher calls; the teacher client has none of its own).
+#[tokio::test]
+async fn the_teacher_permits_cap_calls_in_flight() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let teacher = Arc::new(GatedTeacher {
+        gate: tokio::sync::Semaphore::new(0),
+        in_flight: Default::default(),
+        max_in_flight: Default::default(),
+    });
+    let permits = Arc::new(tokio::sync::Semaphore::new(2));
+    let r = rig_parts(
+        BufferMode::Opd,
+        OpdOptions::default(),
+        teacher.clone(),
+        true,
+        permits.clone(),
+    );
+    for session in ["a", "b", "c"] {
+        let t1 = r.buffer.begin(session, &user("q"), false);
+        r.buffer.accept(captured(&r.tok, session, t1));
+        let t2 = r.buffer.begin(session, &user("hint:use the table|"), true);
+        r.buffer.abandon(session, t2, "test");
+    }
+    wait_for(|| teacher.in_flight.load(SeqCst) == 2).await;
+    assert_eq!(permits.available_permits(), 0);
+    teacher.gate.add_permits(3);
+    wait_for(|| samples(&r).len() == 3).await;
+    assert_eq!(teacher.max_in_flight.load(SeqCst), 2);
+    assert_eq!(permits.available_permits(), 2);
 }

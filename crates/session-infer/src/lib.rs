@@ -11,10 +11,12 @@
 
 pub mod fingerprint;
 pub mod matcher;
+pub mod mode;
 pub mod shape;
 
 pub use fingerprint::{History, Key};
 pub use matcher::{
     INFERRED_PREFIX, Limits, Outcome, PendingReply, Resolved, SessionMatcher, Stats,
 };
+pub use mode::SessionInference;
 pub use shape::{ShapeRule, side_rule};

@@ -14,6 +14,8 @@ const TIMEOUT_KEY: &str = "sglang.timeout_sec";
 /// Largest non-streamed answer read from the upstream (a 4,096-token answer with 20 top log-probs
 /// per token is about 10 MB).
 pub const MAX_ANSWER_BYTES: usize = 128 * 1024 * 1024;
+/// How much of an unparsable body an error message quotes.
+const SNIPPET_BYTES: usize = 80;
 
 /// One server-sent event of a streamed chat completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +29,6 @@ pub enum StreamEvent {
 pub type ChatEventStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, SglangError>> + Send>>;
 
 /// The policy model's chat endpoint, as the server sees it.
-#[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
 #[async_trait]
 pub trait PolicyClient: Send + Sync {
     /// Sends a non-streamed chat completion and returns the parsed JSON answer.
@@ -45,7 +46,7 @@ pub trait PolicyClient: Send + Sync {
 pub struct SglangClientConfig {
     pub chat_url: String,
     /// Sent as `Authorization: Bearer` when set.
-    pub api_key: Option<String>,
+    pub api_key: Option<ps_core::Secret>,
     /// Whole-answer timeout of a non-streamed call; time to the first byte and between two chunks of
     /// a streamed one.
     pub timeout: Duration,
@@ -66,10 +67,8 @@ impl SglangClient {
             url: config.chat_url.clone(),
             detail: format!("`{CHAT_URL_KEY}` is not an absolute http(s) URL"),
         })?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(1024)
+        let http = ps_http::ClientOptions::new(config.connect_timeout)
+            .max_idle_per_host(1024)
             .build()
             .map_err(|source| SglangError::Connect {
                 url: config.chat_url.clone(),
@@ -84,27 +83,24 @@ impl SglangClient {
     }
 
     fn post(&self, body: &Value) -> reqwest::RequestBuilder {
-        let mut req = self.http.post(&self.config.chat_url).json(body);
-        if let Some(key) = &self.config.api_key {
-            req = req.bearer_auth(key);
-        }
-        req
+        ps_http::with_bearer(
+            self.http.post(&self.config.chat_url).json(body),
+            self.config.api_key.as_ref(),
+        )
     }
 
     fn send_error(&self, e: reqwest::Error) -> SglangError {
-        if e.is_timeout() {
-            self.timeout_error()
-        } else if e.is_connect() {
-            SglangError::Connect {
+        match ps_http::classify(&e) {
+            ps_http::Failure::Timeout => self.timeout_error(),
+            ps_http::Failure::Connect => SglangError::Connect {
                 url: self.config.chat_url.clone(),
                 config_key: CHAT_URL_KEY,
                 source: e,
-            }
-        } else {
-            SglangError::Transport {
+            },
+            _ => SglangError::Transport {
                 url: self.config.chat_url.clone(),
                 source: e,
-            }
+            },
         }
     }
 
@@ -195,10 +191,7 @@ impl SglangClient {
             after,
             config_key: TIMEOUT_KEY,
         };
-        let mut req = self.http.get(url);
-        if let Some(key) = &self.config.api_key {
-            req = req.bearer_auth(key);
-        }
+        let req = ps_http::with_bearer(self.http.get(url), self.config.api_key.as_ref());
         let resp = tokio::time::timeout(after, req.send())
             .await
             .map_err(|_| timeout())?
@@ -242,7 +235,10 @@ impl SglangClient {
             .map(Some)
             .map_err(|e| SglangError::InvalidBody {
                 url: url.to_owned(),
-                detail: format!("{e} (body starts with {:?})", snippet(&body)),
+                detail: format!(
+                    "{e} (body starts with {:?})",
+                    ps_http::head(&body, SNIPPET_BYTES)
+                ),
             })
     }
 }
@@ -291,7 +287,10 @@ impl PolicyClient for SglangClient {
             .map_err(|_| self.timeout_error())??;
         serde_json::from_slice(&bytes).map_err(|e| SglangError::InvalidBody {
             url: self.config.chat_url.clone(),
-            detail: format!("{e} (body starts with {:?})", snippet(&bytes)),
+            detail: format!(
+                "{e} (body starts with {:?})",
+                ps_http::head(&bytes, SNIPPET_BYTES)
+            ),
         })
     }
 
@@ -409,10 +408,6 @@ where
             }
         },
     )
-}
-
-fn snippet(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into_owned()
 }
 
 #[cfg(test)]

@@ -15,6 +15,3 @@ pub use assemble::{StreamAssembler, engine_ids, rollout_from_response, synthesiz
 pub use client::{ChatEventStream, PolicyClient, SglangClient, SglangClientConfig, StreamEvent};
 pub use error::SglangError;
 pub use model_info::ModelInfo;
-
-#[cfg(any(test, feature = "test-support"))]
-pub use client::MockPolicyClient;

@@ -7,7 +7,7 @@
 //! alternatives (`prompt_logprobs: N`), so the prompt token may be the `N+1`-th key. We read the last
 //! `T` entries. vLLM caps `N` by its `--max-logprobs` (default 20): a larger `K` is an HTTP 400.
 
-use std::{collections::HashMap, fmt, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -21,7 +21,7 @@ use crate::{
 
 /// Settings of [`CompletionsTeacher`] (from `[teacher]` with `backend = "openai_completions"`, or the
 /// provider section's base URL and key). `Debug` hides the key.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CompletionsTeacherConfig {
     /// The provider root (`https://host`, `https://host/v1`, with or without a trailing `/`) or its
     /// full `/v1/completions` URL (`teacher.url`).
@@ -29,20 +29,9 @@ pub struct CompletionsTeacherConfig {
     /// The model name sent in every request (`teacher.model`).
     pub model: String,
     /// Bearer key, the value of the variable named by `teacher.api_key_env`. Never logged.
-    pub api_key: Option<String>,
+    pub api_key: Option<ps_core::Secret>,
     /// Whole-call timeout: connect, answer and body (`teacher.timeout_sec`).
     pub timeout: Duration,
-}
-
-impl fmt::Debug for CompletionsTeacherConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CompletionsTeacherConfig")
-            .field("base_url", &self.base_url)
-            .field("model", &self.model)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// The completions URL for a configured base: `<root>/v1/completions` from a provider root with or

@@ -13,8 +13,6 @@ pub const API_KEY_ENV_KEY: &str = "teacher.api_key_env";
 pub const MODEL_KEY: &str = "teacher.model";
 /// Configuration key of the teacher protocol (`sglang` or `openai_completions`).
 pub const BACKEND_KEY: &str = "teacher.backend";
-/// Configuration key of the cap on simultaneous teacher calls.
-pub const MAX_CONCURRENCY_KEY: &str = "teacher.max_concurrency";
 
 /// Why the teacher could not score a sequence. Each variant names the URL and the configuration key an
 /// operator would look at; none carries the API key.
@@ -126,12 +124,6 @@ pub enum TeacherError {
         url: String,
         config_key: &'static str,
     },
-    #[error("the teacher call limiter is closed, so {teacher} was not called (`{config_key}`)")]
-    LimiterClosed {
-        /// The teacher's [`crate::TeacherScorer::describe`].
-        teacher: String,
-        config_key: &'static str,
-    },
 }
 
 impl TeacherError {
@@ -150,7 +142,6 @@ impl TeacherError {
             Self::InvalidUrl { .. } => "teacher_invalid_url",
             Self::InvalidConfig { .. } => "teacher_invalid_config",
             Self::ChatEndpoint { .. } => "teacher_chat_endpoint",
-            Self::LimiterClosed { .. } => "teacher_limiter_closed",
         }
     }
 }

@@ -9,40 +9,26 @@ use serde::Serialize;
 use crate::error::{API_KEY_ENV_KEY, TIMEOUT_KEY, TeacherError, URL_KEY, error_chain};
 
 /// Error-body excerpts and messages, shared by every client crate.
-pub(crate) use ps_core::errors::{error_message, snippet};
+pub(crate) use ps_http::{error_message, snippet};
 
 /// Where and how to call one teacher. `Debug` never shows the key.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Endpoint {
     pub http: reqwest::Client,
     /// The URL every call is POSTed to.
     pub url: String,
-    pub api_key: Option<String>,
+    pub api_key: Option<ps_core::Secret>,
     pub timeout: Duration,
-}
-
-impl std::fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("url", &self.url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// A client with its own connection pool, its connect phase bounded by `timeout`.
 pub(crate) fn build_client(url: &str, timeout: Duration) -> Result<reqwest::Client, TeacherError> {
-    reqwest::Client::builder()
-        .connect_timeout(timeout)
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| TeacherError::Connect {
-            url: url.to_owned(),
-            config_key: URL_KEY,
-            detail: error_chain(&e),
-            source: Some(e),
-        })
+    ps_http::client(timeout).map_err(|e| TeacherError::Connect {
+        url: url.to_owned(),
+        config_key: URL_KEY,
+        detail: error_chain(&e),
+        source: Some(e),
+    })
 }
 
 /// `url` parsed as an absolute http(s) URL with a host, or the reason it is not.
@@ -68,11 +54,7 @@ impl Endpoint {
     }
 
     async fn exchange<B: Serialize + Sync>(&self, body: &B) -> Result<Bytes, TeacherError> {
-        let mut req = self.http.post(&self.url).json(body);
-        if let Some(key) = &self.api_key {
-            // `bearer_auth` marks the header sensitive, so it is not printed by reqwest either.
-            req = req.bearer_auth(key);
-        }
+        let req = ps_http::with_bearer(self.http.post(&self.url).json(body), self.api_key.as_ref());
         let resp = req.send().await.map_err(|e| self.send_error(e))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| self.send_error(e))?;
@@ -96,11 +78,12 @@ impl Endpoint {
     }
 
     fn send_error(&self, e: reqwest::Error) -> TeacherError {
-        if e.is_timeout() {
+        let kind = ps_http::classify(&e);
+        if kind == ps_http::Failure::Timeout {
             return self.timeout_error();
         }
         let detail = error_chain(&e);
-        if e.is_connect() {
+        if kind == ps_http::Failure::Connect {
             TeacherError::Connect {
                 url: self.url.clone(),
                 config_key: URL_KEY,

@@ -11,7 +11,6 @@
 //! top-K row or a token mismatch is an error, and the caller drops the sample.
 
 mod align;
-mod capped;
 mod completions;
 mod error;
 mod http;
@@ -21,11 +20,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use align::{Mismatch, TEACHER_TOKEN_MISMATCH, check_alignment};
-pub use capped::Capped;
 pub use completions::{CompletionsTeacher, CompletionsTeacherConfig, completions_url};
 pub use error::{
-    API_KEY_ENV_KEY, BACKEND_KEY, MAX_CONCURRENCY_KEY, MODEL_KEY, TIMEOUT_KEY, TeacherError,
-    URL_KEY, chat_endpoint_error,
+    API_KEY_ENV_KEY, BACKEND_KEY, MODEL_KEY, TIMEOUT_KEY, TeacherError, URL_KEY,
+    chat_endpoint_error,
 };
 pub use sglang::{SglangTeacher, SglangTeacherConfig, generate_url, logprob_start_len};
 

@@ -2,7 +2,7 @@
 //! tokens, `return_logprob` and `logprob_start_len` (`docs/upstream-protocols.md` 2.2 and 2.4).
 //!
 //! Layout: SGLang returns `L - S` input entries for `logprob_start_len = S`, entry `j` being for input
-//! position `S + j`, and **entry 0 is always null** (Gotcha 1). The reference sends `S = L - T` and so
+//! position `S + j`, and **entry 0 is always null** (`docs/upstream-protocols.md` 2.2). The reference sends `S = L - T` and so
 //! loses the first response token's value (it becomes a 0.0 placeholder). We send `S = L - T - 1`: entry
 //! 0 is then the last prompt token (null, dropped) and entries `1..=T` are the `T` response positions,
 //! all real values. A null among them (SGLang's orjson writes a `-inf` log-prob as null) is an error
@@ -23,24 +23,14 @@ use crate::{
 };
 
 /// Settings of [`SglangTeacher`] (from `[teacher]` with `backend = "sglang"`). `Debug` hides the key.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SglangTeacherConfig {
     /// The teacher's `/generate` URL (`teacher.url`); a bare `http://host:port` gets `/generate`.
     pub url: String,
     /// Whole-call timeout: connect, answer and body (`teacher.timeout_sec`).
     pub timeout: Duration,
     /// Bearer key, the value of the variable named by `teacher.api_key_env` (SGLang's `--api-key`).
-    pub api_key: Option<String>,
-}
-
-impl fmt::Debug for SglangTeacherConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SglangTeacherConfig")
-            .field("url", &self.url)
-            .field("timeout", &self.timeout)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
+    pub api_key: Option<ps_core::Secret>,
 }
 
 /// The `/generate` URL for a configured teacher URL: a bare root (`http://host:port` or with `/`) gets
@@ -111,7 +101,7 @@ impl<'a> GenerateBody<'a> {
             return_logprob: true,
             logprob_start_len: start,
             // One request gives both the log-probs and the top-K. The reference sends two prefill
-            // passes over the same input_ids (one without and one with `top_logprobs_num`, Gotcha 11);
+            // passes over the same input_ids (one without and one with `top_logprobs_num`, docs/upstream-protocols.md 2.4);
             // SGLang returns `input_token_logprobs` and `input_top_logprobs` together, so one is enough.
             top_logprobs_num: (top_k > 0).then_some(top_k),
         }

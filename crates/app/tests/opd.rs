@@ -1,0 +1,339 @@
+//! OPD and Combine through the real server: hint votes and teacher log-probs from the fake SGLang.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use ps_config::{Mode, Settings, TurnType};
+use ps_fake_sglang::{FakeHandle, FakeSglang, Fault, teacher_logprob};
+use serde_json::{Value, json};
+
+struct Server {
+    url: String,
+    running: Option<ps_app::Running>,
+}
+
+fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
+    let mut s = Settings::default();
+    s.server.port = 0;
+    s.server.mode = mode;
+    s.server.default_turn_type = TurnType::Main;
+    s.sglang.chat_url = fake.chat_url();
+    s.prm.router_url = fake.generate_url();
+    s.teacher.url = Some(fake.generate_url());
+    s.teacher.timeout_sec = 5;
+    s.store.path = store.join("store");
+    s.logging.opd_record_dir = Some(store.join("opd"));
+    s
+}
+
+async fn start(settings: &Settings) -> Server {
+    let running = ps_app::spawn(settings, &|_| None, None).await.unwrap();
+    let url = running.url().to_owned();
+    Server {
+        url,
+        running: Some(running),
+    }
+}
+
+impl Server {
+    async fn stop(mut self) {
+        self.running.take().unwrap().stop().await.unwrap();
+    }
+
+    async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", self.url))
+            .header("x-session-id", session)
+            .header("x-session-done", if done { "1" } else { "0" })
+            .json(&json!({"messages": messages}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn status(&self) -> Value {
+        reqwest::get(format!("{}/v1/rollout/status", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Waits until every turn is resolved (submitted or dropped), then pulls every sample.
+    async fn settle(&self, turns: u64) -> Vec<Value> {
+        for _ in 0..400 {
+            let st = self.status().await;
+            let done = st["samples"]["submitted"].as_u64().unwrap()
+                + st["turns_dropped"].as_u64().unwrap();
+            if done >= turns {
+                let v: Value =
+                    reqwest::get(format!("{}/v1/rollout/samples?after=0&max=100", self.url))
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                return v["samples"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["sample"].clone())
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("turns did not settle: {}", self.status().await);
+    }
+}
+
+fn user(t: &str) -> Value {
+    json!({"role": "user", "content": t})
+}
+
+/// Turn 1, then turn 2 carrying `next` as turn 1's next state; turn 2 ends the session.
+async fn two_turns(s: &Server, session: &str, next: &str) {
+    let a = s
+        .chat(session, json!([user("Plan a weekend in Rome.")]), false)
+        .await;
+    let history = json!([
+        user("Plan a weekend in Rome."),
+        a["choices"][0]["message"],
+        user(next)
+    ]);
+    s.chat(session, history, true).await;
+}
+
+#[tokio::test]
+async fn opd_turns_get_exact_teacher_log_probs_for_every_response_token() {
+    // With the engine's ids (the default) and with re-tokenized ones: the teacher scores exactly
+    // the sample's response ids either way.
+    for mode in [
+        ps_config::TokenIdsMode::Auto,
+        ps_config::TokenIdsMode::Retokenize,
+    ] {
+        opd_exact_teacher_values(mode).await;
+    }
+}
+
+async fn opd_exact_teacher_values(token_ids: ps_config::TokenIdsMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, Mode::Opd, dir.path());
+    set.opd.top_k = 4;
+    set.sglang.token_ids = token_ids;
+    let s = start(&set).await;
+    two_turns(&s, "o", "I wanted museums, not food. FAKE_VOTES=1,1,1").await;
+    let samples = s.settle(2).await;
+    assert_eq!(samples.len(), 1, "turn 2 had no next state and is dropped");
+    let sample = &samples[0];
+    let t = sample["response_length"].as_u64().unwrap() as usize;
+    let tokens: Vec<u32> = sample["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let teacher: Vec<f64> = sample["teacher_log_probs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(teacher.len(), t);
+    assert_eq!(sample["loss_mask"], json!(vec![1; t]));
+    assert_eq!(sample["reward"]["score"], 1.0);
+    let source = if token_ids == ps_config::TokenIdsMode::Retokenize {
+        "retokenized"
+    } else {
+        "engine"
+    };
+    assert_eq!(sample["metadata"]["token_source"], source);
+    // The teacher scored the hinted prompt + our response: find the request to recompute exactly.
+    let req = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/generate" && r.body.get("input_ids").is_some())
+        .unwrap();
+    let ids: Vec<u32> = req.body["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let l = ids.len();
+    assert_eq!(
+        &ids[l - t..],
+        &tokens[tokens.len() - t..],
+        "the teacher saw our very response ids"
+    );
+    for (j, value) in teacher.iter().enumerate() {
+        let pos = l - t + j;
+        assert_eq!(
+            *value,
+            teacher_logprob(ids[pos - 1], ids[pos], pos),
+            "position {j}"
+        );
+    }
+    let topk = sample["teacher_topk_log_probs"].as_array().unwrap();
+    assert_eq!(topk.len(), t);
+    assert!(topk.iter().all(|row| row.as_array().unwrap().len() == 4));
+    assert_eq!(
+        req.body["top_logprobs_num"], 4,
+        "one request carries the top-K too"
+    );
+    // The hint went into the last user message of the teacher's prompt.
+    let records: Vec<Value> = std::fs::read_dir(dir.path().join("opd"))
+        .unwrap()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let accepted: Vec<&Value> = records.iter().filter(|r| r["accepted"] == true).collect();
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(accepted[0]["teacher_log_probs_len"], t);
+    assert!(accepted[0]["hint_len"].as_u64().unwrap() > 10);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn opd_turns_without_a_hint_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let s = start(&settings(&fake, Mode::Opd, dir.path())).await;
+    two_turns(&s, "n", "fine. FAKE_VOTES=-1,-1,x").await;
+    let samples = s.settle(2).await;
+    assert!(samples.is_empty());
+    assert_eq!(s.status().await["turns_dropped"], 2);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_teacher_that_times_out_drops_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let teacher = FakeSglang::builder().spawn().await.unwrap();
+    // Far longer than the timeout, so the drop can only be the timeout's.
+    teacher.set_fault(Some(Fault::Delay(Duration::from_secs(300))));
+    let mut set = settings(&fake, Mode::Opd, dir.path());
+    set.teacher.url = Some(teacher.generate_url());
+    set.teacher.timeout_sec = 1;
+    let s = start(&set).await;
+    two_turns(&s, "t", "FAKE_VOTES=1,1,1").await;
+    assert!(s.settle(2).await.is_empty());
+    assert_eq!(s.status().await["turns_dropped"], 2);
+    // Turn 1 had its hint and was dropped because the teacher timed out; turn 2 had no next state.
+    let records = wait_records(&dir.path().join("opd"), 2).await;
+    let turn1: Vec<&Value> = records.iter().filter(|r| r["turn"] == 1).collect();
+    assert_eq!(turn1.len(), 1, "{records:?}");
+    let r = turn1[0];
+    assert_eq!(r["outcome"], "dropped", "{r}");
+    assert_eq!(r["reason"], "teacher_error", "{r}");
+    let detail = r["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&teacher.generate_url())
+            && detail.contains("did not answer within")
+            && detail.contains("teacher.timeout_sec"),
+        "not a teacher timeout: {detail}"
+    );
+    assert_eq!(r["votes"], json!([1, 1, 1]), "the hint was accepted: {r}");
+    let turn2: Vec<&Value> = records.iter().filter(|r| r["turn"] == 2).collect();
+    assert_eq!(turn2.len(), 1, "{records:?}");
+    assert_ne!(turn2[0]["reason"], "teacher_error", "{records:?}");
+    s.stop().await;
+}
+
+/// Waits until the OPD record files under `dir` hold `n` lines (they are written in the background);
+/// fails when they never do.
+async fn wait_records(dir: &Path, n: usize) -> Vec<Value> {
+    // A generous bound, only so that a missing record fails instead of hanging.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let records: Vec<Value> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flat_map(|f| {
+                let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+                text.lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if records.len() >= n {
+            return records;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} OPD records were not written: {records:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A teacher that tokenizes differently: it reports log-probs for other ids than the ones sent.
+async fn mismatching_teacher() -> String {
+    use axum::{Json, Router, routing::post};
+    async fn generate(Json(body): Json<Value>) -> Json<Value> {
+        let ids: Vec<u64> = body["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let start = body["logprob_start_len"].as_u64().unwrap() as usize;
+        let entries: Vec<Value> = (start..ids.len())
+            .map(|p| {
+                let lp = if p == start { Value::Null } else { json!(-0.5) };
+                json!([lp, ids[p] + 1, null])
+            })
+            .collect();
+        Json(
+            json!({"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": entries, "finish_reason": {"type": "length", "length": 0}}}),
+        )
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, Router::new().route("/generate", post(generate)))
+            .await
+            .unwrap();
+    });
+    format!("http://{addr}/generate")
+}
+
+#[tokio::test]
+async fn a_teacher_with_another_tokenizer_is_caught_not_padded() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, Mode::Opd, dir.path());
+    set.teacher.url = Some(mismatching_teacher().await);
+    let s = start(&set).await;
+    two_turns(&s, "m", "FAKE_VOTES=1,1,1").await;
+    assert!(s.settle(2).await.is_empty());
+    let st = s.status().await;
+    assert_eq!(st["teacher_mismatches"], 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn combine_gives_rl_samples_with_teacher_fields_when_no_hint_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let s = start(&settings(&fake, Mode::Combine, dir.path())).await;
+    // The same scripted text answers both judges: hint votes all -1 (no hint), eval votes -1.
+    two_turns(&s, "c", "That was wrong. FAKE_VOTES=-1,-1,-1,-1,-1,-1").await;
+    let samples = s.settle(2).await;
+    assert_eq!(samples.len(), 1);
+    let sample = &samples[0];
+    assert_eq!(sample["reward"]["score"], -1.0);
+    assert_eq!(sample["metadata"]["teacher"], "rollout");
+    assert_eq!(sample["teacher_log_probs"], sample["rollout_log_probs"]);
+    s.stop().await;
+}

@@ -1,0 +1,116 @@
+//! The Lua scripts of the store, each one atomic on the server: appending under the next seq
+//! (idempotent by token), requeueing a dead consumer's entries under new seqs, committing (ack
+//! and trim), and taking a replica's pending turns. Kept together so that the invariants they
+//! share (the counter only moves after a successful `XADD`; seqs never reused) read in one place.
+
+/// Lua shared by the scripts that add entries: `add(stream, counter, field, value...)` adds the
+/// entry under the next seq and only then moves the counter, so a failure writes nothing. When the
+/// counter is behind the stream (it was lost or reset), the seq continues after the stream's last
+/// ID instead of failing.
+macro_rules! lua_add {
+    () => {
+        r"
+local function add(stream, counter, ...)
+  local seq = tonumber(redis.call('GET', counter) or '0') + 1
+  local r = redis.pcall('XADD', stream, string.format('%d-0', seq), ...)
+  if type(r) == 'table' and r.err then
+    local info = redis.call('XINFO', 'STREAM', stream)
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then
+        local top = tonumber(string.match(info[i + 1], '^(%d+)'))
+        if top >= seq then seq = top + 1 end
+      end
+    end
+    redis.call('XADD', stream, string.format('%d-0', seq), ...)
+  end
+  redis.call('SET', counter, string.format('%d', seq))
+  return seq
+end
+"
+    };
+}
+
+/// Adds the entry under the next seq, unless this append's token already got one. Also tells
+/// whether the deployment's epoch key was missing (Redis lost its data since it was set).
+/// KEYS: stream, counter, token, epoch. ARGV: payload, token lifetime (s), epoch value.
+/// Returns {seq, lost}.
+pub(crate) const APPEND: &str = concat!(
+    lua_add!(),
+    r"
+local done = redis.call('GET', KEYS[3])
+if done then return {tonumber(done), 0} end
+local lost = 0
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  lost = 1
+  redis.call('SET', KEYS[4], ARGV[3])
+end
+local seq = add(KEYS[1], KEYS[2], 's', ARGV[1])
+redis.call('SET', KEYS[3], string.format('%d', seq), 'EX', ARGV[2])
+return {seq, lost}
+"
+);
+
+/// Hands the entries other consumers left pending longer than the idle time to whoever reads next:
+/// each is added again under a new seq (above every cursor) and the old entry acknowledged and
+/// deleted, in one step. KEYS: stream, counter. ARGV: group, this consumer, idle (ms), how many
+/// pending entries to look at. Returns how many were moved.
+pub(crate) const REQUEUE: &str = concat!(
+    lua_add!(),
+    r"
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', tonumber(ARGV[3]), '-', '+', tonumber(ARGV[4]))
+local moved = 0
+for _, e in ipairs(p) do
+  local id, owner = e[1], e[2]
+  if owner ~= ARGV[2] then
+    local entry = redis.call('XRANGE', KEYS[1], id, id)
+    if #entry > 0 then
+      add(KEYS[1], KEYS[2], unpack(entry[1][2]))
+      moved = moved + 1
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], id)
+    redis.call('XDEL', KEYS[1], id)
+  end
+end
+return moved
+"
+);
+
+/// Acknowledges this consumer's pending entries up to `through`, moves the commit point (never
+/// back) and trims below both the retention point and the oldest entry still pending for anyone.
+/// KEYS: stream, counter, committed. ARGV: through, group, retain, consumer.
+/// Returns {1, last} when done, {0, last} when `through` is beyond the last seq.
+pub(crate) const COMMIT: &str = r"
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+local through = tonumber(ARGV[1])
+if through > last then return {0, last} end
+local upto = string.format('%d-0', through)
+while true do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[2], '-', upto, 1000, ARGV[4])
+  if #p == 0 then break end
+  local ids = {}
+  for i, e in ipairs(p) do ids[i] = e[1] end
+  redis.call('XACK', KEYS[1], ARGV[2], unpack(ids))
+end
+local committed = tonumber(redis.call('GET', KEYS[3]) or '0')
+if through > committed then
+  redis.call('SET', KEYS[3], string.format('%d', through))
+  committed = through
+end
+local floor = committed - tonumber(ARGV[3]) + 1
+local summary = redis.call('XPENDING', KEYS[1], ARGV[2])
+if summary[2] then
+  local lowest = tonumber(string.match(summary[2], '^(%d+)'))
+  if lowest < floor then floor = lowest end
+end
+if floor > 1 then
+  redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', floor))
+end
+return {1, last}
+";
+
+/// Returns and removes every pending turn of a replica. KEYS: the hash.
+pub(crate) const TAKE_PENDING: &str = r"
+local v = redis.call('HVALS', KEYS[1])
+redis.call('DEL', KEYS[1])
+return v
+";

@@ -1,0 +1,83 @@
+//! Request plumbing shared by the handlers: reading a body within its limit ([`read_body`]), and
+//! the context of a main turn ([`TurnContext`]) that the chat path hands to the streamed body and
+//! to capture. It names no handler.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, header};
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::capture::CaptureJob;
+use crate::error::ApiError;
+
+/// What a main turn needs captured, taken from the request before it is forwarded.
+pub(crate) struct TurnContext {
+    pub guard: ps_core::TurnGuard,
+    pub arrival_seq: u64,
+    pub messages: Vec<Value>,
+    pub tools: Option<Value>,
+    pub template_kwargs: Option<Map<String, Value>>,
+    pub session_done: bool,
+    pub token_ids: crate::modes::TokenIdsMode,
+    /// Whether the upstream call asked the engine for its ids.
+    pub asked_for_ids: bool,
+    pub trainer_weight_version: Option<String>,
+    pub origin: ps_core::SessionOrigin,
+}
+
+impl TurnContext {
+    pub fn job(self, rollout: ps_core::RolloutResponse) -> CaptureJob {
+        CaptureJob {
+            guard: self.guard,
+            arrival_seq: self.arrival_seq,
+            messages: self.messages,
+            tools: self.tools,
+            template_kwargs: self.template_kwargs,
+            rollout,
+            session_done: self.session_done,
+            token_ids: self.token_ids,
+            asked_for_ids: self.asked_for_ids,
+            trainer_weight_version: self.trainer_weight_version,
+            origin: self.origin,
+        }
+    }
+}
+
+/// Reads a request body of at most `limit` bytes: a `Content-Length` over the limit is refused at
+/// once, without waiting for bytes that may never come; a body that grows past it is cut off. The
+/// 413 keeps the unread rest of the body, so that the answer lingers until the client has sent it
+/// ([`crate::linger`]) and the client reads the 413 instead of a connection reset.
+pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    mut body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt as _;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let too_large = |read: u64, rest: Body| ApiError::PayloadTooLarge {
+        limit,
+        unread: crate::linger::Unread::keep(headers, declared, read, rest),
+    };
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(0, body));
+    }
+    let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ApiError::invalid(
+                "body_read_failed",
+                format!("reading the request body failed: {e}"),
+            )
+        })?;
+        if let Some(data) = frame.data_ref() {
+            if buf.len() + data.len() > limit {
+                return Err(too_large((buf.len() + data.len()) as u64, body));
+            }
+            buf.extend_from_slice(data);
+        }
+    }
+    Ok(Bytes::from(buf))
+}

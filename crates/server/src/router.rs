@@ -1,0 +1,124 @@
+//! The router: every route and the layers around them. It sits above the handlers (`chat`,
+//! `health`, `rollout`) and the state; nothing below names it.
+//!
+//! Two layers of its own: the client and admin keys (`server.api_key_env`, `server.admin_key_env`)
+//! guard `/v1/*` and `/v1/rollout/*`, and [`edge`] runs every request in one span and logs an
+//! error answer there, once, whichever route gave it.
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use subtle::ConstantTimeEq;
+use tracing::Instrument;
+
+use crate::error::{ApiError, ErrorReport};
+use crate::state::AppState;
+use crate::{chat, health, rollout};
+
+/// Whether the request carries `Authorization: Bearer <key>` (constant-time comparison).
+fn bearer_matches(req: &Request, key: &str) -> bool {
+    let given = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or_default();
+    bool::from(given.as_bytes().ct_eq(key.as_bytes()))
+}
+
+async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
+    if let Some(key) = key
+        && !bearer_matches(&req, key)
+    {
+        metrics::counter!(
+            ps_core::metric_names::REQUESTS_TOTAL,
+            "turn_type" => "unknown",
+            "outcome" => "client_error",
+            "status" => "401"
+        )
+        .increment(1);
+        return ApiError::Unauthorized.into_response();
+    }
+    next.run(req).await
+}
+
+/// The client key (`server.api_key_env`) guards the chat routes.
+async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    check_key(
+        app.options()
+            .client_api_key
+            .as_ref()
+            .map(ps_core::Secret::expose),
+        req,
+        next,
+    )
+    .await
+}
+
+/// The admin key (`server.admin_key_env`) guards the rollout routes: a chat client's key is not enough.
+async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    check_key(
+        app.options()
+            .admin_api_key
+            .as_ref()
+            .map(ps_core::Secret::expose),
+        req,
+        next,
+    )
+    .await
+}
+
+/// The router: `/v1/*` behind the client key, health and metrics open.
+pub fn build_router(app: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(health::models))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
+    let rollout = Router::new()
+        .route("/v1/rollout/samples", get(rollout::samples))
+        .route("/v1/rollout/commit", post(rollout::commit))
+        .route("/v1/rollout/pause", post(rollout::pause))
+        .route("/v1/rollout/resume", post(rollout::resume))
+        .route("/v1/rollout/status", get(rollout::status))
+        .route(
+            "/v1/rollout/eval-scores/drain",
+            post(rollout::drain_eval_scores),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            app.clone(),
+            require_admin_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .merge(rollout)
+        .route("/health", get(health::health))
+        .route("/healthz", get(health::health))
+        .route("/metrics", get(health::metrics))
+        // Last, so that they cover every route above.
+        .fallback(health::not_found)
+        .method_not_allowed_fallback(health::method_not_allowed)
+        // Outermost: around the key checks and the fallbacks too.
+        .layer(middleware::from_fn(edge))
+        .with_state(app)
+}
+
+/// Runs the request in its span (the chat path records the session id, turn type, turn and
+/// arrival sequence into it) and logs an error answer ([`ErrorReport`]) there, once.
+async fn edge(req: Request, next: Next) -> Response {
+    let span = tracing::info_span!(
+        "request",
+        session_id = tracing::field::Empty,
+        turn_type = tracing::field::Empty,
+        turn = tracing::field::Empty,
+        seq = tracing::field::Empty
+    );
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let resp = next.run(req).instrument(span.clone()).await;
+    if let Some(report) = resp.extensions().get::<ErrorReport>() {
+        span.in_scope(|| report.log(&method, &path));
+    }
+    resp
+}

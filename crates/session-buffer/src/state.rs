@@ -1,0 +1,240 @@
+//! The per-session state machine: each begun turn waits for its capture and its next state, is
+//! judged, then waits for the earlier turns of its session to be submitted first.
+//!
+//! Pure data and transitions, no tasks and no locks: [`crate::SessionBuffer`] holds the sessions
+//! under one lock, calls these transitions, and runs the [`Job`]s they release.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ps_core::metric_names as m;
+use ps_core::sample::Sample;
+use ps_core::{CapturedTurn, PendingTurn};
+use ps_prm_client::PrmScore;
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// What a captured turn knows of its next state.
+pub(crate) enum Next {
+    Pending,
+    State(Value),
+    Missing,
+}
+
+/// A begun turn that is not being judged yet.
+pub(crate) struct Slot {
+    pub captured: Option<CapturedTurn>,
+    pub next: Next,
+}
+
+/// A judged turn, waiting for its turn to be submitted.
+pub(crate) enum Ready {
+    /// The turn was abandoned or dropped: nothing to submit, but later turns may go.
+    Skip,
+    /// An OPD/Combine sample, final (its rules need no order).
+    Sample(Box<Sample>),
+    Judged {
+        turn: Box<CapturedTurn>,
+        has_next_state: bool,
+        judged: Option<PrmScore>,
+    },
+}
+
+/// A turn ready to be judged.
+pub(crate) struct Job {
+    pub session_id: String,
+    pub turn_no: u64,
+    pub turn: CapturedTurn,
+    pub next: Option<Value>,
+}
+
+impl Job {
+    /// What to persist of this turn if the server stops before it is a sample.
+    pub fn pending(&self) -> PendingTurn {
+        PendingTurn {
+            turn: self.turn.clone(),
+            next: self.next.clone(),
+            // Filled in by `take_unfinished`, from the session as it is then.
+            session_had_effective: false,
+            conversation_start: false,
+        }
+    }
+}
+
+pub(crate) struct Session {
+    pub next_turn: u64,
+    pub next_submit: u64,
+    pub last_activity: Instant,
+    pub closing: bool,
+    pub slots: BTreeMap<u64, Slot>,
+    pub scoring: u64,
+    pub ready: BTreeMap<u64, Ready>,
+    /// What each judged-but-unsubmitted turn was made from, to persist it if the server stops first.
+    pub origins: BTreeMap<u64, PendingTurn>,
+    pub submitting: bool,
+    /// The client ended the session (`X-Session-Done`): the id used again is a new conversation.
+    /// (A session closed by the idle sweep or eviction and continued is the same conversation.)
+    pub done: bool,
+    /// The current conversation already has an effective sample (the at-least-one rule).
+    pub has_effective: bool,
+    /// First turns of later conversations under the same id: when submission reaches one,
+    /// `has_effective` starts afresh.
+    pub conversation_starts: BTreeSet<u64>,
+}
+
+impl Session {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            next_turn: 1,
+            next_submit: 1,
+            last_activity: now,
+            closing: false,
+            slots: BTreeMap::new(),
+            scoring: 0,
+            ready: BTreeMap::new(),
+            origins: BTreeMap::new(),
+            submitting: false,
+            done: false,
+            has_effective: false,
+            conversation_starts: BTreeSet::new(),
+        }
+    }
+
+    pub fn is_drained(&self) -> bool {
+        self.slots.is_empty() && self.scoring == 0 && self.ready.is_empty() && !self.submitting
+    }
+
+    /// Closes the session: every turn still waiting for a next state will get none. The caller
+    /// then collects the turns this made ready.
+    pub fn close(&mut self) {
+        self.closing = true;
+        for slot in self.slots.values_mut() {
+            if matches!(slot.next, Next::Pending) {
+                slot.next = Next::Missing;
+            }
+        }
+    }
+
+    /// Gives the latest turn its next state, if it still waits for one.
+    fn set_next_state(&mut self, turn: u64, last_message: &Value) {
+        if let Some(prev) = self.slots.get_mut(&turn)
+            && matches!(prev.next, Next::Pending)
+        {
+            prev.next = Next::State(last_message.clone());
+        }
+    }
+
+    /// A main request arrived: numbers its turn, and its last message is the previous turn's next
+    /// state. Returns the turn's number.
+    pub fn begin(&mut self, last_message: &Value, done: bool, now: Instant) -> u64 {
+        let n = self.next_turn;
+        self.closing = false;
+        if std::mem::replace(&mut self.done, false) {
+            // The id is reused after the session closed (`X-Session-Done`, the shared
+            // `unknown` session, a timeout while its last turns were still being judged): a
+            // new conversation, whose at-least-one state starts afresh at this turn, as the
+            // reference clears it at done. Earlier turns keep the old conversation's state.
+            self.conversation_starts.insert(n);
+        }
+        self.last_activity = now;
+        self.next_turn += 1;
+        self.set_next_state(n - 1, last_message);
+        self.slots.insert(
+            n,
+            Slot {
+                captured: None,
+                next: if done { Next::Missing } else { Next::Pending },
+            },
+        );
+        if done {
+            metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
+            self.close();
+            self.done = true;
+        }
+        n
+    }
+
+    /// A main request that is not a turn itself (served while paused): its last message is still
+    /// the latest turn's next state.
+    pub fn advance(&mut self, last_message: &Value, done: bool, now: Instant) {
+        self.last_activity = now;
+        self.set_next_state(self.next_turn - 1, last_message);
+        if done && !self.closing {
+            metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
+            self.close();
+        }
+        self.done |= done;
+    }
+
+    /// The client ended the session.
+    pub fn end(&mut self) {
+        metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
+        self.close();
+        self.done = true;
+    }
+
+    /// A begun turn was captured.
+    pub fn accept(&mut self, turn: CapturedTurn) {
+        match self.slots.get_mut(&turn.turn) {
+            Some(slot) => slot.captured = Some(turn),
+            None => {
+                // Not begun here (a sink that does not number turns, or a session removed
+                // meanwhile): it has no next state to wait for.
+                self.slots.insert(
+                    turn.turn,
+                    Slot {
+                        captured: Some(turn),
+                        next: Next::Missing,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A begun turn will not become a sample. Returns whether the caller must start submission.
+    pub fn abandon(&mut self, turn: u64) -> bool {
+        self.slots.remove(&turn);
+        self.ready.insert(turn, Ready::Skip);
+        !std::mem::replace(&mut self.submitting, true)
+    }
+
+    /// A judged turn (`origin` is what it was made from). Returns whether the caller must start
+    /// submission.
+    pub fn judged(&mut self, turn_no: u64, ready: Ready, origin: PendingTurn) -> bool {
+        if !matches!(ready, Ready::Skip) {
+            self.origins.insert(turn_no, origin);
+        }
+        self.ready.insert(turn_no, ready);
+        !std::mem::replace(&mut self.submitting, true)
+    }
+
+    /// Takes ready turns out of the session: captured and with a resolved next state (or, when
+    /// `needs_next` is false, any captured turn).
+    pub fn collect_ready(&mut self, id: &str, needs_next: bool, jobs: &mut Vec<Job>) {
+        let ready: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|(_, slot)| {
+                slot.captured.is_some() && (!needs_next || !matches!(slot.next, Next::Pending))
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        for n in ready {
+            if let Some(Slot {
+                captured: Some(turn),
+                next,
+            }) = self.slots.remove(&n)
+            {
+                self.scoring += 1;
+                jobs.push(Job {
+                    session_id: id.to_owned(),
+                    turn_no: n,
+                    turn,
+                    next: match next {
+                        Next::State(v) => Some(v),
+                        Next::Pending | Next::Missing => None,
+                    },
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! What the buffer counts: the counters and tallies behind [`BufferStatus`] and the metrics of
+//! submitted samples. A leaf module: it sees samples and numbers, not sessions.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use ps_core::metric_names as m;
+use ps_core::sample::Sample;
+use serde::Serialize;
+use serde_json::Value;
+
+/// Turns that are not samples yet, by what they wait for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PendingCounts {
+    /// Answered, being rendered and tokenized.
+    pub waiting_capture: u64,
+    /// Captured, waiting for the session's next main request.
+    pub waiting_next_state: u64,
+    /// Being judged.
+    pub scoring: u64,
+    /// Judged, waiting for an earlier turn of the session to be submitted first.
+    pub waiting_order: u64,
+}
+
+/// What the buffer holds and has done.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BufferStatus {
+    pub live_sessions: u64,
+    pub pending: PendingCounts,
+    pub samples_submitted: u64,
+    pub samples_effective: u64,
+    pub samples_excluded: u64,
+    pub samples_dropped: u64,
+    pub turns_abandoned: u64,
+    /// OPD/Combine turns that produced no sample (no next state, no hint, teacher failure, mismatch).
+    pub turns_dropped: u64,
+    pub teacher_mismatches: u64,
+    pub sessions_timed_out: u64,
+    pub sessions_evicted: u64,
+    pub eval_scores: u64,
+    pub eval_score_mean: Option<f64>,
+    /// Trained positions of submitted samples whose rollout log-prob is a `0.0` placeholder (listed
+    /// per sample in `metadata.trained_without_rollout_logprob`).
+    pub positions_trained_without_logprob: u64,
+    /// Positions of submitted samples taken out of the loss because a teacher field would have
+    /// carried a placeholder (Combine's RL-only samples, `metadata.masked_without_logprob`).
+    pub positions_masked_without_logprob: u64,
+    /// Abandoned turns by reason (`upstream_failed`, `no_engine_ids`, `stream_logprobs_missing`, …).
+    pub turns_abandoned_by_reason: BTreeMap<String, u64>,
+    /// Stored samples by where their ids came from (`engine`, `retokenized`).
+    pub samples_by_token_source: BTreeMap<String, u64>,
+    /// Stored samples by policy version (`none` when unknown; at most
+    /// [`MAX_TRACKED_VERSIONS`] versions, later ones under `other`).
+    pub samples_by_weight_version: BTreeMap<String, u64>,
+}
+
+/// Distinct policy versions counted in [`BufferStatus::samples_by_weight_version`].
+pub const MAX_TRACKED_VERSIONS: usize = 256;
+
+/// The buffer's counters, tallies and collected eval scores, shared by its tasks.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub submitted: AtomicU64,
+    pub effective: AtomicU64,
+    pub excluded: AtomicU64,
+    pub dropped: AtomicU64,
+    pub abandoned: AtomicU64,
+    pub dropped_turns: AtomicU64,
+    pub mismatches: AtomicU64,
+    pub timed_out: AtomicU64,
+    pub evicted: AtomicU64,
+    trained_placeholders: AtomicU64,
+    masked_placeholders: AtomicU64,
+    /// Whether the first trained / masked placeholder position was logged (once each per process).
+    trained_placeholders_logged: AtomicBool,
+    masked_placeholders_logged: AtomicBool,
+    tallies: Mutex<Tallies>,
+    /// PRM scores since the last drain (`rollout/prm_eval_score`).
+    eval_scores: Mutex<Vec<f64>>,
+}
+
+/// Counts kept by name (bounded by their callers).
+#[derive(Default, Clone)]
+struct Tallies {
+    abandoned: BTreeMap<String, u64>,
+    token_source: BTreeMap<String, u64>,
+    weight_version: BTreeMap<String, u64>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Stats {
+    /// Counts an abandoned turn by its reason.
+    pub fn abandoned(&self, reason: &str) {
+        self.abandoned.fetch_add(1, Ordering::Relaxed);
+        // Reasons are a small fixed set of snake_case words chosen by the server.
+        let mut t = lock(&self.tallies);
+        *t.abandoned.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    /// Collects one eval score for `rollout/prm_eval_score`.
+    pub fn push_eval_score(&self, score: f64) {
+        lock(&self.eval_scores).push(score);
+    }
+
+    /// Returns and clears the eval scores collected since the last drain.
+    pub fn drain_eval_scores(&self) -> Vec<f64> {
+        std::mem::take(&mut *lock(&self.eval_scores))
+    }
+
+    /// Counts a stored sample: its placeholders, its token source and its policy version.
+    pub fn stored(&self, sample: &Sample) {
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        self.count_placeholders(sample);
+        self.tally_stored(sample);
+    }
+
+    /// Counts a stored sample by token source and policy version.
+    fn tally_stored(&self, sample: &Sample) {
+        let source = sample
+            .metadata
+            .get("token_source")
+            .and_then(Value::as_str)
+            .unwrap_or("retokenized")
+            .to_owned();
+        let mut t = lock(&self.tallies);
+        *t.token_source.entry(source).or_default() += 1;
+        let version = sample
+            .weight_versions
+            .last()
+            .cloned()
+            .unwrap_or_else(|| "none".to_owned());
+        let key = if t.weight_version.contains_key(&version)
+            || t.weight_version.len() < MAX_TRACKED_VERSIONS
+        {
+            version
+        } else {
+            "other".to_owned()
+        };
+        *t.weight_version.entry(key).or_default() += 1;
+    }
+
+    /// Counts the positions of a stored sample whose rollout log-prob is a placeholder.
+    fn count_placeholders(&self, sample: &Sample) {
+        let listed = |key: &str| {
+            sample
+                .metadata
+                .get(key)
+                .and_then(Value::as_array)
+                .map_or(0, |a| a.len() as u64)
+        };
+        let trained = listed(crate::rules::TRAINED_WITHOUT_ROLLOUT_LOGPROB);
+        let masked = listed(crate::rules::MASKED_WITHOUT_LOGPROB);
+        self.trained_placeholders
+            .fetch_add(trained, Ordering::Relaxed);
+        self.masked_placeholders
+            .fetch_add(masked, Ordering::Relaxed);
+        if trained > 0 {
+            metrics::counter!(m::SAMPLE_POSITIONS_WITHOUT_LOGPROB_TOTAL, "outcome" => "trained")
+                .increment(trained);
+            if !self
+                .trained_placeholders_logged
+                .swap(true, Ordering::Relaxed)
+            {
+                tracing::info!(
+                    session_id = %sample.session_id, turn = sample.turn, positions = trained,
+                    "a sample trains positions whose rollout log-prob the upstream did not report \
+                     (0.0 placeholders, listed in metadata.trained_without_rollout_logprob): a trainer \
+                     that uses rollout log-probs must leave them out, or set \
+                     capture.train_eos_without_logprob = false (logged once; counted in /v1/rollout/status)"
+                );
+            }
+        }
+        if masked > 0 {
+            metrics::counter!(m::SAMPLE_POSITIONS_WITHOUT_LOGPROB_TOTAL, "outcome" => "masked")
+                .increment(masked);
+            if !self
+                .masked_placeholders_logged
+                .swap(true, Ordering::Relaxed)
+            {
+                tracing::info!(
+                    session_id = %sample.session_id, turn = sample.turn, positions = masked,
+                    "a Combine RL-only sample had trained positions without a rollout log-prob: they \
+                     are taken out of the loss (metadata.masked_without_logprob) so that no placeholder \
+                     enters teacher_log_probs (logged once; counted in /v1/rollout/status)"
+                );
+            }
+        }
+    }
+
+    /// The status: these counts with the sessions' `live` and `pending` counts.
+    pub fn status(&self, live_sessions: u64, pending: PendingCounts) -> BufferStatus {
+        let (count, mean) = {
+            let scores = lock(&self.eval_scores);
+            let n = scores.len();
+            (
+                n as u64,
+                (n > 0).then(|| scores.iter().sum::<f64>() / n as f64),
+            )
+        };
+        // One lock for the three (a temporary guard per field would deadlock the second).
+        let tallies = lock(&self.tallies).clone();
+        BufferStatus {
+            live_sessions,
+            pending,
+            samples_submitted: self.submitted.load(Ordering::Relaxed),
+            samples_effective: self.effective.load(Ordering::Relaxed),
+            samples_excluded: self.excluded.load(Ordering::Relaxed),
+            samples_dropped: self.dropped.load(Ordering::Relaxed),
+            turns_abandoned: self.abandoned.load(Ordering::Relaxed),
+            turns_dropped: self.dropped_turns.load(Ordering::Relaxed),
+            teacher_mismatches: self.mismatches.load(Ordering::Relaxed),
+            sessions_timed_out: self.timed_out.load(Ordering::Relaxed),
+            sessions_evicted: self.evicted.load(Ordering::Relaxed),
+            eval_scores: count,
+            eval_score_mean: mean,
+            positions_trained_without_logprob: self.trained_placeholders.load(Ordering::Relaxed),
+            positions_masked_without_logprob: self.masked_placeholders.load(Ordering::Relaxed),
+            turns_abandoned_by_reason: tallies.abandoned,
+            samples_by_token_source: tallies.token_source,
+            samples_by_weight_version: tallies.weight_version,
+        }
+    }
+}

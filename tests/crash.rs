@@ -1,0 +1,166 @@
+//! Crash safety with a real process: `kill -9` of the server under load loses no sample whose
+//! submission completed (every sample the trainer could already see is served again after restart,
+//! with its original seq), and new samples continue the sequence.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ps_fake_sglang::FakeSglang;
+use serde_json::{Value, json};
+
+use ps_e2e_tests::{KillOnDrop, free_port};
+
+fn spawn_server(config: &std::path::Path) -> Child {
+    Command::new(ps_e2e_tests::policy_serving())
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_healthy(base: &str) {
+    for _ in 0..200 {
+        if let Ok(r) = reqwest::get(format!("{base}/health")).await
+            && r.status() == 200
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the server did not come up at {base}");
+}
+
+async fn pull_all(base: &str, after: u64) -> BTreeMap<u64, Value> {
+    let mut out = BTreeMap::new();
+    let mut after = after;
+    loop {
+        let v: Value = reqwest::get(format!("{base}/v1/rollout/samples?after={after}&max=500"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let samples = v["samples"].as_array().unwrap();
+        if samples.is_empty() {
+            return out;
+        }
+        for s in samples {
+            let seq = s["seq"].as_u64().unwrap();
+            out.insert(seq, s["sample"].clone());
+            after = seq;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_load_loses_no_submitted_sample() {
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("settings.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nhost = \"127.0.0.1\"\nport = {port}\ndefault_turn_type = \"main\"\n\
+             [sglang]\nchat_url = \"{}\"\n[prm]\nrouter_url = \"{}\"\n[store]\npath = \"{}\"\n",
+            fake.chat_url(),
+            fake.generate_url(),
+            dir.path().join("store").display()
+        ),
+    )
+    .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = KillOnDrop(spawn_server(&config));
+    wait_healthy(&base).await;
+
+    // Load: 8 agents, each running two-turn sessions back to back.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut agents = Vec::new();
+    for a in 0..8 {
+        let (stop, url) = (stop.clone(), format!("{base}/v1/chat/completions"));
+        agents.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let session = format!("agent{a}-{n}");
+                let mut history = vec![json!({"role": "user", "content": format!("task {n}")})];
+                for turn in 0..2 {
+                    let r = http
+                        .post(&url)
+                        .header("x-session-id", &session)
+                        .header("x-session-done", if turn == 1 { "1" } else { "0" })
+                        .json(&json!({"messages": history}))
+                        .send()
+                        .await;
+                    let Ok(r) = r else { return };
+                    let Ok(v) = r.json::<Value>().await else {
+                        return;
+                    };
+                    history.push(v["choices"][0]["message"].clone());
+                    history.push(json!({"role": "user", "content": "thanks FAKE_VOTES=1"}));
+                }
+            }
+        }));
+    }
+
+    // The trainer side sees samples as they are submitted; kill once it has seen enough.
+    let mut seen = BTreeMap::new();
+    for _ in 0..600 {
+        let after = seen.keys().next_back().copied().unwrap_or(0);
+        seen.extend(pull_all(&base, after).await);
+        if seen.len() >= 40 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen.len() >= 40, "only {} samples under load", seen.len());
+    server.0.kill().unwrap(); // SIGKILL
+    server.0.wait().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for a in agents {
+        let _ = a.await;
+    }
+
+    let mut server = KillOnDrop(spawn_server(&config));
+    wait_healthy(&base).await;
+    let after_restart = pull_all(&base, 0).await;
+    for (seq, sample) in &seen {
+        assert_eq!(
+            after_restart.get(seq),
+            Some(sample),
+            "sample {seq} survived with its seq and content"
+        );
+    }
+    let last = after_restart.keys().next_back().copied().unwrap();
+    assert!(last >= *seen.keys().next_back().unwrap());
+
+    // New samples continue the sequence.
+    let http = reqwest::Client::new();
+    http.post(format!("{base}/v1/chat/completions"))
+        .header("x-session-id", "after-restart")
+        .header("x-session-done", "1")
+        .json(&json!({"messages": [{"role": "user", "content": "hello again"}]}))
+        .send()
+        .await
+        .unwrap();
+    let mut newer = BTreeMap::new();
+    for _ in 0..200 {
+        newer = pull_all(&base, last).await;
+        if !newer.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(newer.keys().all(|s| *s > last), "seqs are never reused");
+    assert!(!newer.is_empty());
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+}
