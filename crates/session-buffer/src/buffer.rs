@@ -97,8 +97,10 @@ impl SessionBuffer {
         self
     }
 
-    /// Who is told what happens to sessions and turns (votes, hint, teacher outcome, the sample's
-    /// seq or why there is none): the inspection page's history. Set once, before traffic.
+    /// Who is told what happens to sessions and turns (captures, votes, hint, teacher outcome, the
+    /// sample's seq or why there is none, sessions closed by timeout, eviction or shutdown): the
+    /// inspection page's history. Set once, before traffic. Requests, and sessions the client
+    /// ends, are told by the server, which sees them first.
     #[must_use]
     pub fn with_observer(self, observer: Arc<dyn TurnObserver>) -> Self {
         self.0.stats.observer.set(observer);
@@ -358,12 +360,6 @@ impl TurnSink for SessionBuffer {
             self.collect_ready(session_id, s, &mut jobs);
             n
         };
-        if done {
-            self.0.stats.observer.tell(TurnEvent::SessionClosed {
-                session: session_id,
-                reason: "done",
-            });
-        }
         self.dispatch(jobs);
         n
     }
@@ -379,12 +375,6 @@ impl TurnSink for SessionBuffer {
             s.advance(last_message, done, Instant::now());
             self.collect_ready(session_id, s, &mut jobs);
         }
-        if done {
-            self.0.stats.observer.tell(TurnEvent::SessionClosed {
-                session: session_id,
-                reason: "done",
-            });
-        }
         self.dispatch(jobs);
     }
 
@@ -397,10 +387,6 @@ impl TurnSink for SessionBuffer {
                 self.collect_ready(session_id, s, &mut jobs);
             }
         }
-        self.0.stats.observer.tell(TurnEvent::SessionClosed {
-            session: session_id,
-            reason: "done",
-        });
         self.dispatch(jobs);
     }
 

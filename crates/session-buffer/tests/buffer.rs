@@ -790,7 +790,7 @@ async fn the_observer_is_told_captures_votes_samples_abandons_and_closes() {
     wait_for("turn 1's sample", || r.sink.taken().len() == 1).await;
     wait_for("its event", || told.0.lock().unwrap().len() == 3).await;
     buffer.abandon("s", t2, "upstream_failed");
-    buffer.begin("s", &user("c"), true);
+    assert!(buffer.shutdown(Duration::from_secs(5)).await);
     let told = told.0.lock().unwrap().clone();
     assert_eq!(
         told,
@@ -799,7 +799,7 @@ async fn the_observer_is_told_captures_votes_samples_abandons_and_closes() {
             "votes s 1 [Some(1), Some(1), Some(1)] -> 1",
             "submitted s 1 seq 1 reward 1 excluded None",
             "abandoned s 2 upstream_failed",
-            "closed s done",
+            "closed s shutdown",
         ],
         "{told:#?}"
     );
