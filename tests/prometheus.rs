@@ -30,6 +30,7 @@ const MUST_HAVE_SERIES: &[&str] = &[
     "PRM votes per second by outcome",
     "PRM time per turn (all votes)",
     "Capture outcomes",
+    "Resident memory per replica",
 ];
 
 #[test]

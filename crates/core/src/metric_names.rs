@@ -105,6 +105,9 @@ pub const SESSION_INFERENCE_TOTAL: &str = "policy_serving_session_inference_tota
 pub const INFERRED_SESSIONS_LIVE: &str = "policy_serving_inferred_sessions_live";
 /// Hint-judge votes, labelled `outcome` (`1`|`-1`|`failed`).
 pub const HINT_VOTES_TOTAL: &str = "policy_serving_hint_votes_total";
+/// Gauge: the process's resident memory in bytes (Linux `VmRSS`), refreshed when `/metrics` is
+/// scraped.
+pub const RESIDENT_MEMORY_BYTES: &str = "policy_serving_resident_memory_bytes";
 
 /// What kind of series a metric is. Histograms are exported as Prometheus summaries (the exporter's
 /// default): `name{quantile="…"}`, `name_sum` and `name_count`.
@@ -178,6 +181,7 @@ pub const CATALOGUE: &[MetricSpec] = {
         spec(SESSION_INFERENCE_TOTAL, Counter, &["outcome"]),
         spec(INFERRED_SESSIONS_LIVE, Gauge, &[]),
         spec(HINT_VOTES_TOTAL, Counter, &["outcome"]),
+        spec(RESIDENT_MEMORY_BYTES, Gauge, &[]),
     ]
 };
 
