@@ -208,3 +208,47 @@ async fn a_disabled_page_is_not_served() {
     );
     running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_opd_timeline_shows_the_hint_votes_the_hint_and_the_teacher_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut set = settings(&fake, dir.path());
+    set.server.mode = ps_config::Mode::Opd;
+    set.teacher.url = Some(fake.generate_url());
+    set.teacher.timeout_sec = 5;
+    let running = start(&set).await;
+    let url = running.url().to_owned();
+    let user = |t: &str| json!({"role": "user", "content": t});
+    chat(&url, "o", json!([user("Plan a weekend in Rome.")]), false).await;
+    let history = json!([
+        user("Plan a weekend in Rome."),
+        {"role": "assistant", "content": "Eat pasta."},
+        user("I wanted museums, not food. FAKE_VOTES=1,1,1")
+    ]);
+    chat(&url, "o", history, true).await;
+    let tl = timeline_until(&url, "o", |v| {
+        let t = v["turns"].as_array().unwrap();
+        t.len() == 2 && t[0]["seq"].is_u64() && t[1]["status"] == "dropped"
+    })
+    .await;
+    let t1 = &tl["turns"][0];
+    assert_eq!(t1["hint_votes"], json!([1, 1, 1]), "{t1}");
+    assert!(!t1["hint"].as_str().unwrap().is_empty(), "{t1}");
+    assert_eq!(t1["teacher"]["outcome"], "scored");
+    assert_eq!(t1["status"], "submitted");
+    // Turn 2 ended the session: no next state, no OPD sample, and the timeline says why.
+    assert_eq!(tl["turns"][1]["reason"], "no_next_state");
+    let sample: Value = get(&format!("{url}/v1/inspect/samples/{}", t1["seq"]), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(sample["has_teacher"].as_bool().unwrap());
+    assert!(
+        sample["tokens"][0]["adv"].is_f64(),
+        "{}",
+        sample["tokens"][0]
+    );
+    running.stop().await.unwrap();
+}
