@@ -8,6 +8,8 @@
 //! | `check.rs` | `policy-serving check` against good and broken services |
 //! | `observability.rs` | metrics and log lines of a served conversation; no secret in the logs |
 //! | `operators.rs` | the operators' settings and trainer-side files start the server as they are |
+//! | `inspect.rs` | the inspection page of `demo` in headless chromium: what a person sees |
+//! | `prometheus.rs` | Debian's Prometheus scrapes `demo` and evaluates every dashboard query |
 //!
 //! Per-crate tests stay beside their crates (`crates/*/tests`); only tests of the executables
 //! live here.
@@ -22,8 +24,8 @@
 //! test process itself are removed from that build's environment, so it is the same build as a
 //! `cargo build` in a shell and neither invalidates the other.
 //!
-//! Also shared: [`KillOnDrop`] (a failing assertion never leaves a server running) and
-//! [`free_port`].
+//! Also shared: [`KillOnDrop`] (a failing assertion never leaves a server running),
+//! [`free_port`] and [`Demo`] (the demo serving on after its conversation).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -116,4 +118,53 @@ fn build(name: &str) -> PathBuf {
     let bin = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(bin.is_file(), "{} was not built", bin.display());
     bin
+}
+
+/// `policy-serving demo` (keeping on serving after its conversation), started and read until it
+/// prints the inspection page's URL.
+pub struct Demo {
+    /// The proxy, `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// What it printed before the URL (the conversation and the samples).
+    pub printed: String,
+    _child: KillOnDrop,
+}
+
+impl Demo {
+    /// Starts the demo in `mode` (`rl`, `opd`, `combine`) and waits for its URL (bounded).
+    pub fn start(mode: &str) -> Demo {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(policy_serving())
+            .args(["demo", "--mode", mode])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("starting policy-serving demo");
+        let stdout = child.stdout.take().expect("the demo's stdout");
+        let child = KillOnDrop(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut printed = String::new();
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                printed.push_str(&line);
+                printed.push('\n');
+                if let Some(url) = line
+                    .strip_prefix("inspection page: ")
+                    .and_then(|r| r.split_whitespace().next())
+                {
+                    let _ = tx.send((url.to_owned(), printed.clone()));
+                }
+            }
+        });
+        let (url, printed) = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("the demo printed its inspection page's URL");
+        let base = url.trim_end_matches('/').trim_end_matches("/ui").to_owned();
+        Demo {
+            base,
+            printed,
+            _child: child,
+        }
+    }
 }

@@ -32,11 +32,15 @@ enum Command {
     /// skip) with its latency, and the cause and fix of each failure. Exit code 0 when no check
     /// failed, 1 when one did, 2 on a configuration error.
     Check(ServeArgs),
-    /// Run the self-contained demo: fake SGLang, proxy and a scripted conversation on loopback.
+    /// Run the self-contained demo: fake SGLang, proxy and a scripted conversation on loopback;
+    /// then print the inspection page's URL and keep serving it until Ctrl-C.
     Demo {
         /// `rl`, `opd` or `combine`.
         #[arg(long, value_enum, default_value_t = DemoMode::Rl)]
         mode: DemoMode,
+        /// Stop after the scripted conversation instead of serving on (for scripts).
+        #[arg(long)]
+        exit: bool,
     },
     /// Render and tokenize turns read as JSON lines on stdin (see the README).
     Tokenize {
@@ -194,11 +198,19 @@ fn run(cli: Cli) -> Result<(), ExitCode> {
                 Err(ExitCode::FAILURE)
             }
         }
-        Command::Demo { mode } => {
+        Command::Demo { mode, exit } => {
             init_tracing("warn", LogFormat::Text);
             let mut out = std::io::stdout();
+            // As in `serve`, so that the proxy's /metrics works while the demo keeps serving.
+            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok();
+            let options = ps_demo::DemoOptions {
+                metrics,
+                keep_serving: (!exit).then(|| Box::pin(ps_app::shutdown_signal()) as _),
+            };
             runtime()?
-                .block_on(ps_demo::run(&mut out, mode.into()))
+                .block_on(ps_demo::run_with(&mut out, mode.into(), options))
                 .map(|_| ())
                 .map_err(|e| {
                     eprintln!("policy-serving demo: {e}");

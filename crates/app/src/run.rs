@@ -8,9 +8,9 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use ps_config::{EnvLookup, Settings};
 use ps_core::TurnSink;
-use ps_server::AppState;
 use ps_server::capture::{CaptureQueue, DriftCheck};
 use ps_server::rollout::{PauseHook, Rollout};
+use ps_server::{AppState, ExtraRoutes};
 use ps_session_buffer::{RecordSink, SessionBuffer};
 use tokio::sync::Semaphore;
 
@@ -45,6 +45,24 @@ pub async fn build_app_with(
     metrics: Option<PrometheusHandle>,
     tokenizer: Option<PolicyTokenizer>,
 ) -> Result<AppState, StartupError> {
+    Ok(build_full(settings, env, metrics, tokenizer).await?.state)
+}
+
+/// The app and the routes this crate adds to the server's: the inspection page (`[inspect]`).
+#[derive(Debug)]
+pub struct App {
+    pub state: AppState,
+    pub routes: ExtraRoutes,
+}
+
+/// As [`build_app_with`], with the inspection page: its history told by the server and the
+/// session buffer, its routes in [`App::routes`] (serve them with `ps_server::serve_with`).
+pub async fn build_full(
+    settings: &Settings,
+    env: EnvLookup<'_>,
+    metrics: Option<PrometheusHandle>,
+    tokenizer: Option<PolicyTokenizer>,
+) -> Result<App, StartupError> {
     settings.check_secrets(env)?;
     let policy = policy_client(settings, env)?;
     let tokenizer = match tokenizer {
@@ -53,6 +71,7 @@ pub async fn build_app_with(
     };
     tracing::info!("policy tokenizer: {}", tokenizer.source);
     let tokenizer = tokenizer.tokenizer;
+    let history = crate::inspect::history(settings);
     let options = options(settings, env)?;
     let store = open_store(settings).await?;
     let records = Arc::new(Records::start(settings)?);
@@ -74,6 +93,10 @@ pub async fn build_app_with(
         (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
     );
     let buffer = buffer.with_pending_store(store.clone() as Arc<dyn ps_core::PendingStore>);
+    let buffer = match &history {
+        Some(h) => buffer.with_observer(crate::inspect::observer(h)),
+        None => buffer,
+    };
     buffer.spawn_sweeper(sweep_every(settings.server.session_timeout()));
     // Turns the previous run persisted at shutdown (unfinished when its grace ran out) resume now.
     {
@@ -92,6 +115,7 @@ pub async fn build_app_with(
         .map_or(1, usize::from)
         .min(MAX_CAPTURE_WORKERS);
     let sink: Arc<dyn TurnSink> = Arc::new(buffer.clone());
+    let page_tokenizer = tokenizer.clone();
     let capture = CaptureQueue::start(
         tokenizer,
         sink,
@@ -109,17 +133,22 @@ pub async fn build_app_with(
     })
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
-        store,
+        store: store.clone(),
         buffer,
         on_pause: Some(records as Arc<dyn PauseHook>),
     };
-    Ok(AppState::with_rollout(
-        options,
-        Arc::new(policy),
-        capture,
-        metrics,
-        Some(rollout),
-    ))
+    let state = AppState::with_rollout(options, Arc::new(policy), capture, metrics, Some(rollout));
+    Ok(match history {
+        Some(h) => {
+            let state = state.with_observer(crate::inspect::observer(&h));
+            let routes = crate::inspect::routes(settings, h, &state, store, page_tokenizer);
+            App { state, routes }
+        }
+        None => App {
+            state,
+            routes: ExtraRoutes::default(),
+        },
+    })
 }
 
 /// A server serving in a background task ([`spawn`]): its URL, and a graceful stop.
@@ -171,7 +200,7 @@ pub async fn spawn_with(
     metrics: Option<PrometheusHandle>,
     tokenizer: Option<PolicyTokenizer>,
 ) -> Result<Running, StartupError> {
-    let app = build_app_with(settings, env, metrics, tokenizer).await?;
+    let app = build_full(settings, env, metrics, tokenizer).await?;
     let listener = bind(settings).await?;
     let addr = match listener.local_addr() {
         Ok(addr) => addr,
@@ -183,9 +212,14 @@ pub async fn spawn_with(
         }
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(ps_server::serve(listener, app, async {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(ps_server::serve_with(
+        listener,
+        app.state,
+        app.routes,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     Ok(Running {
         addr,
         url: format!("http://{addr}"),
@@ -307,11 +341,11 @@ pub async fn run(
     if let Some(line) = trainer_side_line(&settings.trainer_side) {
         tracing::info!("{line}");
     }
-    let app = build_app(settings, &env, metrics).await?;
+    let app = build_full(settings, &env, metrics, None).await?;
     if settings.server.admin_key_env.is_none() && !is_loopback(&settings.server.host) {
         tracing::warn!(
             host = %settings.server.host,
-            "the /v1/rollout/* endpoints are open to the network: set server.admin_key_env"
+            "the /v1/rollout/* and /v1/inspect/* endpoints are open to the network: set server.admin_key_env"
         );
     }
     let listener = bind(settings).await?;
@@ -327,8 +361,19 @@ pub async fn run(
         default_turn_type = settings.server.default_turn_type.as_str(),
         "policy-serving listening"
     );
-    app.options().inference.log_active();
-    ps_server::serve(listener, app, shutdown)
+    app.state.options().inference.log_active();
+    if settings.inspect.enabled {
+        tracing::info!(
+            "inspection page: {}/ui/{}",
+            local_base_url(&settings.server.host, port),
+            if settings.server.admin_key_env.is_some() {
+                " (it asks for the admin key)"
+            } else {
+                ""
+            }
+        );
+    }
+    ps_server::serve_with(listener, app.state, app.routes, shutdown)
         .await
         .map_err(|source| StartupError::Bind {
             addr: format!("{}:{}", settings.server.host, settings.server.port),

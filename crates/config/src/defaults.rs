@@ -89,6 +89,13 @@ pub const CAPTURE_DRIFT_CHECK_FIRST: u64 = 100;
 /// `capture.drift_check_every`.
 pub const CAPTURE_DRIFT_CHECK_EVERY: u64 = 100;
 
+/// `inspect.enabled`.
+pub const INSPECT_ENABLED: bool = true;
+/// `inspect.max_sessions`.
+pub const INSPECT_MAX_SESSIONS: usize = 1000;
+/// `inspect.max_turns_per_session`.
+pub const INSPECT_MAX_TURNS_PER_SESSION: usize = 256;
+
 /// `store.path`.
 pub const STORE_PATH: &str = "./data/samples";
 /// `store.retain_committed`.

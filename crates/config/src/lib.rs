@@ -41,8 +41,8 @@ pub use load::{
 /// Re-exported: the type of `server.default_turn_type`.
 pub use ps_core::TurnType;
 pub use schema::{
-    CaptureSettings, EvalMode, LogFormat, LoggingSettings, Mode, OpdSettings, PauseMode,
-    PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings,
+    CaptureSettings, EvalMode, InspectSettings, LogFormat, LoggingSettings, Mode, OpdSettings,
+    PauseMode, PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings,
     SessionInference, Settings, SglangSettings, SideTurnRule, StoreKind, StoreSettings,
     TeacherBackend, TeacherSettings, TokenIdsMode,
 };

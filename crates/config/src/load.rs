@@ -128,7 +128,7 @@ const FLOAT_KEYS: &[&str] = &["prm.temperature"];
 
 /// Top-level sections, for the "expected one of" of an unknown section.
 const SECTIONS: &str = "`server`, `sglang`, `prm`, `provider` (or its alias `taotoken`), \
-                        `teacher`, `opd`, `logging`, `capture`, `store`, and the trainer-side \
+                        `teacher`, `opd`, `logging`, `capture`, `store`, `inspect`, and the trainer-side \
                         config.toml's `rollout`, `policy`, `reward`, `training`";
 
 /// One layer, already read: its metadata (for error messages) and its data.

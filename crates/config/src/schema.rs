@@ -42,6 +42,8 @@ pub struct Settings {
     pub capture: CaptureSettings,
     /// Where finished samples are persisted until the trainer takes them.
     pub store: StoreSettings,
+    /// The inspection page (`/ui`, `/v1/inspect/*`) and its in-memory history.
+    pub inspect: InspectSettings,
     /// The trainer-side keys the settings file carried (the operators' `config.toml`: see
     /// [`crate::TRAINER_FILE_KEYS`]), as written; `serve` reports them at start. Not a setting.
     #[serde(skip)]
@@ -715,6 +717,29 @@ impl LoggingSettings {
         self.opd_record_dir
             .clone()
             .or_else(|| self.record_dir.as_ref().map(|d| d.join("opd")))
+    }
+}
+
+/// `[inspect]`: the inspection page (`/ui`, `/v1/inspect/*`, docs/inspect.md) and the bounds of
+/// its in-memory history of recent sessions and turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InspectSettings {
+    /// Serve the page and keep the history. Default true.
+    pub enabled: bool,
+    /// Sessions the history holds; the least recently active is forgotten first. Default 1000.
+    pub max_sessions: usize,
+    /// Requests held per session; the oldest first. Default 256.
+    pub max_turns_per_session: usize,
+}
+
+impl Default for InspectSettings {
+    fn default() -> Self {
+        Self {
+            enabled: d::INSPECT_ENABLED,
+            max_sessions: d::INSPECT_MAX_SESSIONS,
+            max_turns_per_session: d::INSPECT_MAX_TURNS_PER_SESSION,
+        }
     }
 }
 

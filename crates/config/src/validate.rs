@@ -27,6 +27,11 @@ impl Settings {
             );
         }
         self.check_redis(&mut v);
+        v.positive("inspect.max_sessions", self.inspect.max_sessions as u64);
+        v.positive(
+            "inspect.max_turns_per_session",
+            self.inspect.max_turns_per_session as u64,
+        );
         ConfigError::from_list(v.errors)
     }
 

@@ -170,3 +170,29 @@ fn demo_toml_loads() {
     assert_eq!(s.server.mode, Mode::Rl);
     assert!(s.check_secrets(&|_| None).is_ok());
 }
+
+#[test]
+fn the_inspect_section_loads_and_its_bounds_must_be_positive() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "s.toml",
+            "[inspect]\nenabled = false\nmax_sessions = 5\nmax_turns_per_session = 7\n",
+        )?;
+        let s = load_clean(jail.directory().join("s.toml"));
+        assert_eq!(
+            (
+                s.inspect.enabled,
+                s.inspect.max_sessions,
+                s.inspect.max_turns_per_session
+            ),
+            (false, 5, 7)
+        );
+        jail.create_file("bad.toml", "[inspect]\nmax_sessions = 0\n")?;
+        let path = jail.directory().join("bad.toml");
+        let err = load_with_env(Some(&path), &Overrides::default(), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("inspect.max_sessions"), "{err}");
+        Ok(())
+    });
+}

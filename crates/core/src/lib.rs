@@ -4,7 +4,8 @@
 //! ([`message`]), session and turn identities ([`session`]), the tokens an upstream reported for a
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
 //! the captured main turn ([`capture`]), the trainer's [`sample::Sample`] and the traits of where
-//! samples go ([`sink`], [`log`]), and the [`secret::Secret`] an API key travels in.
+//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, and the events
+//! observers of sessions and turns are told ([`observe`]).
 //!
 //! It must not depend on a web framework, an async runtime or any other crate of this workspace:
 //! the dependency arrows of the workspace all point here.
@@ -16,6 +17,7 @@ pub mod errors;
 pub mod log;
 pub mod message;
 pub mod metric_names;
+pub mod observe;
 pub mod pending;
 pub mod rollout;
 pub mod sample;
@@ -27,6 +29,7 @@ pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use errors::error_chain;
 pub use log::{LogError, SampleLog, StoreStats, StoredSample};
+pub use observe::{NoObserver, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 pub use secret::Secret;

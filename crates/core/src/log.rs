@@ -68,6 +68,11 @@ pub trait SampleLog: SampleSink + PendingStore {
         consumer: &str,
     ) -> Result<Vec<StoredSample>, LogError>;
 
+    /// The kept sample stored under `seq`, without delivering it to any reader (no consumer
+    /// group sees it as read): for the inspection page. `None` when no such sample is kept (never
+    /// stored, or compacted after its commit).
+    async fn get(&self, seq: u64) -> Result<Option<StoredSample>, LogError>;
+
     /// Waits until a sample with `seq > after` exists or `timeout` passed; returns the last seq.
     async fn wait_newer(&self, after: u64, timeout: Duration) -> Result<u64, LogError>;
 

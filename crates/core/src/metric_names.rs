@@ -105,3 +105,87 @@ pub const SESSION_INFERENCE_TOTAL: &str = "policy_serving_session_inference_tota
 pub const INFERRED_SESSIONS_LIVE: &str = "policy_serving_inferred_sessions_live";
 /// Hint-judge votes, labelled `outcome` (`1`|`-1`|`failed`).
 pub const HINT_VOTES_TOTAL: &str = "policy_serving_hint_votes_total";
+/// Gauge: the process's resident memory in bytes (Linux `VmRSS`), refreshed when `/metrics` is
+/// scraped.
+pub const RESIDENT_MEMORY_BYTES: &str = "policy_serving_resident_memory_bytes";
+
+/// What kind of series a metric is. Histograms are exported as Prometheus summaries (the exporter's
+/// default): `name{quantile="…"}`, `name_sum` and `name_count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One entry of the catalogue: a metric's name, its kind and every label name it is recorded with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricSpec {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    pub labels: &'static [&'static str],
+}
+
+const fn spec(name: &'static str, kind: MetricKind, labels: &'static [&'static str]) -> MetricSpec {
+    MetricSpec { name, kind, labels }
+}
+
+/// Every metric above with its kind and labels, for the checks of the operators' dashboard and
+/// alerts (`deploy/`, checked by `crates/deploy`). A test there reads every `counter!`, `gauge!`
+/// and `histogram!` of the workspace and fails when one records a name or label missing here.
+pub const CATALOGUE: &[MetricSpec] = {
+    use MetricKind::{Counter, Gauge, Histogram};
+    &[
+        spec(REQUESTS_TOTAL, Counter, &["turn_type", "outcome", "status"]),
+        spec(STREAM_CANCELLED_TOTAL, Counter, &[]),
+        spec(STREAM_BROKEN_TOTAL, Counter, &[]),
+        spec(CAPTURE_TOTAL, Counter, &["outcome"]),
+        spec(PROMPT_NOT_PREFIX_TOTAL, Counter, &[]),
+        spec(TOKEN_MISMATCH_TOTAL, Counter, &[]),
+        spec(MARKED_POSITIONS_TOTAL, Counter, &["source"]),
+        spec(
+            SAMPLE_POSITIONS_WITHOUT_LOGPROB_TOTAL,
+            Counter,
+            &["outcome"],
+        ),
+        spec(TOKEN_SOURCE_TOTAL, Counter, &["source"]),
+        spec(ENGINE_IDS_MISSING_TOTAL, Counter, &[]),
+        spec(RETOKENIZE_DRIFT_TOTAL, Counter, &["part"]),
+        spec(UPSTREAM_SECONDS, Histogram, &[]),
+        spec(CAPTURE_SECONDS, Histogram, &[]),
+        spec(SAMPLES_SUBMITTED_TOTAL, Counter, &["outcome"]),
+        spec(SAMPLES_EXCLUDED_TOTAL, Counter, &["reason"]),
+        spec(SAMPLES_DROPPED_TOTAL, Counter, &["reason"]),
+        spec(TURNS_ABANDONED_TOTAL, Counter, &["reason"]),
+        spec(SESSIONS_CLOSED_TOTAL, Counter, &["reason"]),
+        spec(PRM_VOTES_TOTAL, Counter, &["outcome"]),
+        spec(PRM_SECONDS, Histogram, &[]),
+        spec(RECORDS_FAILED_TOTAL, Counter, &["kind", "reason"]),
+        spec(TEACHER_MISMATCH_TOTAL, Counter, &[]),
+        spec(TURNS_DROPPED_TOTAL, Counter, &["reason"]),
+        spec(TEACHER_SECONDS, Histogram, &[]),
+        spec(PROVIDER_RETRIES_TOTAL, Counter, &["reason"]),
+        spec(PROVIDER_RATE_LIMITED_TOTAL, Counter, &["code"]),
+        spec(PROVIDER_GIVE_UPS_TOTAL, Counter, &["reason"]),
+        spec(PROVIDER_UNAUTHORIZED_TOTAL, Counter, &[]),
+        spec(PROVIDER_SECONDS, Histogram, &[]),
+        spec(LIVE_SESSIONS, Gauge, &[]),
+        spec(PENDING_TURNS, Gauge, &["state"]),
+        spec(STORE_SAMPLES, Gauge, &[]),
+        spec(STORE_LAG_SAMPLES, Gauge, &[]),
+        spec(STORE_APPEND_RETRIES_TOTAL, Counter, &[]),
+        spec(STORE_DATA_LOSS_TOTAL, Counter, &[]),
+        spec(STORE_UNDECODABLE_TOTAL, Counter, &[]),
+        spec(SUBMISSION_ENABLED, Gauge, &[]),
+        spec(PROXY_OVERHEAD_SECONDS, Histogram, &[]),
+        spec(SESSION_INFERENCE_TOTAL, Counter, &["outcome"]),
+        spec(INFERRED_SESSIONS_LIVE, Gauge, &[]),
+        spec(HINT_VOTES_TOTAL, Counter, &["outcome"]),
+        spec(RESIDENT_MEMORY_BYTES, Gauge, &[]),
+    ]
+};
+
+/// The catalogue entry of `name`, if any.
+pub fn lookup(name: &str) -> Option<&'static MetricSpec> {
+    CATALOGUE.iter().find(|m| m.name == name)
+}

@@ -50,8 +50,35 @@ pub struct DemoReport {
     pub samples: Vec<StoredSample>,
 }
 
-/// Runs the demo in `mode` (`rl`, `opd` or `combine`), writing what happens to `out`.
+/// How the demo runs besides its mode.
+#[derive(Default)]
+pub struct DemoOptions {
+    /// Where the proxy's `/metrics` come from (the binary installs the Prometheus recorder).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// After the scripted conversation, keep serving the proxy and the inspection page until this
+    /// resolves (`policy-serving demo` waits for Ctrl-C; `--exit` stops at once).
+    pub keep_serving: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+impl std::fmt::Debug for DemoOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DemoOptions")
+            .field("keep_serving", &self.keep_serving.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs the demo in `mode` (`rl`, `opd` or `combine`), writing what happens to `out`, and stops.
 pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport, DemoError> {
+    run_with(out, mode, DemoOptions::default()).await
+}
+
+/// As [`run`], with [`DemoOptions`].
+pub async fn run_with(
+    out: &mut (dyn Write + Send),
+    mode: Mode,
+    options: DemoOptions,
+) -> Result<DemoReport, DemoError> {
     let mut settings: Settings =
         toml::from_str(DEMO_SETTINGS).map_err(|e| DemoError::Settings(e.to_string()))?;
     settings.server.mode = mode;
@@ -78,7 +105,8 @@ pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport,
     // (`serve` never does: it needs the policy's own tokenizer).
     let policy_tokenizer = ps_app::policy_tokenizer::PolicyTokenizer::embedded_demo();
     let source = policy_tokenizer.source.to_string();
-    let running = ps_app::spawn_with(&settings, &no_env, None, Some(policy_tokenizer)).await?;
+    let running =
+        ps_app::spawn_with(&settings, &no_env, options.metrics, Some(policy_tokenizer)).await?;
     let base = running.url().to_owned();
     writeln!(out, "fake SGLang  : {}", fake.base_url())?;
     writeln!(out, "tokenizer    : {source}")?;
@@ -223,6 +251,18 @@ pub async fn run(out: &mut (dyn Write + Send), mode: Mode) -> Result<DemoReport,
             .send()
             .await?;
         writeln!(out, "\ncommitted through seq {}", last.seq)?;
+    }
+    if let Some(until) = options.keep_serving {
+        writeln!(
+            out,
+            "\ninspection page: {base}/ui/   (the sessions, turns, votes and every token above)"
+        )?;
+        writeln!(
+            out,
+            "serving the proxy at {base} until Ctrl-C (`policy-serving demo --exit` stops here)"
+        )?;
+        out.flush()?;
+        until.await;
     }
     running.stop().await?;
     fake.shutdown().await;

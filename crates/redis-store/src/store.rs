@@ -886,6 +886,14 @@ impl SampleLog for RedisStore {
         Ok(RedisStore::read(self, after, max, consumer).await?)
     }
 
+    async fn get(&self, seq: u64) -> Result<Option<StoredSample>, LogError> {
+        let Some(after) = seq.checked_sub(1) else {
+            return Ok(None);
+        };
+        let found = RedisStore::read_all(self, after, 1).await?;
+        Ok(found.into_iter().find(|s| s.seq == seq))
+    }
+
     async fn wait_newer(&self, after: u64, timeout: Duration) -> Result<u64, LogError> {
         Ok(RedisStore::wait_newer(self, after, timeout).await?)
     }

@@ -607,3 +607,22 @@ async fn redis_losing_its_data_is_detected_and_concurrent_appends_are_not_mistak
     store.append(&sample("after-2")).await.unwrap();
     assert_eq!(store.data_losses(), 1, "reported once");
 }
+
+#[tokio::test]
+async fn a_sample_is_got_by_seq_without_being_delivered_to_any_consumer() {
+    let Some(server) = TestRedis::shared_or_start() else {
+        return;
+    };
+    let store = open(&server).await;
+    append_n(&store, "g", 3).await;
+    let log: &dyn ps_core::SampleLog = &store;
+    let got = log.get(2).await.unwrap().unwrap();
+    assert_eq!((got.seq, got.sample.session_id.as_str()), (2, "g1"));
+    assert!(log.get(0).await.unwrap().is_none());
+    assert!(log.get(9).await.unwrap().is_none());
+    // Nothing was handed to a consumer: the trainer still gets every sample.
+    assert_eq!(
+        seqs(&store.read(0, 10, "trainer").await.unwrap()),
+        vec![1, 2, 3]
+    );
+}

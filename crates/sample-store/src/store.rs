@@ -423,6 +423,14 @@ impl ps_core::SampleLog for SampleStore {
         SampleStore::read(self, after, max).await.map_err(into_log)
     }
 
+    async fn get(&self, seq: u64) -> Result<Option<StoredSample>, LogError> {
+        let Some(after) = seq.checked_sub(1) else {
+            return Ok(None);
+        };
+        let found = SampleStore::read(self, after, 1).await.map_err(into_log)?;
+        Ok(found.into_iter().find(|s| s.seq == seq))
+    }
+
     async fn wait_newer(&self, after: u64, timeout: Duration) -> Result<u64, LogError> {
         Ok(SampleStore::wait_newer(self, after, timeout).await)
     }

@@ -535,3 +535,16 @@ async fn a_long_read_blocks_neither_appends_nor_commits_and_sees_its_snapshot() 
     assert_eq!(count, 2, "the export saw the store as it was when it began");
     assert_eq!(String::from_utf8(out).unwrap().lines().count(), 2);
 }
+
+#[tokio::test]
+async fn a_sample_is_got_by_seq_and_reading_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    append_tags(&store, (0..4).map(|i| format!("s{i}"))).await;
+    let log: &dyn ps_core::SampleLog = &store;
+    let got = log.get(3).await.unwrap().unwrap();
+    assert_eq!((got.seq, got.sample), (3, stored(sample("s2"), 3)));
+    assert!(log.get(0).await.unwrap().is_none());
+    assert!(log.get(5).await.unwrap().is_none());
+    assert_eq!(seqs(&store.read(0, 100).await.unwrap()), vec![1, 2, 3, 4]);
+}

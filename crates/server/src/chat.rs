@@ -171,7 +171,7 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
         span.record("turn", turn_no);
         let mut guard = ps_core::TurnGuard::new(sink, session_id.clone(), turn_no);
         guard.set_reason("upstream_failed");
-        Some(guard)
+        Some((guard, turn_no))
     } else {
         if turn_type == TurnType::Main {
             // Served while paused: not captured, but the session still moves on, so the previous
@@ -182,6 +182,19 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
         }
         None
     };
+    app.tell(ps_core::TurnEvent::Opened {
+        session: &session_id,
+        turn: guard.as_ref().map(|(_, n)| *n),
+        turn_type,
+        source: origin.source,
+        streamed: req.stream,
+    });
+    if req.session.done {
+        app.tell(ps_core::TurnEvent::SessionClosed {
+            session: &session_id,
+            reason: "done",
+        });
+    }
     let upstream_stream = req.stream && opts.upstream_stream;
     let asks_for_ids = !upstream_stream && opts.token_ids != TokenIdsMode::Retokenize;
     let forward_opts = ForwardOptions {
@@ -190,7 +203,7 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
         return_token_ids: asks_for_ids,
     };
     let forwarded = request::forward_body(&req.body, &forward_opts);
-    let turn = guard.map(|guard| TurnContext {
+    let turn = guard.map(|(guard, _)| TurnContext {
         guard,
         arrival_seq,
         messages: req

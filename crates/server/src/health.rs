@@ -31,10 +31,27 @@ pub async fn models(State(app): State<AppState>) -> Json<Value> {
     }))
 }
 
+/// The process's resident memory (`VmRSS` of `/proc/self/status`; `None` where there is none).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 /// Sets the gauges from the current state, so that a scrape sees fresh values.
 async fn refresh_gauges(app: &AppState) {
     use ps_core::metric_names as m;
     metrics::gauge!(m::SUBMISSION_ENABLED).set(if app.submission_enabled() { 1.0 } else { 0.0 });
+    if let Some(bytes) = resident_bytes() {
+        metrics::gauge!(m::RESIDENT_MEMORY_BYTES).set(bytes as f64);
+    }
     if let Some(matcher) = &app.0.matcher {
         metrics::gauge!(m::INFERRED_SESSIONS_LIVE).set(matcher.stats().live_sessions as f64);
     }

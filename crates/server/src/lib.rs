@@ -30,7 +30,7 @@ mod state;
 pub use capture::CaptureQueue;
 pub use error::ApiError;
 pub use modes::{PauseMode, TokenIdsMode};
-pub use router::build_router;
+pub use router::{ExtraRoutes, build_router, build_router_with};
 pub use state::{AppState, ServerOptions};
 
 use std::future::Future;
@@ -42,7 +42,17 @@ pub async fn serve(
     app: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let router = build_router(app.clone());
+    serve_with(listener, app, ExtraRoutes::default(), shutdown).await
+}
+
+/// As [`serve`], with `extra` routes ([`build_router_with`]).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    app: AppState,
+    extra: ExtraRoutes,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = build_router_with(app.clone(), extra);
     // Without TCP_NODELAY, Nagle's algorithm meets the client's delayed ACK and every streamed
     // answer after the first on a kept-alive connection stalls ~40 ms.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {

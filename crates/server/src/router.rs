@@ -71,8 +71,28 @@ async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next
     .await
 }
 
+/// Routes the composition root adds to the server's (the inspection page): `admin` ones behind the
+/// admin key like `/v1/rollout/*`, `open` ones beside `/health`. Empty by default.
+#[derive(Default)]
+pub struct ExtraRoutes {
+    pub admin: Router<AppState>,
+    pub open: Router<AppState>,
+}
+
+impl std::fmt::Debug for ExtraRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtraRoutes").finish_non_exhaustive()
+    }
+}
+
 /// The router: `/v1/*` behind the client key, health and metrics open.
 pub fn build_router(app: AppState) -> Router {
+    build_router_with(app, ExtraRoutes::default())
+}
+
+/// As [`build_router`], with `extra` routes: the admin ones behind the admin key (a chat client's
+/// key does not open them), the open ones without a key.
+pub fn build_router_with(app: AppState, extra: ExtraRoutes) -> Router {
     let v1 = Router::new()
         .route(CHAT_PATH, post(chat::chat_completions))
         .route("/v1/models", get(health::models))
@@ -87,6 +107,7 @@ pub fn build_router(app: AppState) -> Router {
             "/v1/rollout/eval-scores/drain",
             post(rollout::drain_eval_scores),
         )
+        .merge(extra.admin)
         .route_layer(middleware::from_fn_with_state(
             app.clone(),
             require_admin_key,
@@ -94,6 +115,7 @@ pub fn build_router(app: AppState) -> Router {
     Router::new()
         .merge(v1)
         .merge(rollout)
+        .merge(extra.open)
         .route("/health", get(health::health))
         .route("/healthz", get(health::health))
         .route("/metrics", get(health::metrics))

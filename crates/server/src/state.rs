@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::modes::PauseMode;
 use metrics_exporter_prometheus::PrometheusHandle;
-use ps_core::{AlignPolicy, TurnType};
+use ps_core::{AlignPolicy, TurnEvent, TurnObserver, TurnType};
 use ps_sglang_client::PolicyClient;
 
 use ps_core::SampleLog;
@@ -99,6 +99,8 @@ pub(crate) struct Inner {
     trainer_weight_version: Mutex<Option<String>>,
     /// The conversations answered, for requests without a session key (none when inference is off).
     pub matcher: Option<Arc<ps_session_infer::SessionMatcher>>,
+    /// Told about every chat request (the inspection page's history), once set.
+    observer: std::sync::OnceLock<Arc<dyn TurnObserver>>,
 }
 
 /// Cloneable handle on the state (one `Arc`).
@@ -143,7 +145,23 @@ impl AppState {
             arrival: AtomicU64::new(1),
             warned: Mutex::new(HashSet::new()),
             trainer_weight_version: Mutex::new(None),
+            observer: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Who is told about every chat request (its session, turn, type and source) and about
+    /// sessions the client ends: the inspection page's history. Set once, before serving.
+    #[must_use]
+    pub fn with_observer(self, observer: Arc<dyn TurnObserver>) -> Self {
+        let _ = self.0.observer.set(observer);
+        self
+    }
+
+    /// Tells the observer, if any (it returns at once).
+    pub(crate) fn tell(&self, event: TurnEvent<'_>) {
+        if let Some(o) = self.0.observer.get() {
+            o.observe(event);
+        }
     }
 
     pub fn capture(&self) -> &CaptureQueue {

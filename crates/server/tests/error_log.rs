@@ -44,6 +44,9 @@ impl SampleLog for FailingStore {
     async fn read(&self, _: u64, _: usize, _: &str) -> Result<Vec<StoredSample>, LogError> {
         Err(LogError::store(FAILURE))
     }
+    async fn get(&self, _: u64) -> Result<Option<StoredSample>, LogError> {
+        Err(LogError::store(FAILURE))
+    }
     async fn wait_newer(&self, _: u64, _: Duration) -> Result<u64, LogError> {
         Err(LogError::store(FAILURE))
     }

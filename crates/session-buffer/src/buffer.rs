@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ps_core::metric_names as m;
-use ps_core::{CapturedTurn, PendingStore, PendingTurn, SampleSink, TurnSink};
+use ps_core::{
+    CapturedTurn, PendingStore, PendingTurn, SampleSink, TurnEvent, TurnObserver, TurnSink,
+};
 use ps_prm_client::TurnScorer;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -95,6 +97,16 @@ impl SessionBuffer {
         self
     }
 
+    /// Who is told what happens to sessions and turns (captures, votes, hint, teacher outcome, the
+    /// sample's seq or why there is none, sessions closed by timeout, eviction or shutdown): the
+    /// inspection page's history. Set once, before traffic. Requests, and sessions the client
+    /// ends, are told by the server, which sees them first.
+    #[must_use]
+    pub fn with_observer(self, observer: Arc<dyn TurnObserver>) -> Self {
+        self.0.stats.observer.set(observer);
+        self
+    }
+
     /// Takes every turn that is captured but not yet a sample (being judged, or judged and waiting
     /// for an earlier turn): judging results that arrive afterwards are discarded, so each turn is
     /// either submitted now or returned here, never both.
@@ -149,6 +161,10 @@ impl SessionBuffer {
                 if !s.closing && now.duration_since(s.last_activity) >= timeout {
                     self.0.stats.timed_out.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "timeout").increment(1);
+                    self.0.stats.observer.tell(TurnEvent::SessionClosed {
+                        session: id,
+                        reason: "timeout",
+                    });
                     tracing::info!(session_id = %id, "session idle past server.session_timeout_sec: closed");
                     s.close();
                     self.collect_ready(id, s, &mut jobs);
@@ -170,6 +186,10 @@ impl SessionBuffer {
                 if !s.closing {
                     metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "shutdown")
                         .increment(1);
+                    self.0.stats.observer.tell(TurnEvent::SessionClosed {
+                        session: id,
+                        reason: "shutdown",
+                    });
                     s.close();
                     self.collect_ready(id, s, &mut jobs);
                 }
@@ -304,6 +324,10 @@ impl SessionBuffer {
         {
             self.0.stats.evicted.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "evicted").increment(1);
+            self.0.stats.observer.tell(TurnEvent::SessionClosed {
+                session: &id,
+                reason: "evicted",
+            });
             tracing::warn!(session_id = %id, "server.max_sessions reached: closing the oldest idle session");
             s.close();
             self.collect_ready(&id, s, jobs);
@@ -367,6 +391,11 @@ impl TurnSink for SessionBuffer {
     }
 
     fn accept(&self, turn: CapturedTurn) {
+        self.0.stats.observer.tell(TurnEvent::Captured {
+            session: &turn.session_id,
+            turn: turn.turn,
+            response_tokens: turn.response_ids.len(),
+        });
         let mut jobs = Vec::new();
         {
             let mut sessions = lock(&self.0.sessions);
@@ -383,6 +412,11 @@ impl TurnSink for SessionBuffer {
     fn abandon(&self, session_id: &str, turn: u64, reason: &str) {
         self.0.stats.abandoned(reason);
         metrics::counter!(m::TURNS_ABANDONED_TOTAL, "reason" => reason.to_owned()).increment(1);
+        self.0.stats.observer.tell(TurnEvent::Abandoned {
+            session: session_id,
+            turn,
+            reason,
+        });
         tracing::info!(%session_id, turn, reason, "turn abandoned: it will not become a sample");
         let start_drain = {
             let mut sessions = lock(&self.0.sessions);

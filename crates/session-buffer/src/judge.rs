@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ps_core::CapturedTurn;
 use ps_core::metric_names as m;
+use ps_core::{CapturedTurn, TeacherOutcome, TurnEvent};
 use ps_prm_client::{PrmScore, TurnScorer};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -89,6 +89,12 @@ impl Judges {
             };
             metrics::counter!(m::PRM_VOTES_TOTAL, "outcome" => outcome).increment(1);
         }
+        stats.observer.tell(TurnEvent::PrmVotes {
+            session: &turn.session_id,
+            turn: turn.turn,
+            votes: &score.votes,
+            score: score.score,
+        });
         // OPD eval mode and Combine record every eval majority (a dropped turn's too, as the
         // reference); RL records the score of every submitted sample instead (see `submit`).
         if self.config.mode != BufferMode::Rl {
@@ -129,6 +135,7 @@ impl Judges {
             mode: self.config.mode,
             options: self.config.opd,
             records: self.records.as_deref(),
+            observer: &stats.observer,
         };
         let turn = &job.turn;
         let verdict = judging
@@ -156,6 +163,12 @@ impl Judges {
     fn drop_for_backlog(job: &Job, waiting: usize, stats: &Stats) -> Ready {
         stats.dropped_turns.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(m::TURNS_DROPPED_TOTAL, "reason" => "judge_backlog").increment(1);
+        stats.observer.tell(TurnEvent::Dropped {
+            session: &job.session_id,
+            turn: job.turn_no,
+            reason: "judge_backlog",
+            detail: None,
+        });
         tracing::warn!(
             session_id = %job.session_id,
             turn = job.turn_no,
@@ -170,6 +183,24 @@ impl Judges {
     fn drop_turn(job: &Job, reason: &'static str, detail: &str, stats: &Stats) {
         stats.dropped_turns.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(m::TURNS_DROPPED_TOTAL, "reason" => reason).increment(1);
+        let teacher = match reason {
+            "teacher_token_mismatch" => Some(TeacherOutcome::Mismatch { detail }),
+            "teacher_error" => Some(TeacherOutcome::Failed { detail }),
+            _ => None,
+        };
+        if let Some(outcome) = teacher {
+            stats.observer.tell(TurnEvent::Teacher {
+                session: &job.session_id,
+                turn: job.turn_no,
+                outcome,
+            });
+        }
+        stats.observer.tell(TurnEvent::Dropped {
+            session: &job.session_id,
+            turn: job.turn_no,
+            reason,
+            detail: Some(detail),
+        });
         if reason == "teacher_token_mismatch" {
             stats.mismatches.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(m::TEACHER_MISMATCH_TOTAL).increment(1);

@@ -229,6 +229,7 @@ pub(crate) struct OpdJudging<'a> {
     pub mode: BufferMode,
     pub options: OpdOptions,
     pub records: Option<&'a dyn RecordSink>,
+    pub observer: &'a crate::status::Observer,
 }
 
 impl OpdJudging<'_> {
@@ -292,6 +293,12 @@ impl OpdJudging<'_> {
             metrics::counter!(ps_core::metric_names::HINT_VOTES_TOTAL, "outcome" => outcome)
                 .increment(1);
         }
+        self.observer.tell(ps_core::TurnEvent::HintVotes {
+            session: &job.session_id,
+            turn: job.turn_no,
+            votes: &hint.scores(),
+            hint: hint.hint(),
+        });
         record_turn(
             self.records,
             &job.session_id,
@@ -318,6 +325,11 @@ impl OpdJudging<'_> {
         };
         match signal {
             Some(Ok(signal)) => {
+                self.observer.tell(ps_core::TurnEvent::Teacher {
+                    session: &job.session_id,
+                    turn: job.turn_no,
+                    outcome: ps_core::TeacherOutcome::Scored,
+                });
                 let reward = if combine { eval_score } else { 1.0 };
                 if let Some(r) = self.records {
                     r.opd(record(Some(&signal), None));

@@ -2,11 +2,12 @@
 //! submitted samples. A leaf module: it sees samples and numbers, not sessions.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ps_core::metric_names as m;
 use ps_core::sample::Sample;
+use ps_core::{TurnEvent, TurnObserver};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -58,6 +59,24 @@ pub struct BufferStatus {
 /// Distinct policy versions counted in [`BufferStatus::samples_by_weight_version`].
 pub const MAX_TRACKED_VERSIONS: usize = 256;
 
+/// Who is told what happens to sessions and turns (the inspection page's history), once set
+/// ([`crate::SessionBuffer::with_observer`]); nobody by default.
+#[derive(Default)]
+pub(crate) struct Observer(OnceLock<Arc<dyn TurnObserver>>);
+
+impl Observer {
+    pub fn set(&self, observer: Arc<dyn TurnObserver>) {
+        let _ = self.0.set(observer);
+    }
+
+    /// Tells the observer `event` (returns at once: observers must not block).
+    pub fn tell(&self, event: TurnEvent<'_>) {
+        if let Some(o) = self.0.get() {
+            o.observe(event);
+        }
+    }
+}
+
 /// The buffer's counters, tallies and collected eval scores, shared by its tasks.
 #[derive(Default)]
 pub(crate) struct Stats {
@@ -78,6 +97,8 @@ pub(crate) struct Stats {
     tallies: Mutex<Tallies>,
     /// PRM scores since the last drain (`rollout/prm_eval_score`).
     eval_scores: Mutex<Vec<f64>>,
+    /// Told what happens to turns, where the counters above count it.
+    pub observer: Observer,
 }
 
 /// Counts kept by name (bounded by their callers).

@@ -108,6 +108,16 @@ pub(crate) async fn submit(sink: &dyn SampleSink, stats: &Stats, sample: Sample)
     match result {
         Ok(seq) => {
             stats.stored(&sample);
+            stats.observer.tell(ps_core::TurnEvent::Submitted {
+                session: &session_id,
+                turn,
+                seq,
+                reward: sample.reward.score,
+                excluded: sample
+                    .metadata
+                    .get("excluded")
+                    .and_then(serde_json::Value::as_str),
+            });
             let outcome = if effective { "effective" } else { "excluded" };
             metrics::counter!(m::SAMPLES_SUBMITTED_TOTAL, "outcome" => outcome).increment(1);
             tracing::debug!(%session_id, turn, seq, reward = sample.reward.score, "sample submitted");
@@ -115,6 +125,12 @@ pub(crate) async fn submit(sink: &dyn SampleSink, stats: &Stats, sample: Sample)
         Err(e) => {
             stats.dropped.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(m::SAMPLES_DROPPED_TOTAL, "reason" => "sink_failed").increment(1);
+            stats.observer.tell(ps_core::TurnEvent::Dropped {
+                session: &session_id,
+                turn,
+                reason: "sink_failed",
+                detail: None,
+            });
             tracing::error!(%session_id, turn, error = %e, "sample LOST: the sink kept failing");
         }
     }

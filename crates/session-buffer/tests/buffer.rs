@@ -734,3 +734,75 @@ async fn a_session_continued_after_an_idle_timeout_is_the_same_conversation() {
         s[2].metadata
     );
 }
+
+/// Writes down every event it is told, in short.
+#[derive(Default)]
+struct Told(Mutex<Vec<String>>);
+
+impl ps_core::TurnObserver for Told {
+    fn observe(&self, e: ps_core::TurnEvent<'_>) {
+        use ps_core::TurnEvent as E;
+        let line = match e {
+            E::Captured {
+                session,
+                turn,
+                response_tokens,
+            } => {
+                format!("captured {session} {turn} ({response_tokens} tokens)")
+            }
+            E::PrmVotes {
+                session,
+                turn,
+                votes,
+                score,
+            } => {
+                format!("votes {session} {turn} {votes:?} -> {score}")
+            }
+            E::Submitted {
+                session,
+                turn,
+                seq,
+                reward,
+                excluded,
+            } => {
+                format!(
+                    "submitted {session} {turn} seq {seq} reward {reward} excluded {excluded:?}"
+                )
+            }
+            E::Abandoned {
+                session,
+                turn,
+                reason,
+            } => format!("abandoned {session} {turn} {reason}"),
+            E::SessionClosed { session, reason } => format!("closed {session} {reason}"),
+            other => format!("{other:?}"),
+        };
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+#[tokio::test]
+async fn the_observer_is_told_captures_votes_samples_abandons_and_closes() {
+    let r = rig();
+    let told = Arc::new(Told::default());
+    let buffer = r.buffer.clone().with_observer(told.clone());
+    let t1 = buffer.begin("s", &user("a"), false);
+    buffer.accept(captured("s", t1));
+    let t2 = buffer.begin("s", &user("b score:1"), false);
+    wait_for("turn 1's sample", || r.sink.taken().len() == 1).await;
+    wait_for("its event", || told.0.lock().unwrap().len() == 3).await;
+    buffer.abandon("s", t2, "upstream_failed");
+    assert!(buffer.shutdown(Duration::from_secs(5)).await);
+    let told = told.0.lock().unwrap().clone();
+    assert_eq!(
+        told,
+        vec![
+            "captured s 1 (4 tokens)",
+            "votes s 1 [Some(1), Some(1), Some(1)] -> 1",
+            "submitted s 1 seq 1 reward 1 excluded None",
+            "abandoned s 2 upstream_failed",
+            "closed s shutdown",
+        ],
+        "{told:#?}"
+    );
+}

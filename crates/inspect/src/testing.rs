@@ -1,0 +1,200 @@
+//! The WebDriver harness of the browser tests (feature `test-support`): Debian's `chromium`,
+//! headless, driven through `chromedriver` with fantoccini. A test calls [`Browser::start`], which
+//! gives `None` (and says why) when either program is missing, unless
+//! `POLICY_SERVING_REQUIRE_BROWSER=1` (CI), where a missing browser fails the test.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+/// How long a page may take to show what a test waits for. A bound, not a measurement.
+pub const WAIT: Duration = Duration::from_secs(15);
+
+/// A headless chromium session and the chromedriver behind it (killed on drop).
+pub struct Browser {
+    pub client: Client,
+    driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless chromium session (window 1280×900), or `None` when
+    /// they are not installed and not required.
+    pub async fn start() -> Option<Browser> {
+        let required = std::env::var("POLICY_SERVING_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+        let chromium = std::env::var_os("POLICY_SERVING_CHROMIUM")
+            .map(PathBuf::from)
+            .or_else(|| on_path("chromium"))
+            .or_else(|| on_path("chromium-browser"));
+        let driver = on_path("chromedriver");
+        let (Some(chromium), Some(driver)) = (chromium, driver) else {
+            let why =
+                "chromium and chromedriver are needed (apt-get install chromium chromium-driver)";
+            assert!(!required, "POLICY_SERVING_REQUIRE_BROWSER=1 but {why}");
+            eprintln!("skipped: {why}");
+            return None;
+        };
+        let port = free_port();
+        let mut driver = Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("chromedriver did not start: {e}"));
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let started = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            if started.elapsed() > WAIT {
+                let _ = driver.kill();
+                panic!("chromedriver did not listen on {addr} within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary profile: {e}"));
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": [
+                    "--headless=new",
+                    // Tests run as root in CI: chromium refuses its sandbox there.
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--window-size=1280,900",
+                    "--force-device-scale-factor=1",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let client = ClientBuilder::new(connector)
+            .capabilities(caps)
+            .connect(&format!("http://{addr}"))
+            .await;
+        let client = match client {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = driver.kill();
+                panic!("no chromium session through chromedriver: {e}");
+            }
+        };
+        Some(Browser {
+            client,
+            driver,
+            _profile: profile,
+        })
+    }
+
+    /// Opens `url`.
+    pub async fn goto(&self, url: &str) {
+        self.client
+            .goto(url)
+            .await
+            .unwrap_or_else(|e| panic!("goto {url}: {e}"));
+    }
+
+    /// Runs `script` (a function body; `arguments` holds `args`) and returns its value.
+    pub async fn js(&self, script: &str, args: Vec<Value>) -> Value {
+        self.client
+            .execute(script, args)
+            .await
+            .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+    }
+
+    /// The visible text of every element matching `css`.
+    pub async fn texts(&self, css: &str) -> Vec<String> {
+        let v = self
+            .js(
+                "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.innerText);",
+                vec![json!(css)],
+            )
+            .await;
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| s.as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits until an element matching `css` shows text containing `needle`; returns that text.
+    pub async fn wait_text(&self, css: &str, needle: &str) -> String {
+        let started = Instant::now();
+        loop {
+            if let Some(t) = self
+                .texts(css)
+                .await
+                .into_iter()
+                .find(|t| t.contains(needle))
+            {
+                return t;
+            }
+            if started.elapsed() > WAIT {
+                let shown = self.texts("body").await.join("\n");
+                panic!("no `{css}` showing {needle:?} within {WAIT:?}; the page shows:\n{shown}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until an element matching `css` exists and is displayed.
+    pub async fn wait_visible(&self, css: &str) -> fantoccini::elements::Element {
+        let started = Instant::now();
+        loop {
+            if let Ok(e) = self.client.find(Locator::Css(css)).await
+                && e.is_displayed().await.unwrap_or(false)
+            {
+                return e;
+            }
+            if started.elapsed() > WAIT {
+                let shown = self.texts("body").await.join("\n");
+                panic!("`{css}` not shown within {WAIT:?}; the page shows:\n{shown}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A PNG of the window.
+    pub async fn screenshot(&self) -> Vec<u8> {
+        self.client
+            .screenshot()
+            .await
+            .unwrap_or_else(|e| panic!("screenshot: {e}"))
+    }
+
+    /// Ends the session and the driver.
+    pub async fn close(mut self) {
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}

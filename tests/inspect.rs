@@ -1,0 +1,216 @@
+//! The inspection page of the real binary, in a real browser: `policy-serving demo` serves its
+//! scripted conversation, a message that tries to run script is sent through the proxy, and
+//! headless chromium (through chromedriver) opens each view and checks what a person sees.
+//! Skipped without chromium unless `POLICY_SERVING_REQUIRE_BROWSER=1` (CI).
+//!
+//! With `POLICY_SERVING_SCREENSHOTS=DIR` it also writes `inspect-overview.png`,
+//! `inspect-timeline.png` and `inspect-sample.png` there (`just screenshots`: `docs/img`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use ps_e2e_tests::Demo;
+use ps_inspect::testing::Browser;
+use serde_json::{Value, json};
+
+const HOSTILE: &str =
+    "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">";
+const XSS_SESSION: &str = "xss-<b>bold</b>";
+
+async fn chat(base: &str, session: &str, messages: Value, done: bool) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("x-session-id", session)
+        .header("x-turn-type", "main")
+        .header("x-session-done", if done { "1" } else { "0" })
+        .json(&json!({"messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn api(base: &str, path: &str) -> Value {
+    reqwest::get(format!("{base}{path}"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn rgb(css: &str) -> (i64, i64, i64) {
+    let inner = css
+        .trim_start_matches("rgba(")
+        .trim_start_matches("rgb(")
+        .trim_end_matches(')');
+    let v: Vec<i64> = inner
+        .split(',')
+        .take(3)
+        .map(|x| x.trim().parse().unwrap())
+        .collect();
+    (v[0], v[1], v[2])
+}
+
+async fn colour(b: &Browser, i: usize) -> (i64, i64, i64) {
+    let v = b
+        .js(
+            "return getComputedStyle(document.querySelectorAll('#tokens .tok')[arguments[0]]).backgroundColor;",
+            vec![json!(i)],
+        )
+        .await;
+    rgb(v.as_str().unwrap())
+}
+
+async fn no_script_ran(b: &Browser) {
+    assert_eq!(
+        b.js("return typeof window.__pwned;", vec![]).await,
+        json!("undefined")
+    );
+    assert_eq!(
+        b.js(
+            "return document.querySelectorAll('#view img, #view script, #view b').length;",
+            vec![]
+        )
+        .await,
+        json!(0)
+    );
+}
+
+async fn shot(b: &Browser, name: &str) {
+    if let Some(dir) = std::env::var_os("POLICY_SERVING_SCREENSHOTS") {
+        let path = std::path::Path::new(&dir).join(format!("inspect-{name}.png"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&path, b.screenshot().await).unwrap();
+        eprintln!("wrote {}", path.display());
+    }
+}
+
+#[tokio::test]
+async fn the_demo_conversation_is_seen_session_by_session_and_token_by_token() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let demo = Demo::start("rl");
+    let base = demo.base.clone();
+    assert!(
+        demo.printed.contains("committed through seq 3"),
+        "{}",
+        demo.printed
+    );
+
+    // A conversation whose message tries to run script, through the proxy.
+    let user = |t: &str| json!({"role": "user", "content": t});
+    chat(&base, XSS_SESSION, json!([user(HOSTILE)]), false).await;
+    let second = json!([user(HOSTILE), {"role": "assistant", "content": "ok"}, user("thanks")]);
+    chat(&base, XSS_SESSION, second, true).await;
+    let xss_path = format!(
+        "/v1/inspect/sessions/{}",
+        XSS_SESSION
+            .replace('<', "%3C")
+            .replace('>', "%3E")
+            .replace('/', "%2F")
+    );
+    let mut xss_seq = None;
+    for _ in 0..200 {
+        let tl = api(&base, &xss_path).await;
+        xss_seq = tl["turns"][0]["seq"].as_u64();
+        if xss_seq.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let xss_seq = xss_seq.expect("the hostile turn became a sample");
+
+    // Overview: the requests, the samples, submission enabled, the lag the trainer left.
+    b.goto(&format!("{base}/ui/")).await;
+    b.wait_text("#card-requests", "main").await;
+    b.wait_text("#card-samples", "stored").await;
+    b.wait_text("#card-submission", "enabled").await;
+    b.wait_text("#card-lag", "committed 3").await;
+    shot(&b, "overview").await;
+
+    // Sessions: the demo's and the hostile one, its id shown as characters.
+    b.goto(&format!("{base}/ui/#/sessions")).await;
+    b.wait_text("#sessions", "demo-session-1").await;
+    b.wait_text("#sessions", XSS_SESSION).await;
+    no_script_ran(&b).await;
+
+    // The demo session's timeline: its turns in order, main and side, the votes and majority,
+    // the links to the samples.
+    b.goto(&format!("{base}/ui/#/session/demo-session-1")).await;
+    b.wait_text("#timeline", "excluded").await;
+    let turns = b.texts("#timeline tr.turn").await;
+    assert_eq!(turns.len(), 4, "{turns:?}");
+    assert!(
+        turns[0].contains("main") && turns[0].contains("+1 +1 +1 → 1"),
+        "{turns:?}"
+    );
+    assert!(turns[1].contains("side"), "{turns:?}");
+    assert!(
+        turns[2].contains("streamed") && turns[2].contains("-1 -1 -1 → -1"),
+        "{turns:?}"
+    );
+    assert!(turns[0].contains("seq 1"), "{turns:?}");
+    shot(&b, "timeline").await;
+
+    // The streamed turn's sample: a chip per token, coloured by its rollout log-prob, the
+    // template-inserted position without a log-prob marked.
+    let sample = api(&base, "/v1/inspect/samples/2").await;
+    let tokens = sample["tokens"].as_array().unwrap();
+    b.goto(&format!("{base}/ui/#/sample/2")).await;
+    b.wait_text("#sample-seq", "seq 2").await;
+    let chips = b.texts("#tokens .tok").await;
+    assert_eq!(chips.len(), tokens.len());
+    let lp = |i: usize| tokens[i]["lp"].as_f64();
+    let (hi, _) = (0..tokens.len())
+        .filter_map(|i| lp(i).map(|v| (i, v)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    let (lo, _) = (0..tokens.len())
+        .filter_map(|i| lp(i).map(|v| (i, v)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    let (rh, gh, _) = colour(&b, hi).await;
+    let (rl, gl, _) = colour(&b, lo).await;
+    assert!(
+        gh - rh > gl - rl,
+        "the likelier token is greener: {:?} vs {:?}",
+        (rh, gh),
+        (rl, gl)
+    );
+    let marked = tokens
+        .iter()
+        .position(|t| t["marks"].as_array().is_some_and(|m| !m.is_empty()))
+        .expect("the streamed turn has a marked position");
+    let class = b
+        .js(
+            "return document.querySelectorAll('#tokens .tok')[arguments[0]].className;",
+            vec![json!(marked)],
+        )
+        .await;
+    assert!(class.as_str().unwrap().contains("marked"), "{class}");
+    // Hovering a token shows its id, text and log-probs.
+    b.js(
+        "document.querySelectorAll('#tokens .tok')[arguments[0]].click();",
+        vec![json!(hi)],
+    )
+    .await;
+    let tip = b.wait_text("#tip", "rollout log-prob").await;
+    assert!(tip.contains(&format!("id\t{}", tokens[hi]["id"])), "{tip}");
+    assert!(tip.contains(&format!("{:.4}", lp(hi).unwrap())), "{tip}");
+    shot(&b, "sample").await;
+
+    // The hostile message: shown as text in the timeline's sample and its prompt, no script run.
+    b.goto(&format!("{base}/ui/#/sample/{xss_seq}")).await;
+    b.wait_text("#sample-facts", XSS_SESSION).await;
+    let prompt = b
+        .js(
+            "return document.querySelector('#prompt pre').textContent;",
+            vec![],
+        )
+        .await;
+    assert!(prompt.as_str().unwrap().contains(HOSTILE), "{prompt}");
+    no_script_ran(&b).await;
+    b.close().await;
+}
