@@ -3,6 +3,9 @@
 //! included), 1 with a FAIL line and its cause when one fails, 2 on a configuration error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -45,7 +48,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// Runs `policy-serving check --config FILE` with an empty environment (no legacy overrides leak in).
 async fn check(config: PathBuf) -> Output {
     tokio::task::spawn_blocking(move || {
-        Command::new(ps_e2e_tests::policy_serving())
+        Command::new(harness::policy_serving())
             .args(["check", "--config"])
             .arg(config)
             .env_clear()

@@ -3,6 +3,9 @@
 //! with its original seq), and new samples continue the sequence.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -12,10 +15,10 @@ use std::time::Duration;
 use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
 
-use ps_e2e_tests::{KillOnDrop, free_port};
+use harness::{KillOnDrop, free_port};
 
 fn spawn_server(config: &std::path::Path) -> Child {
-    Command::new(ps_e2e_tests::policy_serving())
+    Command::new(harness::policy_serving())
         .args(["serve", "--config"])
         .arg(config)
         .env("RUST_LOG", "warn")

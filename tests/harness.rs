@@ -14,23 +14,19 @@
 //! Per-crate tests stay beside their crates (`crates/*/tests`); only tests of the executables
 //! live here.
 //!
-//! **Finding the binary.** `CARGO_BIN_EXE_<name>` only exists inside the binary's own package, so
-//! [`policy_serving`] finds it next to the test executable instead: a test runs from
-//! `<target dir>/<profile>/deps/`, and the binary is `<target dir>/<profile>/policy-serving`. This
-//! follows `CARGO_TARGET_DIR`, `--release`/`--profile` and `--target` without reading them. Before
-//! the first use in a test process, it runs `cargo build -p policy-serving` for that profile (a
-//! no-op when it is fresh; `cargo test` does not build the binary of a package without integration
-//! tests), so the suite never runs a stale or missing binary. The variables cargo sets for the
-//! test process itself are removed from that build's environment, so it is the same build as a
-//! `cargo build` in a shell and neither invalidates the other.
+//! **Finding the binary.** These files are the integration tests of the `policy-serving` package
+//! (`bins/policy-serving/Cargo.toml` lists them with paths into this directory), so cargo builds
+//! the binary before it runs them and gives its path as `CARGO_BIN_EXE_policy-serving`, for every
+//! profile, target and target directory. Each test file includes this file as its `harness`
+//! module.
 //!
 //! Also shared: [`KillOnDrop`] (a failing assertion never leaves a server running),
 //! [`free_port`] and [`Demo`] (the demo serving on after its conversation).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Each test file uses only some of these helpers.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
 /// Kills the child when dropped, so a failing assertion never leaves a server running.
 pub struct KillOnDrop(pub std::process::Child);
@@ -51,73 +47,9 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// The built `policy-serving` executable of this profile, built first if needed (see the crate
-/// header).
+/// The `policy-serving` executable cargo built for this test run.
 pub fn policy_serving() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("policy-serving"))
-}
-
-/// `<target dir>/<profile>`: the test executable lives in its `deps/`.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    let deps = exe.parent().expect("the test executable's directory");
-    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().expect("the profile directory")
-    } else {
-        deps
-    };
-    dir.to_path_buf()
-}
-
-/// The variables cargo sets for a test process (besides `CARGO_PKG_*`), none of them configuration.
-const TEST_ONLY_ENV: &[&str] = &[
-    "CARGO_MANIFEST_DIR",
-    "CARGO_MANIFEST_PATH",
-    "CARGO_CRATE_NAME",
-    "CARGO_BIN_NAME",
-    "CARGO_PRIMARY_PACKAGE",
-    "CARGO_TARGET_TMPDIR",
-    "CARGO_RUSTC_CURRENT_DIR",
-    "OUT_DIR",
-];
-
-/// Builds the package's binary `name` in the test's own profile and returns its path.
-fn build(name: &str) -> PathBuf {
-    let dir = profile_dir();
-    let profile = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("a profile directory name")
-        .to_owned();
-    // `debug` is the directory of the `dev` (and `test`) profile.
-    let profile = if profile == "debug" {
-        "dev".to_owned()
-    } else {
-        profile
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root");
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(workspace)
-        .args(["build", "--quiet", "-p", name, "--bin", name, "--profile"])
-        .arg(&profile);
-    // What cargo sets for this test process only (its package, its manifest): build scripts that
-    // watch such a variable (ring's watches CARGO_MANIFEST_DIR) would otherwise rerun here and
-    // again in the next plain `cargo build`, rebuilding everything above them both times.
-    for (key, _) in std::env::vars_os() {
-        let Some(key) = key.to_str() else { continue };
-        if TEST_ONLY_ENV.contains(&key) || key.starts_with("CARGO_PKG_") {
-            cmd.env_remove(key);
-        }
-    }
-    let status = cmd.status().expect("running cargo build");
-    assert!(status.success(), "cargo build -p {name} failed");
-    let bin = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.is_file(), "{} was not built", bin.display());
-    bin
+    Path::new(env!("CARGO_BIN_EXE_policy-serving"))
 }
 
 /// `policy-serving demo` (keeping on serving after its conversation), started and read until it

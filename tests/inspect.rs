@@ -7,9 +7,12 @@
 //! `inspect-timeline.png` and `inspect-sample.png` there (`just screenshots`: `docs/img`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::time::Duration;
 
-use ps_e2e_tests::Demo;
+use harness::Demo;
 use ps_inspect::testing::Browser;
 use serde_json::{Value, json};
 

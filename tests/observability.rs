@@ -1,6 +1,9 @@
 //! The real binary: its Prometheus catalogue after a conversation, and no secret in its logs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -12,7 +15,7 @@ const CLIENT_KEY: &str = "client-key-5b1f0c9e";
 const ADMIN_KEY: &str = "admin-key-77aa01d3";
 const UPSTREAM_KEY: &str = "upstream-key-c0ffee42";
 
-use ps_e2e_tests::{KillOnDrop, free_port};
+use harness::{KillOnDrop, free_port};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
@@ -37,7 +40,7 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
     )
     .unwrap();
     let mut server = KillOnDrop(
-        Command::new(ps_e2e_tests::policy_serving())
+        Command::new(harness::policy_serving())
             .args(["serve", "--config"])
             .arg(&config)
             .env("T_CLIENT_KEY", CLIENT_KEY)

@@ -2,6 +2,9 @@
 //! `SGLANG_API_KEY=EMPTY` of their `env.sh`. What `serve` says at start is what they read.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -10,13 +13,13 @@ use std::time::Duration;
 
 use ps_fake_sglang::FakeSglang;
 
-use ps_e2e_tests::{KillOnDrop, free_port};
+use harness::{KillOnDrop, free_port};
 
 /// Starts `policy-serving serve --config <config>` in `dir` with `env`, and returns it with the
 /// log lines it wrote up to and including "policy-serving listening". Generous bound (a shared
 /// 2-core machine): 60 s to start.
 fn serve(config: &Path, dir: &Path, env: &[(&str, String)]) -> (KillOnDrop, Vec<String>) {
-    let mut cmd = Command::new(ps_e2e_tests::policy_serving());
+    let mut cmd = Command::new(harness::policy_serving());
     cmd.args(["serve", "--config"])
         .arg(config)
         .current_dir(dir)

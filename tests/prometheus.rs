@@ -6,11 +6,14 @@
 //! `POLICY_SERVING_REQUIRE_PROMTOOL=1` (CI).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "harness.rs"]
+mod harness;
+
 use std::time::Duration;
 
 use ps_deploy::dashboard_queries;
 use ps_deploy::prometheus::Prometheus;
-use ps_e2e_tests::Demo;
+use harness::Demo;
 
 /// Panels that must show series after the demo's conversation (the others may be empty: no
 /// provider, no teacher, no Redis in the RL demo).
