@@ -93,24 +93,6 @@ pub async fn build_full(
         (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
     );
     let buffer = buffer.with_pending_store(store.clone() as Arc<dyn ps_core::PendingStore>);
-    let buffer = match &history {
-        Some(h) => buffer.with_observer(crate::inspect::observer(h)),
-        None => buffer,
-    };
-    buffer.spawn_sweeper(sweep_every(settings.server.session_timeout()));
-    // Turns the previous run persisted at shutdown (unfinished when its grace ran out) resume now.
-    {
-        let (buffer, store) = (buffer.clone(), store.clone());
-        tokio::spawn(async move {
-            match store.take_pending().await {
-                Ok(turns) if !turns.is_empty() => buffer.resume(turns),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, "pending turns of the previous run could not be read")
-                }
-            }
-        });
-    }
     let workers = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(MAX_CAPTURE_WORKERS);
@@ -134,10 +116,38 @@ pub async fn build_full(
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
         store: store.clone(),
-        buffer,
+        buffer: buffer.clone(),
         on_pause: Some(records as Arc<dyn PauseHook>),
     };
     let state = AppState::with_rollout(options, Arc::new(policy), capture, metrics, Some(rollout));
+    // The buffer tells what happens to sessions and turns: the inspection page's history keeps it,
+    // and the session matcher forgets a conversation when the buffer closes its session.
+    let mut observers: Vec<Arc<dyn ps_core::TurnObserver>> = Vec::new();
+    if let Some(h) = &history {
+        observers.push(crate::inspect::observer(h));
+    }
+    if let Some(m) = state.session_matcher() {
+        observers.push(m);
+    }
+    let buffer = if observers.is_empty() {
+        buffer
+    } else {
+        buffer.with_observer(Arc::new(ps_core::Observers(observers)))
+    };
+    buffer.spawn_sweeper(sweep_every(settings.server.session_timeout()));
+    // Turns the previous run persisted at shutdown (unfinished when its grace ran out) resume now.
+    {
+        let store = store.clone();
+        tokio::spawn(async move {
+            match store.take_pending().await {
+                Ok(turns) if !turns.is_empty() => buffer.resume(turns),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "pending turns of the previous run could not be read")
+                }
+            }
+        });
+    }
     Ok(match history {
         Some(h) => {
             let state = state.with_observer(crate::inspect::observer(&h));

@@ -29,7 +29,7 @@ pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use errors::error_chain;
 pub use log::{LogError, SampleLog, StoreStats, StoredSample};
-pub use observe::{NoObserver, TeacherOutcome, TurnEvent, TurnObserver};
+pub use observe::{NoObserver, Observers, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 pub use secret::Secret;

@@ -115,6 +115,19 @@ impl TurnObserver for NoObserver {
     fn observe(&self, _event: TurnEvent<'_>) {}
 }
 
+/// Several observers told the same events, in order (the inspection page's history and the
+/// session matcher both follow the session buffer).
+#[derive(Clone, Default)]
+pub struct Observers(pub Vec<std::sync::Arc<dyn TurnObserver>>);
+
+impl TurnObserver for Observers {
+    fn observe(&self, event: TurnEvent<'_>) {
+        for o in &self.0 {
+            o.observe(event);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +156,26 @@ mod tests {
             assert_eq!(e.session(), "s");
             NoObserver.observe(e);
         }
+    }
+
+    #[derive(Default)]
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl TurnObserver for Count {
+        fn observe(&self, _event: TurnEvent<'_>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn observers_tell_each_of_them() {
+        let (a, b) = (std::sync::Arc::new(Count::default()), std::sync::Arc::new(Count::default()));
+        let all = Observers(vec![a.clone(), b.clone()]);
+        all.observe(TurnEvent::SessionClosed {
+            session: "s",
+            reason: "timeout",
+        });
+        assert_eq!(a.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(b.0.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }

@@ -157,6 +157,12 @@ impl AppState {
         self
     }
 
+    /// The matcher of conversations without a session key (none when `server.session_inference`
+    /// is off), for the composition root to tell when the session buffer closes a session.
+    pub fn session_matcher(&self) -> Option<Arc<ps_session_infer::SessionMatcher>> {
+        self.0.matcher.clone()
+    }
+
     /// Tells the observer, if any (it returns at once).
     pub(crate) fn tell(&self, event: TurnEvent<'_>) {
         if let Some(o) = self.0.observer.get() {

@@ -14,10 +14,11 @@
 //!   request that fails releases it when dropped, so the client's retry continues the same
 //!   session instead of forking.
 //!
-//! Memory: per live session its origin and one key per answered turn; a session goes when it has
-//! been idle for [`Limits::idle`] (checked on every request), when the client ends it
-//! ([`SessionMatcher::forget`]), or when [`Limits::max_sessions`] are live and a new one starts (the
-//! least recently used goes). The lock is a plain mutex held for a few map operations, never
+//! Memory: per live session its origin and one key per answered turn; a session goes with the
+//! session itself: when the session buffer closes it (timeout, eviction, shutdown: the matcher is a
+//! [`TurnObserver`] of the buffer and forgets on [`TurnEvent::SessionClosed`]) or the client ends
+//! it ([`SessionMatcher::forget`]). Its own idle clock ([`Limits::idle`], checked on every request)
+//! and LRU cap ([`Limits::max_sessions`]) are the backstop for a server without a session buffer. The lock is a plain mutex held for a few map operations, never
 //! across an await.
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ps_core::{SessionOrigin, SessionSource};
+use ps_core::{SessionOrigin, SessionSource, TurnEvent, TurnObserver};
 use serde_json::Value;
 
 use crate::fingerprint::{History, Key};
@@ -308,6 +309,18 @@ impl SessionMatcher {
             // A new session whose only request failed: the retry starts afresh, and is not linked
             // to this empty one.
             st.remove(&r.session_id);
+        }
+    }
+}
+
+/// The session buffer closed a session (timeout, eviction, shutdown) or the client ended it: its
+/// conversation cannot be continued any more, so its answered ends go with it.
+impl TurnObserver for SessionMatcher {
+    fn observe(&self, event: TurnEvent<'_>) {
+        if let TurnEvent::SessionClosed { session, .. } = event
+            && session.starts_with(INFERRED_PREFIX)
+        {
+            self.forget(session);
         }
     }
 }

@@ -195,6 +195,32 @@ fn forgotten_sessions_cannot_be_continued() {
     assert_eq!(o, Outcome::Unmatched);
 }
 
+/// The session buffer closing a session (told as an observer) forgets its conversation; a close
+/// of a session the matcher never made changes nothing.
+#[test]
+fn a_session_the_buffer_closes_is_forgotten() {
+    use ps_core::{TurnEvent, TurnObserver};
+    let m = matcher();
+    let t = Instant::now();
+    let (keep, _, _) = turn(&m, &[user("k")], Some(&reply("b")), t);
+    let (s, _, _) = turn(&m, &[user("t")], Some(&reply("a")), t);
+    m.observe(TurnEvent::SessionClosed {
+        session: "header-session",
+        reason: "timeout",
+    });
+    assert_eq!(m.stats().live_sessions, 2);
+    m.observe(TurnEvent::SessionClosed {
+        session: &s,
+        reason: "timeout",
+    });
+    assert_eq!(m.stats().live_sessions, 1);
+    let (s2, o, _) = turn(&m, &[user("t"), reply("a"), user("n")], None, t);
+    assert_ne!(s, s2);
+    assert_eq!(o, Outcome::Unmatched);
+    let (k2, o, _) = turn(&m, &[user("k"), reply("b"), user("n")], None, t);
+    assert_eq!((k2, o), (keep, Outcome::Continued));
+}
+
 /// 10,000 conversations go idle: after `idle` every fingerprint is gone, and the maps' memory with
 /// it. The clock is passed in, so no time passes in the test.
 #[test]
