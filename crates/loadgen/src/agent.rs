@@ -2,7 +2,7 @@
 //! the proxy in RL mode (3 PRM votes per turn from the fake's `/generate`) with a trainer pulling
 //! and committing the samples, against the same sessions straight to the fake in the same run.
 //!
-//! Every session sends the same long system prompt (~3,000 tokens of instructions) and the same
+//! Every session sends the same long system prompt (~2,700 tokens of instructions) and the same
 //! 20 tool schemas. A session has a seeded number of main turns (10–30 by default): a user asks,
 //! the model often calls a tool (a named `tool_choice`), the tool's result (2–4 kB) goes back, the
 //! model answers; side turns (a title request) are mixed in. Every reply is 100–800 tokens long
@@ -167,7 +167,7 @@ const QUALIFIERS: &[&str] = &[
     "while staying within the budget of tool calls",
 ];
 
-/// The system prompt every session shares: ~13,500 characters (~3,000 Qwen3 tokens) of
+/// The system prompt every session shares: 13,613 characters (2,720 Qwen3 tokens) of
 /// instructions in sections, the same in every run.
 pub fn system_prompt() -> &'static str {
     static PROMPT: OnceLock<String> = OnceLock::new();
