@@ -19,11 +19,14 @@ lint:
     cargo clippy --workspace --all-targets -- -D warnings
     python3 scripts/module_cycles.py
 
-# The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang, then the store, the
-# pull API and OPD end to end. Extra arguments go to the load generator.
+# The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang (the chat workload,
+# then the agent scenario with a 0 ms and a 200 ms upstream), then the store, the pull API and OPD
+# end to end. Extra arguments go to the load generator's chat workload.
 bench *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
     cargo run --release -p loadgen -- --stream --rounds 5 {{ARGS}}
+    cargo run --release -p loadgen -- agent --json target/bench-agent.json
+    cargo run --release -p loadgen -- agent --fake-latency-ms 200 --ramp-ms 200 --json target/bench-agent-200ms.json
     cargo bench -p ps-sample-store --bench store
     cargo bench -p ps-app --bench pull
     cargo bench -p ps-app --bench opd
@@ -36,3 +39,10 @@ bench *ARGS:
 soak *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
     cargo run --release -p loadgen -- soak --json target/soak.json {{ARGS}}
+
+# The agent scenario alone (docs/benchmarks.md, "The agent scenario"): 64 sessions of 10-30 turns
+# with a shared system prompt and tools, RL mode, a trainer. Extra arguments go to `loadgen agent`
+# (`just agent --fake-latency-ms 200 --ramp-ms 200`).
+agent *ARGS:
+    cargo build --release -p policy-serving -p fake-sglang -p loadgen
+    cargo run --release -p loadgen -- agent {{ARGS}}

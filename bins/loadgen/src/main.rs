@@ -1,5 +1,5 @@
-//! `loadgen`: parses the command line, runs the `ps-loadgen` benchmark (or, with `soak`, the soak)
-//! on one tokio runtime, prints the table and writes the JSON report. No logic lives here (see
+//! `loadgen`: parses the command line, runs the `ps-loadgen` benchmark (or, with `soak`, the soak;
+//! with `agent`, the agent scenario) on one tokio runtime, prints the table and writes the JSON report. No logic lives here (see
 //! `docs/benchmarks.md`).
 
 use std::path::{Path, PathBuf};
@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use ps_loadgen::soak;
 use ps_loadgen::{BenchConfig, SessionClose, SoakConfig};
+use ps_loadgen::{agent, soak};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,6 +29,54 @@ enum Command {
     /// pulling samples; throughput, added latency, and whether the proxy's memory returns to its
     /// baseline.
     Soak(SoakArgs),
+    /// The agent scenario: a long system prompt and 20 tools shared by every session, 10–30 turns
+    /// with tool calls and results, long replies with engine ids, side turns, RL mode with 3 PRM
+    /// votes and a trainer; the proxy's CPU per request and per 1,000 captured tokens, added
+    /// latency and memory, against the same sessions straight to the fake.
+    Agent(AgentArgs),
+}
+
+#[derive(Debug, Args)]
+struct AgentArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Concurrent sessions.
+    #[arg(long, short = 'n', default_value_t = agent::DEFAULT_SESSIONS)]
+    sessions: usize,
+    /// Fewest main turns of a session.
+    #[arg(long, default_value_t = agent::DEFAULT_MIN_TURNS)]
+    min_turns: usize,
+    /// Most main turns of a session.
+    #[arg(long, default_value_t = agent::DEFAULT_MAX_TURNS)]
+    max_turns: usize,
+    /// Seed of the turn counts and the conversations.
+    #[arg(long, default_value_t = agent::DEFAULT_SEED)]
+    seed: u64,
+    /// Runs of each phase, interleaved (A B A B …); figures pool all rounds.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Spread the session starts over this many ms (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    ramp_ms: u64,
+    /// The proxy's `prm.max_concurrency` (default: 4 x the sessions).
+    #[arg(long)]
+    prm_concurrency: Option<usize>,
+    /// Samples per trainer pull (1–1024).
+    #[arg(long, default_value_t = soak::DEFAULT_TRAINER_PAGE)]
+    trainer_page: usize,
+    /// Long-poll bound of a trainer pull, in ms.
+    #[arg(long, default_value_t = 500)]
+    trainer_wait_ms: u64,
+    /// Period of the proxy's RSS readings, in ms.
+    #[arg(long, default_value_t = 1000)]
+    rss_every_ms: u64,
+    /// The whole run stops by itself after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    max_seconds: u64,
+    /// Capture re-tokenizes every turn (`sglang.token_ids = "retokenize"`, as for streamed
+    /// answers) instead of taking the engine's ids.
+    #[arg(long)]
+    retokenize: bool,
 }
 
 /// What both commands start and where the report goes.
@@ -218,10 +266,49 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
     write_json(c.json.as_deref(), &report)
 }
 
+fn agent(args: AgentArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.sessions > 0 && args.min_turns > 0 && args.rounds > 0,
+        "--sessions, --min-turns and --rounds must be at least 1"
+    );
+    anyhow::ensure!(
+        args.min_turns <= args.max_turns,
+        "--min-turns must not exceed --max-turns"
+    );
+    anyhow::ensure!(
+        (1..=1024).contains(&args.trainer_page),
+        "--trainer-page must be 1 to 1024"
+    );
+    anyhow::ensure!(args.rss_every_ms > 0, "--rss-every-ms must be at least 1");
+    let c = args.common;
+    let config = agent::AgentConfig {
+        fake_bin: c.fake_bin,
+        proxy_bin: c.proxy_bin,
+        model_dir: c.model_dir,
+        sessions: args.sessions,
+        min_turns: args.min_turns,
+        max_turns: args.max_turns,
+        seed: args.seed,
+        rounds: args.rounds,
+        fake_latency: Duration::from_millis(c.fake_latency_ms),
+        ramp: Duration::from_millis(args.ramp_ms),
+        prm_max_concurrency: args.prm_concurrency,
+        trainer_page: args.trainer_page,
+        trainer_wait: Duration::from_millis(args.trainer_wait_ms),
+        rss_every: Duration::from_millis(args.rss_every_ms),
+        max_duration: Duration::from_secs(args.max_seconds),
+        retokenize: args.retokenize,
+    };
+    let report = runtime()?.block_on(agent::run(&config, |line| eprintln!("loadgen: {line}")))?;
+    print!("{}", report.render());
+    write_json(c.json.as_deref(), &report)
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Soak(args)) => soak(args),
+        Some(Command::Agent(args)) => agent(args),
         None => bench(cli.bench),
     }
 }

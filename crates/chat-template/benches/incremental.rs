@@ -1,6 +1,8 @@
 //! The cost of one turn's tokenization (render + split + encode) at turn 1 and turn 50 of a
 //! 50-turn conversation, with the whole prompt encoded again (`split_turn`) and incrementally
-//! (`split_turn_incremental` from the previous turn), in the same run. Uses the Qwen3 fixture
+//! (`split_turn_incremental` from the previous turn), in the same run; then the first turn of
+//! sessions that share an agent-sized system prompt and 20 tools, without and with the cache of
+//! shared prefixes (`split_turn_cached`). Uses the Qwen3 fixture
 //! tokenizer when `../shared` is there, else the mini model.
 //! Run: `cargo bench -p ps-chat-template --bench incremental`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -8,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ps_chat_template::{ChatTokenizer, EncodedPrefix, TurnInput};
+use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
 use serde_json::{Value, json};
 
 fn tokenizer() -> (ChatTokenizer, &'static str) {
@@ -115,5 +117,69 @@ fn main() {
         "  whole conversation ({tokens} tokens): full {full_all:.1} ms ({:.0} tokens/s), incremental {inc_all:.1} ms ({:.0} tokens/s)",
         tokens as f64 / (full_all / 1e3),
         tokens as f64 / (inc_all / 1e3)
+    );
+
+    shared_prefix(&tok, name, reps);
+}
+
+/// The first turn of 64 sessions with the same ~13 kB system prompt and 20 tools (each session's
+/// own user message), as capture encodes it without and with the cache of shared prefixes.
+fn shared_prefix(tok: &ChatTokenizer, name: &str, reps: u32) {
+    let system: String = (0..120)
+        .map(|i| format!("Rule {i}: read the code and its tests before changing module {i}; explain each step. "))
+        .collect();
+    let tools = Value::Array(
+        (0..20)
+            .map(|i| json!({"type": "function", "function": {"name": format!("tool_{i}"),
+                "description": format!("Tool number {i}: does one thing to the workspace and reports it."),
+                "parameters": {"type": "object", "properties": {
+                    "path": {"type": "string", "description": "A path relative to the workspace."},
+                    "limit": {"type": "integer", "description": "At most this many results."}},
+                    "required": ["path"]}}}))
+            .collect(),
+    );
+    let sessions = 64;
+    let firsts: Vec<(Vec<Value>, Value)> = (0..sessions)
+        .map(|s| {
+            (
+                vec![
+                    json!({"role": "system", "content": system}),
+                    json!({"role": "user", "content": format!("Session {s}: find the bug in module {s} and fix it.")}),
+                ],
+                json!({"role": "assistant", "content": format!("Looking at module {s} first.")}),
+            )
+        })
+        .collect();
+    let input = |k: usize| TurnInput {
+        messages: &firsts[k].0,
+        tools: Some(&tools),
+        response_message: &firsts[k].1,
+        template_kwargs: None,
+    };
+    let time_all = |f: &mut dyn FnMut(usize)| {
+        let started = Instant::now();
+        for _ in 0..reps {
+            for k in 0..sessions {
+                f(k);
+            }
+        }
+        started.elapsed().as_secs_f64() * 1e3 / f64::from(reps) / sessions as f64
+    };
+    let alone = time_all(&mut |k| {
+        tok.split_turn_incremental(&input(k), None).unwrap();
+    });
+    let shared = SharedPrefixCache::default();
+    let cached = time_all(&mut |k| {
+        tok.split_turn_cached(&input(k), None, Some(&shared))
+            .unwrap();
+    });
+    let prompt_tokens = tok.split_turn(&input(0)).unwrap().prompt_ids.len();
+    println!(
+        "first turn of {sessions} sessions sharing a system prompt and 20 tools ({prompt_tokens} prompt tokens), {name} tokenizer, ms per turn:"
+    );
+    println!(
+        "  each session encodes it: {alone:.3}  shared prefix cache: {cached:.3}  ({:.1}x faster; {:?})",
+        alone / cached,
+        shared.stats()
     );
 }

@@ -11,6 +11,7 @@
 
 mod error;
 mod jsonl;
+mod prefix_cache;
 mod pyjson;
 mod strftime;
 mod template;
@@ -24,6 +25,10 @@ use serde_json::{Map, Value};
 
 pub use error::ChatTemplateError;
 pub use jsonl::{TokenizeStats, tokenize_jsonl};
+pub use prefix_cache::{
+    DEFAULT_SHARED_PREFIX_BYTES, ENTRY_OVERHEAD_BYTES, MIN_SHARED_PREFIX_BYTES, SharedPrefixCache,
+    SharedPrefixStats,
+};
 
 use template::{Templates, TokenizerConfig};
 
@@ -278,16 +283,55 @@ impl ChatTokenizer {
         text: &str,
         prev: Option<&EncodedPrefix>,
     ) -> Result<(Vec<u32>, Option<EncodedPrefix>), ChatTemplateError> {
+        self.encode_cached(text, prev, None)
+    }
+
+    /// [`ChatTokenizer::encode_incremental`], and when `prev` has nothing to reuse, the longest
+    /// prefix of `text` kept in `shared` (another session's system prompt and tools, say) is reused
+    /// instead. Nothing is added to `shared` here ([`ChatTokenizer::split_turn_cached`] does).
+    /// The result is always exactly [`ChatTokenizer::encode`]'s.
+    pub fn encode_cached(
+        &self,
+        text: &str,
+        prev: Option<&EncodedPrefix>,
+        shared: Option<&SharedPrefixCache>,
+    ) -> Result<(Vec<u32>, Option<EncodedPrefix>), ChatTemplateError> {
+        self.encode_reusing(text, prev, shared)
+            .map(|(ids, next, _)| (ids, next))
+    }
+
+    fn encode_reusing(
+        &self,
+        text: &str,
+        prev: Option<&EncodedPrefix>,
+        shared: Option<&SharedPrefixCache>,
+    ) -> Result<(Vec<u32>, Option<EncodedPrefix>, Reused), ChatTemplateError> {
         let Some(added) = &self.split_tokens else {
-            return Ok((self.encode(text)?, None));
+            return Ok((self.encode(text)?, None, Reused::Nothing));
         };
-        let ids = match prev.and_then(|p| p.reusable(text).map(|r| (p, r))) {
+        let (ids, reused) = match prev.and_then(|p| p.reusable(text).map(|r| (p, r))) {
             Some((p, (end, n))) => {
                 let mut ids = p.ids[..n].to_vec();
                 ids.extend(self.encode(&text[end..])?);
-                ids
+                (ids, Reused::Session)
             }
-            None => self.encode(text)?,
+            None => {
+                // Only a prefix that ends right after an added token can be reused.
+                let ends_with_added = |len: usize| {
+                    added
+                        .values()
+                        .any(|c| !c.is_empty() && text[..len].ends_with(c.as_str()))
+                };
+                match shared.and_then(|c| c.lookup(text, ends_with_added)) {
+                    Some((end, head)) => {
+                        let mut ids = Vec::with_capacity(head.len() + (text.len() - end) / 3);
+                        ids.extend_from_slice(&head);
+                        ids.extend(self.encode(&text[end..])?);
+                        (ids, Reused::Shared)
+                    }
+                    None => (self.encode(text)?, Reused::Nothing),
+                }
+            }
         };
         let boundaries = added_token_boundaries(text, &ids, added);
         Ok((
@@ -297,6 +341,7 @@ impl ChatTokenizer {
                 ids,
                 boundaries,
             }),
+            reused,
         ))
     }
 
@@ -354,13 +399,30 @@ impl ChatTokenizer {
         input: &TurnInput<'_>,
         prev: Option<&EncodedPrefix>,
     ) -> Result<(TurnTokens, Option<EncodedPrefix>), ChatTemplateError> {
+        self.split_turn_cached(input, prev, None)
+    }
+
+    /// [`ChatTokenizer::split_turn_incremental`] with a cache of prefixes shared by all sessions:
+    /// a prompt that `prev` cannot help with (a session's first turn) reuses the longest kept
+    /// prefix (see [`ChatTokenizer::encode_cached`]); when none is kept, the prompt's leading
+    /// system message(s) and tools, up to their last added-token boundary, are kept for the next
+    /// session. Same result as [`ChatTokenizer::split_turn`].
+    pub fn split_turn_cached(
+        &self,
+        input: &TurnInput<'_>,
+        prev: Option<&EncodedPrefix>,
+        shared: Option<&SharedPrefixCache>,
+    ) -> Result<(TurnTokens, Option<EncodedPrefix>), ChatTemplateError> {
         let TurnTexts {
             prompt_text,
             full_text,
             response_text,
             prompt_is_prefix,
         } = self.render_turn(input)?;
-        let (prompt_ids, next) = self.encode_incremental(&prompt_text, prev)?;
+        let (prompt_ids, next, reused) = self.encode_reusing(&prompt_text, prev, shared)?;
+        if let (Some(shared), Some(next), Reused::Nothing) = (shared, &next, reused) {
+            self.share_leading_system(input, next, shared);
+        }
         let response_ids = self.encode(&response_text)?;
         Ok((
             TurnTokens {
@@ -373,6 +435,52 @@ impl ChatTokenizer {
             },
             next,
         ))
+    }
+
+    /// Keeps in `shared` the part of `encoded` (a prompt of `input`, encoded in full) that every
+    /// conversation with the same leading system message(s) and tools renders alike: up to the last
+    /// added-token boundary within the common prefix of the prompt and those messages rendered with
+    /// a placeholder user message. Whatever is kept is a prefix of the prompt cut at one of its own
+    /// boundaries, so its ids are exactly its own; the placeholder only chooses where to cut.
+    fn share_leading_system(
+        &self,
+        input: &TurnInput<'_>,
+        encoded: &EncodedPrefix,
+        shared: &SharedPrefixCache,
+    ) {
+        let normalized = normalize_messages(input.messages);
+        let leading = normalized
+            .iter()
+            .take_while(|m| {
+                matches!(
+                    m.get("role").and_then(Value::as_str),
+                    Some("system" | "developer")
+                )
+            })
+            .count();
+        let has_tools = input.tools.is_some_and(|t| !t.is_null());
+        if leading == 0 && !has_tools {
+            return;
+        }
+        let mut messages: Vec<MjValue> = normalized[..leading].iter().map(json_to_value).collect();
+        messages.push(json_to_value(
+            &serde_json::json!({"role": "user", "content": "\u{1}"}),
+        ));
+        let prepared = Prepared::new(input.tools, input.template_kwargs);
+        let Ok(rendered) = self.render_prepared(messages, &prepared, false) else {
+            return;
+        };
+        let common = rendered
+            .bytes()
+            .zip(encoded.text.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let k = encoded
+            .boundaries
+            .partition_point(|(end, _)| *end <= common);
+        if let Some(&(end, n)) = k.checked_sub(1).map(|k| &encoded.boundaries[k]) {
+            shared.insert(&encoded.text[..end], &encoded.ids[..n]);
+        }
     }
 
     /// Renders a turn as [`ChatTokenizer::split_turn`] does, without tokenizing: for turns whose
@@ -400,6 +508,14 @@ impl ChatTokenizer {
             prompt_is_prefix,
         })
     }
+}
+
+/// Where the start of an encoded text came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reused {
+    Nothing,
+    Session,
+    Shared,
 }
 
 /// A rendered text with its token ids and the places right after each added token (byte end in the

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use ps_chat_template::{ChatTokenizer, TurnInput, TurnTokens};
+use ps_chat_template::{ChatTokenizer, SharedPrefixCache, TurnInput, TurnTokens};
 use serde_json::Value;
 
 fn qwen3_dir() -> Option<PathBuf> {
@@ -39,6 +39,12 @@ fn run_golden(config: &str, golden: &str) {
     let text = std::fs::read_to_string(dir.join(golden)).unwrap();
     let mut total = 0;
     let mut failures = Vec::new();
+    // Every case again through the cache of prefixes shared across sessions: a large one (each
+    // case twice, so the second time reuses what the first kept), then one a byte too small for
+    // all that the large one kept, so that it evicts. Each must give the same tokens as the plain
+    // split.
+    let large = SharedPrefixCache::default();
+    let mut split = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         total += 1;
         let case: Value = serde_json::from_str(line).unwrap();
@@ -58,6 +64,14 @@ fn run_golden(config: &str, golden: &str) {
             }
         };
         let want: TurnTokens = serde_json::from_value(case.clone()).unwrap();
+        for pass in ["shared", "shared again"] {
+            match tok.split_turn_cached(&input, None, Some(&large)) {
+                Ok((t, _)) if t == got => {}
+                Ok(_) => failures.push(format!("{id}: {pass} cache gives other tokens")),
+                Err(e) => failures.push(format!("{id}: {pass} cache: error {e}")),
+            }
+        }
+        split.push((id.clone(), case.clone(), got.clone()));
         let mut bad = Vec::new();
         if got.prompt_text != want.prompt_text {
             bad.push(format!(
@@ -87,10 +101,34 @@ fn run_golden(config: &str, golden: &str) {
             failures.push(format!("{id}: {}", bad.join("; ")));
         }
     }
+    let small = SharedPrefixCache::new(large.stats().bytes.saturating_sub(1));
+    for _ in 0..2 {
+        for (id, case, got) in &split {
+            let input = TurnInput {
+                messages: case["messages"].as_array().unwrap(),
+                tools: case.get("tools"),
+                response_message: &case["response_message"],
+                template_kwargs: case.get("chat_template_kwargs").and_then(Value::as_object),
+            };
+            match tok.split_turn_cached(&input, None, Some(&small)) {
+                Ok((t, _)) if &t == got => {}
+                Ok(_) => failures.push(format!("{id}: the evicting cache gives other tokens")),
+                Err(e) => failures.push(format!("{id}: the evicting cache: error {e}")),
+            }
+        }
+    }
     eprintln!(
-        "{golden} with {config}: {}/{total} cases match",
-        total - failures.len()
+        "{golden} with {config}: {}/{total} cases match; shared prefixes {:?}, evicting {:?}",
+        total - failures.len(),
+        large.stats(),
+        small.stats()
     );
+    let (large, small) = (large.stats(), small.stats());
+    assert!(
+        large.inserts > 0 && large.hits > 0,
+        "the shared cache was used: {large:?}"
+    );
+    assert!(small.evictions > 0, "the small cache evicted: {small:?}");
     assert!(total > 0, "{golden} has no cases");
     assert!(
         failures.is_empty(),

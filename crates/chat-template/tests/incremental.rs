@@ -1,13 +1,14 @@
 //! Incremental tokenization gives exactly the full encode: on multi-turn conversations with the
 //! mini model and (when the fixtures are there) the real Qwen3 tokenizer and both templates, and on
 //! random contents that try to break the split (special-token text inside messages, combining
-//! characters that NFC composes, think tags, tool messages).
+//! characters that NFC composes, think tags, tool messages). The same holds when sessions share
+//! their system prompt and tools through a [`SharedPrefixCache`], also while it evicts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use ps_chat_template::{ChatTokenizer, EncodedPrefix, TurnInput};
+use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
 use serde_json::{Value, json};
 
 fn qwen3() -> Vec<ChatTokenizer> {
@@ -126,6 +127,127 @@ fn a_long_conversation_reuses_every_prefix_and_equals_the_full_encode() {
     }
 }
 
+/// Plays `sessions` conversations one after the other, session `s` with the system prompt
+/// `systems[s % len]`, every turn through `shared` (and the session's own previous prompt), and
+/// checks each turn against the plain full split.
+fn check_shared_sessions(
+    tok: &ChatTokenizer,
+    shared: &SharedPrefixCache,
+    systems: &[String],
+    sessions: usize,
+    users: &[String],
+    answers: &[Value],
+    tools: Option<&Value>,
+) {
+    for s in 0..sessions {
+        let mut messages = vec![json!({"role": "system", "content": systems[s % systems.len()]})];
+        let mut prev: Option<EncodedPrefix> = None;
+        for (t, (user, answer)) in users.iter().zip(answers).enumerate() {
+            messages.push(json!({"role": "user", "content": format!("{user} (session {s})")}));
+            let input = TurnInput {
+                messages: &messages,
+                tools,
+                response_message: answer,
+                template_kwargs: None,
+            };
+            let full = tok.split_turn(&input).unwrap();
+            let (cached, next) = tok
+                .split_turn_cached(&input, prev.as_ref(), Some(shared))
+                .unwrap();
+            assert_eq!(cached, full, "session {s} turn {t} differs ({tok:?})");
+            // Without the session's own prefix (as after its expiry): the shared one alone.
+            let (alone, _) = tok.split_turn_cached(&input, None, Some(shared)).unwrap();
+            assert_eq!(
+                alone, full,
+                "session {s} turn {t} from the shared prefix alone"
+            );
+            prev = next;
+            messages.push(answer.clone());
+        }
+    }
+}
+
+fn long_system(variant: usize) -> String {
+    format!(
+        "You are agent number {variant}. {}",
+        "Read the code before changing it; run the tests; explain every step. ".repeat(8)
+    )
+}
+
+fn agent_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "search", "description": "Search the web.",
+         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}},
+        {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+    ])
+}
+
+#[test]
+fn sessions_with_one_system_prompt_encode_it_once_and_equal_the_full_encode() {
+    let users: Vec<String> = (0..4).map(|i| format!("Request {i}: go on.")).collect();
+    let tools = agent_tools();
+    let mut tokenizers = vec![ChatTokenizer::mini()];
+    tokenizers.extend(qwen3());
+    for tok in &tokenizers {
+        let shared = SharedPrefixCache::default();
+        check_shared_sessions(
+            tok,
+            &shared,
+            &[long_system(0)],
+            6,
+            &users,
+            &answers(users.len()),
+            Some(&tools),
+        );
+        let stats = shared.stats();
+        // The first session's first turn kept the prefix; every later lookup found it.
+        assert_eq!(stats.inserts, 1, "{stats:?} for {tok:?}");
+        assert_eq!(stats.entries, 1);
+        assert!(stats.hits >= 6 * 4 - 1, "{stats:?}");
+        assert_eq!(stats.misses, 1, "{stats:?}");
+    }
+}
+
+#[test]
+fn an_evicting_shared_cache_still_equals_the_full_encode() {
+    let users: Vec<String> = (0..3).map(|i| format!("Request {i}: go on.")).collect();
+    let tools = agent_tools();
+    let systems: Vec<String> = (0..3).map(long_system).collect();
+    let mut tokenizers = vec![ChatTokenizer::mini()];
+    tokenizers.extend(qwen3());
+    for tok in &tokenizers {
+        // Room for one system prompt and tools (with the mini model's long ids), not two.
+        let one = {
+            let probe = SharedPrefixCache::default();
+            check_shared_sessions(
+                tok,
+                &probe,
+                &systems[..1],
+                1,
+                &users[..1],
+                &answers(1),
+                Some(&tools),
+            );
+            probe.stats().bytes
+        };
+        let shared = SharedPrefixCache::new(one + one / 2);
+        check_shared_sessions(
+            tok,
+            &shared,
+            &systems,
+            9,
+            &users,
+            &answers(users.len()),
+            Some(&tools),
+        );
+        let stats = shared.stats();
+        assert!(stats.evictions >= 8, "{stats:?} for {tok:?}");
+        assert_eq!(stats.entries, 1);
+        assert!(stats.bytes <= stats.max_bytes);
+    }
+}
+
 fn content() -> impl Strategy<Value = String> {
     let pieces = prop::sample::select(vec![
         "hello",
@@ -173,6 +295,49 @@ proptest! {
         // The next text shares a prefix, then differs (as a re-rendered history can).
         let second = format!("<|im_start|>user\n{a}<|im_end|>\n<|im_start|>assistant\n{b}<|im_end|>\n<|im_start|>user\n{a}{b}<|im_end|>\n");
         let (ids2, _) = tok.encode_incremental(&second, prefix.as_ref()).unwrap();
+        prop_assert_eq!(ids2, tok.encode(&second).unwrap());
+    }
+}
+
+// Fewer cases: every case plays several sessions with both Qwen3 configs and the mini model.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_system_prompts_through_a_small_shared_cache_encode_exactly(
+        systems in prop::collection::vec(content(), 1..4),
+        users in prop::collection::vec(content(), 1..4),
+        replies in prop::collection::vec(content(), 4),
+        bound in 0usize..6_000,
+    ) {
+        // Long enough to be kept (the contents themselves try to break the boundaries).
+        let systems: Vec<String> = systems.iter().map(|s| format!("{s}{}", long_system(0))).collect();
+        let answers: Vec<Value> = replies.iter().map(|r| json!({"role": "assistant", "content": r})).collect();
+        let tools = agent_tools();
+        let mut tokenizers = vec![ChatTokenizer::mini()];
+        tokenizers.extend(qwen3());
+        for tok in &tokenizers {
+            let shared = SharedPrefixCache::new(bound);
+            check_shared_sessions(tok, &shared, &systems, 4, &users, &answers[..users.len()], Some(&tools));
+            let shared = SharedPrefixCache::new(bound);
+            check_shared_sessions(tok, &shared, &systems, 3, &users, &answers[..users.len()], None);
+        }
+    }
+
+    #[test]
+    fn encode_cached_equals_encode_after_any_shared_prefix(a in content(), b in content()) {
+        let tok = ChatTokenizer::mini();
+        let shared = SharedPrefixCache::default();
+        let system = format!("<|im_start|>system\n{a}{}<|im_end|>\n", long_system(1));
+        let first = format!("{system}<|im_start|>user\n{b}<|im_end|>\n<|im_start|>assistant\n");
+        let (ids, next) = tok.encode_cached(&first, None, Some(&shared)).unwrap();
+        prop_assert_eq!(&ids, &tok.encode(&first).unwrap());
+        // Keep the system part at its last boundary, as split_turn_cached does.
+        let next = next.unwrap();
+        let (end, n) = *next.boundaries.iter().rev().find(|(end, _)| *end <= system.len()).unwrap();
+        shared.insert(&first[..end], &next.ids[..n]);
+        let second = format!("{system}<|im_start|>user\n{a}{b}<|im_end|>\n");
+        let (ids2, _) = tok.encode_cached(&second, None, Some(&shared)).unwrap();
         prop_assert_eq!(ids2, tok.encode(&second).unwrap());
     }
 }

@@ -13,7 +13,9 @@
 //!   `<think>\n{reasoning}\n</think>\n\n{content}{eos}`, otherwise `{content}{eos}`, where the reasoning is
 //!   `The user said: "<first words>". …` and the content `<Opener> You said "<first words>" (turn N).`
 //!   (N = 1 + the number of assistant messages; "The tool returned" after a tool message). Non-ASCII
-//!   characters of the echoed text are dropped so the text tokenizes cleanly. The sampled ids are the
+//!   characters of the echoed text are dropped so the text tokenizes cleanly. A `[reply_words=N]`
+//!   directive in the last message lengthens the reasoning (the content when reasoning is off) by N
+//!   words of that message, for benchmarks that need long replies. The sampled ids are the
 //!   tokenizer's encoding of each part in turn (markers, whitespace, reasoning, content, eos).
 //! - **Tool calls** when `tools` is non-empty and `tool_choice` is `"required"` or names a function, or
 //!   (with `tool_choice` auto/absent) the *last message* is a user message containing `[call_tool]`.

@@ -231,6 +231,35 @@ fn snippet(words: &[String], n: usize) -> String {
     s
 }
 
+/// Largest `[reply_words=N]` honoured: a long reply, not an unbounded one.
+const MAX_REPLY_WORDS: usize = 4096;
+
+/// The `N` of a `[reply_words=N]` directive in `text`.
+fn reply_words(text: &str) -> Option<usize> {
+    let rest = &text[text.find("[reply_words=")? + "[reply_words=".len()..];
+    let n: usize = rest[..rest.find(']')?].trim().parse().ok()?;
+    Some(n.min(MAX_REPLY_WORDS))
+}
+
+/// ` w1 w2 … wn.`: `n` words of `words` (directives left out), cycled.
+fn elaborate(words: &[String], n: usize) -> String {
+    let pool: Vec<&str> = words
+        .iter()
+        .map(String::as_str)
+        .filter(|w| !w.starts_with('['))
+        .collect();
+    if pool.is_empty() || n == 0 {
+        return String::new();
+    }
+    let mut out = String::new();
+    for w in pool.iter().cycle().take(n) {
+        out.push(' ');
+        out.push_str(w);
+    }
+    out.push('.');
+    out
+}
+
 /// JSON with Python `json.dumps` spacing (`{"a": 1, "b": [1, 2]}`).
 pub(crate) fn py_json(v: &Value) -> String {
     match v {
@@ -434,6 +463,16 @@ pub(crate) fn sample_chat(
             snippet(&words, 8)
         ),
     };
+    // `[reply_words=N]` in the last message: the reasoning (the content without it) goes on for N
+    // more words of that message, so a benchmark gets replies of a chosen length.
+    let elaboration = reply_words(&last_text)
+        .map(|n| elaborate(&words, n))
+        .unwrap_or_default();
+    let reasoning = if reasoning_on {
+        format!("{reasoning}{elaboration}")
+    } else {
+        reasoning
+    };
     const OPENERS: [&str; 4] = ["Noted.", "Understood.", "Got it.", "Okay."];
     let opener = OPENERS[(seed % OPENERS.len() as u64) as usize];
     let content = format!(
@@ -445,6 +484,11 @@ pub(crate) fn sample_chat(
         },
         snippet(&words, 12)
     );
+    let content = if reasoning_on {
+        content
+    } else {
+        format!("{content}{elaboration}")
+    };
 
     let mut tokens = Vec::new();
     if reasoning_on {
@@ -637,6 +681,27 @@ mod tests {
             py_json(&v),
             r#"{"city": "Paris", "days": [1, 2], "x": {"a": null}}"#
         );
+    }
+
+    #[test]
+    fn reply_words_lengthen_the_reasoning() {
+        assert_eq!(reply_words("look here [reply_words=5] please"), Some(5));
+        assert_eq!(reply_words("[reply_words=99999]"), Some(MAX_REPLY_WORDS));
+        assert_eq!(reply_words("[reply_words=x]"), None);
+        assert_eq!(reply_words("nothing"), None);
+        let words = ascii_words("alpha beta [reply_words=5]");
+        assert_eq!(elaborate(&words, 5), " alpha beta alpha beta alpha.");
+        assert_eq!(elaborate(&words, 0), "");
+        let tok = ChatTokenizer::mini();
+        let ask = |text: &str| {
+            parse_chat(&json!({"messages": [{"role": "user", "content": text}]})).expect("valid")
+        };
+        let short = sample_chat(&tok, &ask("tell me more"), true).expect("sampled");
+        let long =
+            sample_chat(&tok, &ask("tell me more [reply_words=200]"), true).expect("sampled");
+        assert!(long.tokens.len() > short.tokens.len() + 200);
+        let reasoning = long.reasoning.expect("reasoning on");
+        assert!(reasoning.ends_with(" more tell me."), "{reasoning}");
     }
 
     #[test]

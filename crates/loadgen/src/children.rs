@@ -151,6 +151,9 @@ pub struct ProxyOptions {
     pub session_timeout_sec: Option<u64>,
     /// `store.retain_committed`; `None` keeps the default.
     pub retain_committed: Option<u64>,
+    /// `sglang.token_ids = "retokenize"`: capture re-tokenizes every turn instead of taking the
+    /// engine's ids (as for streamed answers and old SGLang builds).
+    pub retokenize: bool,
 }
 
 /// The proxy's settings for the benchmark: upstream = the fake, every turn main, warnings only, the
@@ -171,6 +174,11 @@ pub fn proxy_settings_toml(
         .retain_committed
         .map(|n| format!("retain_committed = {n}\n"))
         .unwrap_or_default();
+    let token_ids = if options.retokenize {
+        "token_ids = \"retokenize\"\n"
+    } else {
+        ""
+    };
     let (server_mode, prm) = if options.prm {
         (
             "mode = \"rl\"\n".to_owned(),
@@ -194,7 +202,7 @@ default_turn_type = "main"
 {server_mode}{session_timeout}
 [sglang]
 chat_url = "http://127.0.0.1:{fake_port}/v1/chat/completions"
-
+{token_ids}
 [prm]
 {prm}
 [logging]
@@ -343,6 +351,7 @@ mod tests {
         assert!(toml.contains("default_turn_type = \"main\""));
         assert!(toml.contains("[prm]\nenabled = false\n"));
         assert!(!toml.contains("session_timeout_sec") && !toml.contains("retain_committed"));
+        assert!(!toml.contains("token_ids"));
     }
 
     #[test]
@@ -352,8 +361,10 @@ mod tests {
             prm_max_concurrency: Some(192),
             session_timeout_sec: Some(2),
             retain_committed: Some(0),
+            retokenize: true,
         };
         let toml = proxy_settings_toml(4000, 5000, Path::new("/s"), &options);
+        assert!(toml.contains("/v1/chat/completions\"\ntoken_ids = \"retokenize\"\n"));
         assert!(toml.contains("[server]\n"));
         assert!(toml.contains("mode = \"rl\"\nsession_timeout_sec = 2\n"));
         assert!(toml.contains(

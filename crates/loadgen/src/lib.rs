@@ -16,6 +16,7 @@
 //! trainer ([`trainer`]) pulling and committing the samples, and follows the proxy's memory from a
 //! baseline to the end, once every session is flushed.
 
+pub mod agent;
 mod children;
 pub mod procfs;
 mod report;
@@ -173,6 +174,7 @@ impl Phase {
             session_prefix: format!("loadgen-{prefix}-{}", self.name),
             ramp,
             answered: Default::default(),
+            shape: workload::Shape::Chat,
         }
     }
 

@@ -308,7 +308,7 @@ impl Report {
 }
 
 /// A value with 3 decimals, or `-` when there is none.
-fn opt(v: Option<f64>) -> String {
+pub(crate) fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"))
 }
 

@@ -109,17 +109,17 @@ pub async fn run(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakReport
 }
 
 /// RSS readings of the proxy, taken when due.
-struct Sampler {
+pub(crate) struct Sampler {
     proc: Proc,
-    answered: Arc<AtomicUsize>,
+    pub(crate) answered: Arc<AtomicUsize>,
     started: Instant,
     every: Duration,
     due: Instant,
-    series: Vec<RssPoint>,
+    pub(crate) series: Vec<RssPoint>,
 }
 
 impl Sampler {
-    fn new(proc: Proc, answered: Arc<AtomicUsize>, every: Duration) -> Self {
+    pub(crate) fn new(proc: Proc, answered: Arc<AtomicUsize>, every: Duration) -> Self {
         let now = Instant::now();
         Self {
             proc,
@@ -132,7 +132,7 @@ impl Sampler {
     }
 
     /// Takes a reading if one is due; returns it.
-    fn sample(&mut self) -> Result<Option<RssPoint>, LoadgenError> {
+    pub(crate) fn sample(&mut self) -> Result<Option<RssPoint>, LoadgenError> {
         let now = Instant::now();
         if now < self.due {
             return Ok(None);
@@ -180,7 +180,7 @@ async fn rollout_status(client: &reqwest::Client, base_url: &str) -> Result<Valu
 
 /// Waits until the proxy holds no live session and no pending turn and the trainer has committed
 /// everything stored; samples RSS meanwhile when `sampler` is given. Returns the last status.
-async fn wait_flushed(
+pub(crate) async fn wait_flushed(
     rig: &mut Rig,
     mut sampler: Option<&mut Sampler>,
     deadline: Instant,
@@ -213,6 +213,7 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
             SessionClose::Timeout { secs } => Some(secs),
         },
         retain_committed: cfg.retain_committed,
+        retokenize: false,
     };
     let idle = cfg.concurrency.max(cfg.warmup_sessions) + WARMUP_SESSIONS;
     let mut rig = Rig::start(

@@ -2,6 +2,7 @@
 //! system prompt and a user message, appends the assistant's reply and a new user message, and sends
 //! the whole history again, once per turn. One phase runs `sessions` such conversations, at most
 //! `concurrency` at once; a session has a fixed number of turns, or a seeded pseudo-random one.
+//! [`Shape::Agent`] sessions are shaped like agent traffic instead (see [`crate::agent`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -139,8 +140,21 @@ pub struct PhaseSpec {
     /// that arrivals are spread rather than in lock-step (matters when the upstream has a latency).
     /// Later sessions start as soon as a slot frees.
     pub ramp: Duration,
-    /// Incremented by every answered turn, for observers while the phase runs.
+    /// Incremented by every answered main turn, for observers while the phase runs.
     pub answered: Arc<AtomicUsize>,
+    /// What a session's conversation looks like.
+    pub shape: Shape,
+}
+
+/// The kind of conversation a phase's sessions hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Shape {
+    /// The chat demo: a 1.6 kB system prompt, user messages and short replies, every request main.
+    #[default]
+    Chat,
+    /// Agent traffic ([`crate::agent`]): one long system prompt and ~20 tools shared by every
+    /// session, tool calls and tool results, long replies, side turns mixed in.
+    Agent,
 }
 
 /// One answered request.
@@ -154,6 +168,10 @@ pub struct Sample {
     pub upstream_ms: Option<f64>,
     pub request_bytes: usize,
     pub response_bytes: usize,
+    /// A main turn (side turns are forwarded but not captured).
+    pub main: bool,
+    /// The answer's `usage`: prompt and completion tokens (agent sessions only).
+    pub tokens: Option<(usize, usize)>,
 }
 
 /// Why one request failed (the session stops there: its history cannot continue).
@@ -201,7 +219,13 @@ pub async fn run_phase(client: &reqwest::Client, spec: &PhaseSpec, deadline: Ins
                     if i >= spec.sessions {
                         return done;
                     }
-                    done.push((i, session(client.clone(), spec.clone(), i, deadline).await));
+                    let run = match spec.shape {
+                        Shape::Chat => session(client.clone(), spec.clone(), i, deadline).await,
+                        Shape::Agent => {
+                            crate::agent::session(client.clone(), spec.clone(), i, deadline).await
+                        }
+                    };
+                    done.push((i, run));
                 }
             })
         })
@@ -215,7 +239,7 @@ pub async fn run_phase(client: &reqwest::Client, spec: &PhaseSpec, deadline: Ins
         match task.await {
             Ok(sessions) => {
                 for (i, s) in sessions {
-                    run.answered[i] = s.samples.len();
+                    run.answered[i] = s.samples.iter().filter(|s| s.main).count();
                     run.samples.extend(s.samples);
                     run.cut_by_deadline |= s.cut;
                     errors.extend(s.errors);
@@ -231,10 +255,10 @@ pub async fn run_phase(client: &reqwest::Client, spec: &PhaseSpec, deadline: Ins
     run
 }
 
-struct SessionRun {
-    samples: Vec<Sample>,
-    errors: Vec<String>,
-    cut: bool,
+pub(crate) struct SessionRun {
+    pub(crate) samples: Vec<Sample>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) cut: bool,
 }
 
 async fn session(
@@ -301,6 +325,25 @@ async fn one_turn(
     done: bool,
     body: Vec<u8>,
 ) -> Result<(Sample, Value), TurnError> {
+    let (sample, buf) = send(client, spec, session_id, true, done, body).await?;
+    let reply = if spec.stream {
+        reply_from_sse(&buf)?
+    } else {
+        reply_from_json(&buf)?
+    };
+    Ok((sample, reply))
+}
+
+/// Sends one request of a session (through the proxy: with its session id and turn type) and
+/// reads the whole answer; a non-success status is an error.
+pub(crate) async fn send(
+    client: &reqwest::Client,
+    spec: &PhaseSpec,
+    session_id: &str,
+    main: bool,
+    done: bool,
+    body: Vec<u8>,
+) -> Result<(Sample, Vec<u8>), TurnError> {
     let request_bytes = body.len();
     let mut req = client
         .post(&spec.url)
@@ -309,7 +352,7 @@ async fn one_turn(
     if spec.via_proxy {
         req = req
             .header("x-session-id", session_id)
-            .header("x-turn-type", "main");
+            .header("x-turn-type", if main { "main" } else { "side" });
         if done {
             // Closes the session, so its last turn is finished (and stored) now rather than at the
             // session timeout, inside the CPU accounting of the round.
@@ -337,11 +380,6 @@ async fn one_turn(
             body: String::from_utf8_lossy(&buf[..buf.len().min(300)]).into_owned(),
         });
     }
-    let reply = if spec.stream {
-        reply_from_sse(&buf)?
-    } else {
-        reply_from_json(&buf)?
-    };
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     Ok((
         Sample {
@@ -350,8 +388,10 @@ async fn one_turn(
             upstream_ms,
             request_bytes,
             response_bytes: buf.len(),
+            main,
+            tokens: None,
         },
-        reply,
+        buf,
     ))
 }
 

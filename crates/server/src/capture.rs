@@ -14,7 +14,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::modes::TokenIdsMode;
-use ps_chat_template::{ChatTemplateError, ChatTokenizer, EncodedPrefix, TurnInput};
+use ps_chat_template::{
+    ChatTemplateError, ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput,
+};
 use ps_core::{
     AlignPolicy, Alignment, CapturedTurn, PositionSource, RolloutResponse, TokenSource, TurnGuard,
     TurnSink, WeightVersion, align_logprobs,
@@ -150,8 +152,11 @@ struct CachedPrefix {
 /// entry goes when the client closes the session, or when it has not been used for the idle time
 /// (the session timeout: the session buffer has closed the session by then), so a finished
 /// conversation does not keep its prompt in memory; at most [`PREFIX_CACHE_SESSIONS`] are kept.
+/// A session's first turn reuses the system prompt and tools another session encoded
+/// (`shared`, bounded by bytes).
 pub struct PrefixCache {
     map: std::sync::Mutex<HashMap<String, CachedPrefix>>,
+    shared: SharedPrefixCache,
     /// Idle time before an entry is dropped, in ms.
     idle_ms: AtomicU64,
     /// When entries were last checked for idleness.
@@ -168,6 +173,7 @@ impl PrefixCache {
     pub fn new(idle: Duration) -> Self {
         let cache = Self {
             map: std::sync::Mutex::new(HashMap::new()),
+            shared: SharedPrefixCache::default(),
             idle_ms: AtomicU64::new(0),
             swept: std::sync::Mutex::new(Instant::now()),
         };
@@ -477,7 +483,8 @@ fn check_drift(
 ) -> Result<(), CaptureError> {
     let session_id = job.guard.session_id();
     let prev = cache.and_then(|c| c.get(session_id));
-    let (ours, next) = tok.split_turn_incremental(&turn_input(job), prev.as_deref())?;
+    let shared = cache.map(|c| &c.shared);
+    let (ours, next) = tok.split_turn_cached(&turn_input(job), prev.as_deref(), shared)?;
     if let (Some(cache), Some(next)) = (cache, next)
         && !job.session_done
     {
@@ -560,7 +567,7 @@ fn retokenized_turn(
 ) -> Result<CapturedTurn, CaptureError> {
     let session_id = job.guard.session_id();
     let prev = cache.and_then(|c| c.get(session_id));
-    let (tokens, next) = tok.split_turn_incremental(
+    let (tokens, next) = tok.split_turn_cached(
         &TurnInput {
             messages: &job.messages,
             tools: job.tools.as_ref(),
@@ -568,6 +575,7 @@ fn retokenized_turn(
             template_kwargs: job.template_kwargs.as_ref(),
         },
         prev.as_deref(),
+        cache.map(|c| &c.shared),
     )?;
     match (cache, next) {
         (Some(cache), _) if job.session_done => cache.forget(session_id),
