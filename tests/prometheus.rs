@@ -11,9 +11,9 @@ mod harness;
 
 use std::time::Duration;
 
+use harness::Demo;
 use ps_deploy::dashboard_queries;
 use ps_deploy::prometheus::Prometheus;
-use harness::Demo;
 
 /// Panels that must show series after the demo's conversation (the others may be empty: no
 /// provider, no teacher, no Redis in the RL demo).

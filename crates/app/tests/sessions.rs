@@ -654,7 +654,9 @@ async fn a_retry_after_an_error_event_mid_stream_is_not_a_fork() {
 #[tokio::test]
 async fn the_matcher_forgets_a_conversation_when_the_buffer_closes_its_session() {
     let (s, _dir) = fresh(|c| c.server.session_timeout_sec = 1).await;
-    let a = s.send(json!({"messages": [user("conv9 start")]}), &[]).await;
+    let a = s
+        .send(json!({"messages": [user("conv9 start")]}), &[])
+        .await;
     assert!(a.session.starts_with("inferred-"), "{}", a.session);
     assert_eq!(s.status().await["session_inference"]["live_sessions"], 1);
     // The buffer's sweeper closes the session once it has been idle for the timeout; bounded wait.
@@ -666,8 +668,14 @@ async fn the_matcher_forgets_a_conversation_when_the_buffer_closes_its_session()
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(inf["live_sessions"], 0, "the closed session is forgotten: {inf}");
+    assert_eq!(
+        inf["live_sessions"], 0,
+        "the closed session is forgotten: {inf}"
+    );
     assert_eq!(inf["answered_ends"], 0, "{inf}");
-    assert_eq!(inf["expired"], 0, "forgotten on the buffer's word, not by its own clock: {inf}");
+    assert_eq!(
+        inf["expired"], 0,
+        "forgotten on the buffer's word, not by its own clock: {inf}"
+    );
     s.stop().await;
 }

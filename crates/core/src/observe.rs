@@ -169,7 +169,10 @@ mod tests {
 
     #[test]
     fn observers_tell_each_of_them() {
-        let (a, b) = (std::sync::Arc::new(Count::default()), std::sync::Arc::new(Count::default()));
+        let (a, b) = (
+            std::sync::Arc::new(Count::default()),
+            std::sync::Arc::new(Count::default()),
+        );
         let all = Observers(vec![a.clone(), b.clone()]);
         all.observe(TurnEvent::SessionClosed {
             session: "s",

@@ -8,6 +8,8 @@
 //! Bounds: at most `max_sessions` sessions (the least recently active is forgotten first), at most
 //! `max_turns_per_session` requests per session (the oldest first), hints and failure details cut
 //! at [`MAX_TEXT_CHARS`] characters, a fixed ring of [`SERIES_BUCKETS`] time buckets.
+//!
+//! Over ~600 lines because of its unit tests (from line ~530), one per bound and event kind.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -40,6 +40,24 @@ use procfs::Proc;
 use stats::Summary;
 use workload::{PhaseRun, PhaseSpec, Turns};
 
+/// Runs one phase's conversations with the driver its shape calls for: chat-shaped sessions
+/// (`workload`) or agent-shaped ones (`agent`). Picked here, above both, so that neither module
+/// needs the other.
+pub(crate) async fn run_phase(
+    client: &reqwest::Client,
+    spec: &PhaseSpec,
+    deadline: Instant,
+) -> PhaseRun {
+    match spec.shape {
+        workload::Shape::Chat => {
+            workload::run_phase_with(client, spec, deadline, workload::session).await
+        }
+        workload::Shape::Agent => {
+            workload::run_phase_with(client, spec, deadline, agent::session).await
+        }
+    }
+}
+
 /// How long a child may take to answer `/health` (each loads the Qwen3 tokenizer: ~0.3 s here).
 pub const STARTUP_BOUND: Duration = Duration::from_secs(60);
 /// Poll period and bound of the wait for the proxy's CPU time to stop increasing.
@@ -304,7 +322,7 @@ pub(crate) async fn warm_up(
 ) -> Result<(), LoadgenError> {
     for phase in phases {
         let spec = phase.spec("warmup", sessions, turns, Duration::ZERO);
-        let run = workload::run_phase(client, &spec, deadline).await;
+        let run = crate::run_phase(client, &spec, deadline).await;
         if run.errors > 0 {
             return Err(LoadgenError::WarmUp {
                 phase: phase.name.to_owned(),
@@ -448,7 +466,7 @@ async fn measure_round(
     };
     let fake_before = procs.fake.cpu_ticks()?;
     let me_before = procs.me.cpu_ticks()?;
-    let run = workload::run_phase(client, spec, deadline).await;
+    let run = crate::run_phase(client, spec, deadline).await;
     into.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
     into.me_ticks += procs.me.cpu_ticks()?.saturating_sub(me_before);
     if let Some(before) = proxy_before {

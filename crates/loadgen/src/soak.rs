@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::procfs::Proc;
 use crate::report::{MemoryReport, RssPoint, SoakConfigReport, SoakReport};
 use crate::trainer::{Trainer, TrainerSpec};
-use crate::workload::{self, PhaseSpec, Turns};
+use crate::workload::{PhaseSpec, Turns};
 use crate::{
     IDLE_BOUND, IDLE_POLL, LoadgenError, Phase, ProxyOptions, Rig, WARMUP_SESSIONS, measure_round,
     phase_report, warm_up,
@@ -315,7 +315,7 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
     let fake_before = procs.fake.cpu_ticks()?;
     let me_before = procs.me.cpu_ticks()?;
     let client = rig.client.clone();
-    let work = workload::run_phase(&client, &spec, deadline);
+    let work = crate::run_phase(&client, &spec, deadline);
     tokio::pin!(work);
     let mut tick = tokio::time::interval(cfg.rss_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -203,8 +203,18 @@ pub struct PhaseRun {
 const KEPT_ERRORS: usize = 5;
 
 /// Runs `spec.sessions` conversations, `spec.concurrency` at a time, until all are done or
-/// `deadline` passes.
-pub async fn run_phase(client: &reqwest::Client, spec: &PhaseSpec, deadline: Instant) -> PhaseRun {
+/// `deadline` passes; `drive` runs one conversation (this module's [`session`] for chat-shaped
+/// phases; `crate::run_phase` picks by [`PhaseSpec::shape`]).
+pub(crate) async fn run_phase_with<F, Fut>(
+    client: &reqwest::Client,
+    spec: &PhaseSpec,
+    deadline: Instant,
+    drive: F,
+) -> PhaseRun
+where
+    F: Fn(reqwest::Client, Arc<PhaseSpec>, usize, Instant) -> Fut + Copy + Send + 'static,
+    Fut: std::future::Future<Output = SessionRun> + Send,
+{
     let spec = Arc::new(spec.clone());
     let started = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));
@@ -219,12 +229,7 @@ pub async fn run_phase(client: &reqwest::Client, spec: &PhaseSpec, deadline: Ins
                     if i >= spec.sessions {
                         return done;
                     }
-                    let run = match spec.shape {
-                        Shape::Chat => session(client.clone(), spec.clone(), i, deadline).await,
-                        Shape::Agent => {
-                            crate::agent::session(client.clone(), spec.clone(), i, deadline).await
-                        }
-                    };
+                    let run = drive(client.clone(), spec.clone(), i, deadline).await;
                     done.push((i, run));
                 }
             })
@@ -261,7 +266,7 @@ pub(crate) struct SessionRun {
     pub(crate) cut: bool,
 }
 
-async fn session(
+pub(crate) async fn session(
     client: reqwest::Client,
     spec: Arc<PhaseSpec>,
     index: usize,
