@@ -47,6 +47,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The workspace's root directory (these tests belong to `bins/policy-serving`).
+pub fn workspace_root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 /// The `policy-serving` executable cargo built for this test run.
 pub fn policy_serving() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_policy-serving"))

@@ -62,8 +62,7 @@ fn serve(config: &Path, dir: &Path, env: &[(&str, String)]) -> (KillOnDrop, Vec<
 }
 
 fn operators_config() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../crates/config/tests/fixtures/operators_config.toml");
+    let path = harness::workspace_root().join("crates/config/tests/fixtures/operators_config.toml");
     std::fs::read_to_string(path).unwrap()
 }
 

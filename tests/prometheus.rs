@@ -44,7 +44,7 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_shows_its_series() {
         return;
     };
     prom.wait_scraped(1, 3, Duration::from_secs(60)).unwrap();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = harness::workspace_root();
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("deploy/grafana/policy-serving.json")).unwrap(),
     )
