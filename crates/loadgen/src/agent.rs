@@ -687,17 +687,10 @@ pub(crate) async fn session(
         errors: Vec::new(),
         cut: false,
     };
-    let slots = spec.concurrency.clamp(1, spec.sessions.max(1));
-    let start = if index < slots {
-        spec.ramp.mul_f64(index as f64 / slots as f64)
-    } else {
-        Duration::ZERO
-    };
-    if Instant::now() + start >= deadline {
+    if !workload::ramp_start(&spec, index, deadline).await {
         out.cut = true;
         return out;
     }
-    tokio::time::sleep(start).await;
     let at_deadline = tokio::time::Instant::from_std(deadline);
     let mut last_is_tool = false;
     for turn in 0..turns {

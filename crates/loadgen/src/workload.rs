@@ -266,6 +266,23 @@ pub(crate) struct SessionRun {
     pub(crate) cut: bool,
 }
 
+/// Waits for session `index`'s start in the phase's ramp (the first `concurrency` sessions are
+/// spread over `spec.ramp`; later ones start when a slot frees). `false`: the start would fall
+/// after `deadline`, so the session is cut before its first request.
+pub(crate) async fn ramp_start(spec: &PhaseSpec, index: usize, deadline: Instant) -> bool {
+    let slots = spec.concurrency.clamp(1, spec.sessions.max(1));
+    let start = if index < slots {
+        spec.ramp.mul_f64(index as f64 / slots as f64)
+    } else {
+        Duration::ZERO
+    };
+    if Instant::now() + start >= deadline {
+        return false;
+    }
+    tokio::time::sleep(start).await;
+    true
+}
+
 pub(crate) async fn session(
     client: reqwest::Client,
     spec: Arc<PhaseSpec>,
@@ -283,17 +300,10 @@ pub(crate) async fn session(
         errors: Vec::new(),
         cut: false,
     };
-    let slots = spec.concurrency.clamp(1, spec.sessions.max(1));
-    let start = if index < slots {
-        spec.ramp.mul_f64(index as f64 / slots as f64)
-    } else {
-        Duration::ZERO
-    };
-    if Instant::now() + start >= deadline {
+    if !ramp_start(&spec, index, deadline).await {
         out.cut = true;
         return out;
     }
-    tokio::time::sleep(start).await;
     for turn in 0..turns {
         let body = request_body(&messages, spec.stream);
         let done = spec.done_header && turn + 1 == turns;
