@@ -42,29 +42,6 @@ async fn api(base: &str, path: &str) -> Value {
         .unwrap()
 }
 
-fn rgb(css: &str) -> (i64, i64, i64) {
-    let inner = css
-        .trim_start_matches("rgba(")
-        .trim_start_matches("rgb(")
-        .trim_end_matches(')');
-    let v: Vec<i64> = inner
-        .split(',')
-        .take(3)
-        .map(|x| x.trim().parse().unwrap())
-        .collect();
-    (v[0], v[1], v[2])
-}
-
-async fn colour(b: &Browser, i: usize) -> (i64, i64, i64) {
-    let v = b
-        .js(
-            "return getComputedStyle(document.querySelectorAll('#tokens .tok')[arguments[0]]).backgroundColor;",
-            vec![json!(i)],
-        )
-        .await;
-    rgb(v.as_str().unwrap())
-}
-
 async fn no_script_ran(b: &Browser) {
     assert_eq!(
         b.js("return typeof window.__pwned;", vec![]).await,
@@ -174,8 +151,8 @@ async fn the_demo_conversation_is_seen_session_by_session_and_token_by_token() {
         .filter_map(|i| lp(i).map(|v| (i, v)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap();
-    let (rh, gh, _) = colour(&b, hi).await;
-    let (rl, gl, _) = colour(&b, lo).await;
+    let (rh, gh, _) = b.token_colour(hi).await;
+    let (rl, gl, _) = b.token_colour(lo).await;
     assert!(
         gh - rh > gl - rl,
         "the likelier token is greener: {:?} vs {:?}",

@@ -192,6 +192,40 @@ impl Browser {
     }
 }
 
+impl Browser {
+    /// The background colour of the sample view's `i`-th token chip, as `(r, g, b)`.
+    pub async fn token_colour(&self, i: usize) -> (i64, i64, i64) {
+        let v = self
+            .js(
+                "return getComputedStyle(document.querySelectorAll('#tokens .tok')[arguments[0]]).backgroundColor;",
+                vec![json!(i)],
+            )
+            .await;
+        rgb(v
+            .as_str()
+            .unwrap_or_else(|| panic!("not a CSS colour: {v}")))
+    }
+}
+
+/// An `rgb(r, g, b)` or `rgba(r, g, b, a)` colour's channels; panics on anything else (a test
+/// helper: a colour that does not parse fails the test).
+pub fn rgb(css: &str) -> (i64, i64, i64) {
+    let inner = css
+        .trim_start_matches("rgba(")
+        .trim_start_matches("rgb(")
+        .trim_end_matches(')');
+    let v: Vec<i64> = inner
+        .split(',')
+        .take(3)
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("colour {css:?}: {e}"))
+        })
+        .collect();
+    (v[0], v[1], v[2])
+}
+
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();

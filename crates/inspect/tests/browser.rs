@@ -42,20 +42,6 @@ async fn admin_only(req: Request, next: Next) -> Response {
     }
 }
 
-/// An `rgb(r, g, b)` colour's channels.
-fn rgb(css: &str) -> (u32, u32, u32) {
-    let inner = css
-        .trim_start_matches("rgba(")
-        .trim_start_matches("rgb(")
-        .trim_end_matches(')');
-    let v: Vec<u32> = inner
-        .split(',')
-        .take(3)
-        .map(|x| x.trim().parse().unwrap())
-        .collect();
-    (v[0], v[1], v[2])
-}
-
 async fn no_script_ran(b: &Browser) {
     assert_eq!(
         b.js("return typeof window.__pwned;", vec![]).await,
@@ -148,21 +134,9 @@ async fn a_person_sees_sessions_turns_votes_hints_and_tokens() {
             "<|im_end|>"
         ]
     );
-    let colour = |i: usize| {
-        let b = &b;
-        async move {
-            let v = b
-                .js(
-                    "return getComputedStyle(document.querySelectorAll('#tokens .tok')[arguments[0]]).backgroundColor;",
-                    vec![json!(i)],
-                )
-                .await;
-            rgb(v.as_str().unwrap())
-        }
-    };
     // lp -0.01 (p ≈ 0.99) is green, lp -5 (p ≈ 0.007) is red.
-    let (r0, g0, _) = colour(0).await;
-    let (r2, g2, _) = colour(2).await;
+    let (r0, g0, _) = b.token_colour(0).await;
+    let (r2, g2, _) = b.token_colour(2).await;
     assert!(g0 > r0 + 40, "a likely token is green: {:?}", (r0, g0));
     assert!(r2 > g2 + 40, "an unlikely token is red: {:?}", (r2, g2));
     let class = |i: usize| {
@@ -208,7 +182,7 @@ async fn a_person_sees_sessions_turns_votes_hints_and_tokens() {
         .unwrap();
     mask.click().await.unwrap();
     b.wait_text("#legend", "not trained (0)").await;
-    let (r4, g4, b4) = colour(4).await;
+    let (r4, g4, b4) = b.token_colour(4).await;
     assert!(r4 == g4 && g4 == b4, "masked is grey: {:?}", (r4, g4, b4));
 
     // An OPD sample: advantage colouring by default, the hint, the teacher's top-K on hover.
@@ -216,8 +190,8 @@ async fn a_person_sees_sessions_turns_votes_hints_and_tokens() {
     b.wait_text("#legend", "teacher − rollout").await;
     let hint = b.wait_text("#sample-hint", "<img").await;
     assert_eq!(hint, support::HOSTILE);
-    let (ra, _, ba) = colour(0).await; // teacher -0.1 vs rollout -1.0: positive, blue
-    let (rb, _, bb) = colour(2).await; // teacher -4.0 vs rollout -2.0: negative, red
+    let (ra, _, ba) = b.token_colour(0).await; // teacher -0.1 vs rollout -1.0: positive, blue
+    let (rb, _, bb) = b.token_colour(2).await; // teacher -4.0 vs rollout -2.0: negative, red
     assert!(ba > ra && rb > bb, "{:?} {:?}", (ra, ba), (rb, bb));
     let chip = b.client.find(Locator::Css("#tokens .tok")).await.unwrap();
     chip.click().await.unwrap();
