@@ -97,6 +97,10 @@ struct Common {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also write the report's SVG plots (latency percentiles per phase; RSS over the run) into
+    /// this directory, e.g. `docs/img`.
+    #[arg(long, value_name = "DIR")]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +125,10 @@ struct BenchArgs {
     /// The whole run stops by itself after this many seconds.
     #[arg(long, default_value_t = 120)]
     max_seconds: u64,
+    /// Also run the proxied phase with this many inspection pages open (`proxy-page`: each polls
+    /// `/v1/inspect/*` as the page does, with an admin key), interleaved with the others.
+    #[arg(long, default_value_t = 0)]
+    open_pages: usize,
 }
 
 #[derive(Debug, Args)]
@@ -190,6 +198,19 @@ fn write_json(path: Option<&Path>, report: &impl serde::Serialize) -> anyhow::Re
     Ok(())
 }
 
+fn write_svg(
+    dir: Option<&Path>,
+    plots: impl FnOnce() -> Result<Vec<ps_loadgen::plot::Plot>, ps_loadgen::LoadgenError>,
+) -> anyhow::Result<()> {
+    let Some(dir) = dir else {
+        return Ok(());
+    };
+    for path in ps_loadgen::plot::write_all(dir, &plots()?)? {
+        eprintln!("loadgen: plot written to {}", path.display());
+    }
+    Ok(())
+}
+
 fn bench(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.sessions > 0 && args.turns > 0 && args.rounds > 0,
@@ -207,11 +228,13 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         fake_latency: Duration::from_millis(c.fake_latency_ms),
         ramp: Duration::from_millis(args.ramp_ms),
         max_duration: Duration::from_secs(args.max_seconds),
+        open_pages: args.open_pages,
     };
     let report = runtime()?.block_on(ps_loadgen::run(&config, |line| {
         eprintln!("loadgen: {line}")
     }))?;
     print!("{}", report.render());
+    write_svg(c.svg.as_deref(), || report.plots())?;
     write_json(c.json.as_deref(), &report)
 }
 
@@ -263,6 +286,7 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
     };
     let report = runtime()?.block_on(soak::run(&config, |line| eprintln!("loadgen: {line}")))?;
     print!("{}", report.render());
+    write_svg(c.svg.as_deref(), || report.plots())?;
     write_json(c.json.as_deref(), &report)
 }
 
@@ -301,6 +325,7 @@ fn agent(args: AgentArgs) -> anyhow::Result<()> {
     };
     let report = runtime()?.block_on(agent::run(&config, |line| eprintln!("loadgen: {line}")))?;
     print!("{}", report.render());
+    write_svg(c.svg.as_deref(), || report.plots())?;
     write_json(c.json.as_deref(), &report)
 }
 

@@ -28,9 +28,11 @@ use crate::report::{
     CpuPerRequest, Machine, MemoryReport, PhaseReport, ProxyReport, TargetCheck, opt,
 };
 use crate::soak::{JUDGE_SLOTS_PER_SESSION, Sampler, wait_flushed};
-use crate::trainer::{Coverage, Trainer, TrainerSpec, TrainerTally};
+use crate::trainer::{Coverage, TrainerTally};
 use crate::workload::{self, PhaseSpec, Sample, SessionRun, Shape, TurnError, Turns, splitmix64};
-use crate::{IDLE_BOUND, IDLE_POLL, LoadgenError, Phase, ProxyOptions, Rig, phase_report};
+use crate::{
+    IDLE_BOUND, IDLE_POLL, LoadgenError, Phase, ProxyOptions, Rig, TrainedRig, phase_report,
+};
 
 /// Defaults of the `agent` command (see `docs/benchmarks.md`).
 pub const DEFAULT_SESSIONS: usize = 64;
@@ -887,8 +889,17 @@ async fn run_to_end(
         session_timeout_sec: None,
         retain_committed: None,
         retokenize: cfg.retokenize,
+        admin_key: false,
+        sglang_max_concurrency: None,
     };
-    let mut rig = Rig::start(
+    let TrainedRig {
+        mut rig,
+        procs,
+        start_kib,
+        trainer,
+        mut direct,
+        mut proxy,
+    } = Rig::start(
         (&cfg.fake_bin, &cfg.proxy_bin),
         &cfg.model_dir,
         cfg.fake_latency,
@@ -897,20 +908,8 @@ async fn run_to_end(
         deadline,
         &progress,
     )
-    .await?;
-    let procs = rig.procs;
-    let start_kib = procs.proxy.rss_kib()?.0;
-    let (fake_url, proxy_url) = (rig.fake.base_url(), rig.proxy.base_url());
-    let trainer = Trainer::spawn(
-        rig.client.clone(),
-        TrainerSpec {
-            base_url: proxy_url.clone(),
-            page: cfg.trainer_page,
-            wait: cfg.trainer_wait,
-        },
-    );
-    let mut direct = Phase::new("direct", &fake_url, false, false);
-    let mut proxy = Phase::new("proxy", &proxy_url, true, false);
+    .await?
+    .with_trainer(cfg.trainer_page, cfg.trainer_wait)?;
 
     // Warm-up, both kinds, unmeasured (other seeds than the measured sessions).
     let warm_turns = Turns::Seeded {
@@ -1152,6 +1151,27 @@ impl AgentReport {
             proxy_process,
             targets,
         }
+    }
+
+    /// The SVG plots of the run: latency percentiles of both phases, the added latency and the
+    /// proxy's RSS over the run (`agent-<sessions>-<upstream>ms-{latency,added,rss}.svg`).
+    pub fn plots(&self) -> Result<Vec<crate::plot::Plot>, LoadgenError> {
+        let c = &self.config;
+        let stem = crate::plot::stem(&format!("agent-{}", c.sessions), c.fake_latency_ms);
+        let title = format!(
+            "agent, {} sessions, {:.0} ms upstream",
+            c.sessions, c.fake_latency_ms
+        );
+        let mut plots = crate::plot::phase_plots(&stem, &title, &[&self.direct, &self.proxy])?;
+        plots.push(crate::plot::Plot {
+            file: format!("{stem}-rss.svg"),
+            svg: crate::plot::rss(
+                &format!("{title}: proxy RSS"),
+                &self.memory.series,
+                Some(self.memory.baseline_kib),
+            )?,
+        });
+        Ok(plots)
     }
 
     /// The human-readable summary.

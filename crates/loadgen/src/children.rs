@@ -154,6 +154,12 @@ pub struct ProxyOptions {
     /// `sglang.token_ids = "retokenize"`: capture re-tokenizes every turn instead of taking the
     /// engine's ids (as for streamed answers and old SGLang builds).
     pub retokenize: bool,
+    /// An admin key ([`crate::page::ADMIN_KEY`], through `server.admin_key_env`), as the emulated
+    /// inspection pages send it.
+    pub admin_key: bool,
+    /// `sglang.max_concurrency` (upstream chat requests in flight; beyond it the proxy answers
+    /// 429); `None` keeps the default (256).
+    pub sglang_max_concurrency: Option<usize>,
 }
 
 /// The proxy's settings for the benchmark: upstream = the fake, every turn main, warnings only, the
@@ -179,6 +185,15 @@ pub fn proxy_settings_toml(
     } else {
         ""
     };
+    let upstream_cap = options
+        .sglang_max_concurrency
+        .map(|n| format!("max_concurrency = {n}\n"))
+        .unwrap_or_default();
+    let admin_key = if options.admin_key {
+        format!("admin_key_env = \"{}\"\n", crate::page::ADMIN_KEY_ENV)
+    } else {
+        String::new()
+    };
     let (server_mode, prm) = if options.prm {
         (
             "mode = \"rl\"\n".to_owned(),
@@ -199,10 +214,10 @@ pub fn proxy_settings_toml(
 host = "127.0.0.1"
 port = {proxy_port}
 default_turn_type = "main"
-{server_mode}{session_timeout}
+{server_mode}{session_timeout}{admin_key}
 [sglang]
 chat_url = "http://127.0.0.1:{fake_port}/v1/chat/completions"
-{token_ids}
+{token_ids}{upstream_cap}
 [prm]
 {prm}
 [logging]
@@ -330,6 +345,9 @@ pub fn spawn_proxy(
         .arg(model_dir)
         .arg("--port")
         .arg(port.to_string());
+    if options.admin_key {
+        cmd.env(crate::page::ADMIN_KEY_ENV, crate::page::ADMIN_KEY);
+    }
     spawn("policy-serving", cmd, port, dir.join("policy-serving.log"))
 }
 
@@ -352,6 +370,7 @@ mod tests {
         assert!(toml.contains("[prm]\nenabled = false\n"));
         assert!(!toml.contains("session_timeout_sec") && !toml.contains("retain_committed"));
         assert!(!toml.contains("token_ids"));
+        assert!(!toml.contains("admin_key") && !toml.contains("max_concurrency"));
     }
 
     #[test]
@@ -362,9 +381,16 @@ mod tests {
             session_timeout_sec: Some(2),
             retain_committed: Some(0),
             retokenize: true,
+            admin_key: true,
+            sglang_max_concurrency: Some(1024),
         };
         let toml = proxy_settings_toml(4000, 5000, Path::new("/s"), &options);
-        assert!(toml.contains("/v1/chat/completions\"\ntoken_ids = \"retokenize\"\n"));
+        assert!(
+            toml.contains("session_timeout_sec = 2\nadmin_key_env = \"PS_LOADGEN_ADMIN_KEY\"\n")
+        );
+        assert!(toml.contains(
+            "/v1/chat/completions\"\ntoken_ids = \"retokenize\"\nmax_concurrency = 1024\n"
+        ));
         assert!(toml.contains("[server]\n"));
         assert!(toml.contains("mode = \"rl\"\nsession_timeout_sec = 2\n"));
         assert!(toml.contains(

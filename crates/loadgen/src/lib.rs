@@ -18,6 +18,8 @@
 
 pub mod agent;
 mod children;
+pub mod page;
+pub mod plot;
 pub mod procfs;
 mod report;
 pub mod soak;
@@ -63,6 +65,9 @@ pub const STARTUP_BOUND: Duration = Duration::from_secs(60);
 /// Poll period and bound of the wait for the proxy's CPU time to stop increasing.
 pub const IDLE_POLL: Duration = Duration::from_millis(100);
 pub const IDLE_BOUND: Duration = Duration::from_secs(10);
+/// The proxy's default `sglang.max_concurrency`: with more sessions than this in flight the chat
+/// workload raises it to the sessions, or the proxy would answer the rest with 429.
+pub const PROXY_UPSTREAM_CAP: usize = 256;
 /// Warm-up: this many sessions (at most) of this many turns, per phase kind, not measured.
 pub const WARMUP_SESSIONS: usize = 8;
 pub const WARMUP_TURNS: usize = 2;
@@ -86,6 +91,9 @@ pub struct BenchConfig {
     pub ramp: Duration,
     /// The whole run stops by itself after this long.
     pub max_duration: Duration,
+    /// With more than 0: a `proxy-page` phase, the proxied one again with this many inspection
+    /// pages open (see [`page`]), interleaved with the others; the proxy gets an admin key.
+    pub open_pages: usize,
 }
 
 /// Why a run could not produce a report.
@@ -135,6 +143,8 @@ pub enum LoadgenError {
     },
     #[error("the proxy's {what}: {detail}")]
     Rollout { what: &'static str, detail: String },
+    #[error("cannot draw {what}: {detail}")]
+    Plot { what: &'static str, detail: String },
     #[error("the time bound (--max-seconds) passed while {0}")]
     TimeBound(&'static str),
 }
@@ -160,6 +170,9 @@ pub(crate) struct Phase {
     /// Longest wait for the proxy to go idle after a round.
     settle: Duration,
     rounds: usize,
+    /// Inspection pages open while each round runs (0: none), and what they did.
+    pages: usize,
+    page: page::PageTally,
 }
 
 impl Phase {
@@ -175,7 +188,14 @@ impl Phase {
             proxy_ticks: 0,
             settle: Duration::ZERO,
             rounds: 0,
+            pages: 0,
+            page: page::PageTally::default(),
         }
+    }
+
+    /// The same phase with `pages` inspection pages open while it runs (see [`page`]).
+    fn with_pages(self, pages: usize) -> Self {
+        Self { pages, ..self }
     }
 
     /// `sessions` sessions of `turns`, all at once, each closed by `X-Session-Done`.
@@ -284,6 +304,35 @@ impl Rig {
         })
     }
 
+    /// The start of a run with a trainer (the soak, the agent scenario): reads the proxy's RSS
+    /// right after its start, starts the trainer pulling `trainer_page` samples at a time (long
+    /// polls bounded by `trainer_wait`), and makes the `direct` and `proxy` phases.
+    pub(crate) fn with_trainer(
+        self,
+        trainer_page: usize,
+        trainer_wait: Duration,
+    ) -> Result<TrainedRig, LoadgenError> {
+        let procs = self.procs;
+        let start_kib = procs.proxy.rss_kib()?.0;
+        let (fake_url, proxy_url) = (self.fake.base_url(), self.proxy.base_url());
+        let trainer = trainer::Trainer::spawn(
+            self.client.clone(),
+            trainer::TrainerSpec {
+                base_url: proxy_url.clone(),
+                page: trainer_page,
+                wait: trainer_wait,
+            },
+        );
+        Ok(TrainedRig {
+            rig: self,
+            procs,
+            start_kib,
+            trainer,
+            direct: Phase::new("direct", &fake_url, false, false),
+            proxy: Phase::new("proxy", &proxy_url, true, false),
+        })
+    }
+
     /// An error when either child has exited.
     pub(crate) fn ensure_running(&mut self) -> Result<(), LoadgenError> {
         self.fake.ensure_running()?;
@@ -308,6 +357,19 @@ impl Rig {
             clock_ticks_per_second: self.ticks,
         }
     }
+}
+
+/// A started [`Rig`] with a trainer pulling from its proxy ([`Rig::with_trainer`]).
+pub(crate) struct TrainedRig {
+    pub rig: Rig,
+    pub procs: Procs,
+    /// The proxy's RSS right after its start, in KiB.
+    pub start_kib: u64,
+    pub trainer: trainer::Trainer,
+    /// Straight to the fake.
+    pub direct: Phase,
+    /// Through the proxy.
+    pub proxy: Phase,
 }
 
 /// Runs the unmeasured warm-up of each phase kind: `sessions` sessions of `turns`. Any error
@@ -370,18 +432,26 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
         (&cfg.fake_bin, &cfg.proxy_bin),
         &cfg.model_dir,
         cfg.fake_latency,
-        &ProxyOptions::default(),
-        cfg.sessions + WARMUP_SESSIONS,
+        &ProxyOptions {
+            admin_key: cfg.open_pages > 0,
+            sglang_max_concurrency: (cfg.sessions > PROXY_UPSTREAM_CAP).then_some(cfg.sessions),
+            ..ProxyOptions::default()
+        },
+        cfg.sessions + WARMUP_SESSIONS + cfg.open_pages * 4,
         deadline,
         &progress,
     )
     .await?;
 
+    let start_rss_kib = rig.procs.proxy.rss_kib()?.0;
     let (fake_url, proxy_url) = (rig.fake.base_url(), rig.proxy.base_url());
     let mut phases = vec![
         Phase::new("direct", &fake_url, false, false),
         Phase::new("proxy", &proxy_url, true, false),
     ];
+    if cfg.open_pages > 0 {
+        phases.push(Phase::new("proxy-page", &proxy_url, true, false).with_pages(cfg.open_pages));
+    }
     if cfg.stream {
         phases.push(Phase::new("direct-stream", &fake_url, false, true));
         phases.push(Phase::new("proxy-stream", &proxy_url, true, true));
@@ -438,6 +508,7 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
         ramp_ms: cfg.ramp.as_secs_f64() * 1e3,
         max_seconds: cfg.max_duration.as_secs_f64(),
         model_dir: cfg.model_dir.display().to_string(),
+        open_pages: cfg.open_pages,
     };
     let machine = rig.machine();
     let procs = rig.procs;
@@ -447,7 +518,13 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
         .filter(|p| p.rounds > 0)
         .map(|p| phase_report(p, &procs))
         .collect();
-    Ok(Report::new(machine, config, reports, proxy_report))
+    Ok(Report::new(
+        machine,
+        config,
+        reports,
+        proxy_report,
+        start_rss_kib,
+    ))
 }
 
 /// Runs one round of a phase and accounts CPU time: the proxy's from idle to idle (so its
@@ -466,7 +543,11 @@ async fn measure_round(
     };
     let fake_before = procs.fake.cpu_ticks()?;
     let me_before = procs.me.cpu_ticks()?;
+    let pages = (into.pages > 0).then(|| page::OpenPages::open(client, &into.base_url, into.pages));
     let run = crate::run_phase(client, spec, deadline).await;
+    if let Some(pages) = pages {
+        into.page.absorb(pages.close().await);
+    }
     into.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
     into.me_ticks += procs.me.cpu_ticks()?.saturating_sub(me_before);
     if let Some(before) = proxy_before {
@@ -528,5 +609,6 @@ pub(crate) fn phase_report(phase: Phase, procs: &Procs) -> PhaseReport {
             resolution: per_request(&procs.me, 1),
         },
         proxy_settle_s: phase.via_proxy.then_some(phase.settle.as_secs_f64()),
+        page: (phase.pages > 0).then(|| phase.page.report(phase.pages)),
     }
 }

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::LoadgenError;
 use crate::stats::Summary;
 
 /// Targets of `docs/benchmarks.md`.
@@ -35,6 +36,8 @@ pub struct Config {
     pub ramp_ms: f64,
     pub max_seconds: f64,
     pub model_dir: String,
+    /// Inspection pages open during the `proxy-page` phase (0: no such phase).
+    pub open_pages: usize,
 }
 
 /// CPU milliseconds per answered request, per process. `resolution` is one clock tick divided by
@@ -75,6 +78,9 @@ pub struct PhaseReport {
     pub cpu_ms_per_request: CpuPerRequest,
     /// How long the proxy's CPU time kept rising after the last answer (background capture).
     pub proxy_settle_s: Option<f64>,
+    /// The inspection pages open during the phase (`--open-pages`); absent when none were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page: Option<crate::page::PageReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -102,10 +108,60 @@ pub struct Report {
     pub config: Config,
     pub phases: Vec<PhaseReport>,
     pub proxy: ProxyReport,
+    /// The proxy's RSS right after it answered `/health`, before any request.
+    pub proxy_start_rss_kib: u64,
     /// Proxy throughput / direct throughput (non-streamed phases).
     pub throughput_ratio: Option<f64>,
+    /// The proxied phase with the inspection pages open against the same phase without them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_cost: Option<PageCost>,
     pub targets: Vec<TargetCheck>,
     pub notes: Vec<String>,
+}
+
+/// What open inspection pages cost the chat path: the `proxy` phase (no page) against the
+/// `proxy-page` phase (pages open) of the same run, rounds interleaved.
+#[derive(Debug, Clone, Serialize)]
+pub struct PageCost {
+    pub pages: usize,
+    /// Proxy CPU per chat request (idle to idle, so the page requests' own cost is included).
+    pub proxy_cpu_ms_without: Option<f64>,
+    pub proxy_cpu_ms_with: Option<f64>,
+    /// With over without.
+    pub proxy_cpu_ratio: Option<f64>,
+    /// Added latency of the chat requests, p50 and p99, without and with the pages.
+    pub added_p50_ms: (Option<f64>, Option<f64>),
+    pub added_p99_ms: (Option<f64>, Option<f64>),
+    /// The fake's CPU per request in both phases: the yardstick of the run's noise.
+    pub fake_cpu_ms: (Option<f64>, Option<f64>),
+}
+
+impl PageCost {
+    fn of(without: &PhaseReport, with: &PhaseReport) -> Option<Self> {
+        let page = with.page.as_ref()?;
+        let (a, b) = (
+            without.cpu_ms_per_request.proxy,
+            with.cpu_ms_per_request.proxy,
+        );
+        Some(Self {
+            pages: page.pages,
+            proxy_cpu_ms_without: a,
+            proxy_cpu_ms_with: b,
+            proxy_cpu_ratio: a.zip(b).filter(|(a, _)| *a > 0.0).map(|(a, b)| b / a),
+            added_p50_ms: (
+                without.added_ms.map(|s| s.p50),
+                with.added_ms.map(|s| s.p50),
+            ),
+            added_p99_ms: (
+                without.added_ms.map(|s| s.p99),
+                with.added_ms.map(|s| s.p99),
+            ),
+            fake_cpu_ms: (
+                without.cpu_ms_per_request.fake,
+                with.cpu_ms_per_request.fake,
+            ),
+        })
+    }
 }
 
 impl Report {
@@ -114,6 +170,7 @@ impl Report {
         config: Config,
         phases: Vec<PhaseReport>,
         proxy: ProxyReport,
+        proxy_start_rss_kib: u64,
     ) -> Self {
         let find = |name: &str| phases.iter().find(|p| p.name == name);
         let (direct, proxied) = (find("direct"), find("proxy"));
@@ -123,6 +180,9 @@ impl Report {
             }
             _ => None,
         };
+        let page_cost = proxied
+            .zip(find("proxy-page"))
+            .and_then(|(without, with)| PageCost::of(without, with));
         let added_p99 = proxied.and_then(|p| p.added_ms).map(|s| s.p99);
         let cpu = proxied.and_then(|p| p.cpu_ms_per_request.proxy);
         let check =
@@ -172,6 +232,14 @@ impl Report {
             if p.cut_by_deadline {
                 notes.push(format!("{}: cut short by --max-seconds", p.name));
             }
+            if let Some(page) = &p.page
+                && page.errors > 0
+            {
+                notes.push(format!(
+                    "{}: {} failed inspection-page requests, first: {:?}",
+                    p.name, page.errors, page.first_errors
+                ));
+            }
             if p.missing_server_timing > 0 {
                 notes.push(format!(
                     "{}: {} answers without `Server-Timing: upstream;dur=…` (is the proxy binary rebuilt?)",
@@ -203,10 +271,29 @@ impl Report {
             config,
             phases,
             proxy,
+            proxy_start_rss_kib,
             throughput_ratio,
+            page_cost,
             targets,
             notes,
         }
+    }
+
+    /// The SVG plots of the run: latency percentiles per phase and the proxied phases' added
+    /// latency (`chat-<sessions>x<turns>-<upstream>ms-{latency,added}.svg`).
+    pub fn plots(&self) -> Result<Vec<crate::plot::Plot>, LoadgenError> {
+        let c = &self.config;
+        let what = format!("chat-{}x{}", c.sessions, c.turns);
+        let title = format!(
+            "chat, {} sessions x {} turns, {:.0} ms upstream",
+            c.sessions, c.turns, c.fake_latency_ms
+        );
+        let phases: Vec<&PhaseReport> = self.phases.iter().collect();
+        crate::plot::phase_plots(
+            &crate::plot::stem(&what, c.fake_latency_ms),
+            &title,
+            &phases,
+        )
     }
 
     /// The human-readable table.
@@ -293,7 +380,8 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "proxy memory: RSS {:.1} MiB now, {:.1} MiB peak",
+            "proxy memory: RSS {:.1} MiB at start, {:.1} MiB now, {:.1} MiB peak",
+            mib(self.proxy_start_rss_kib),
             mib(self.proxy.rss_kib),
             mib(self.proxy.peak_rss_kib)
         );
@@ -302,6 +390,41 @@ impl Report {
             "throughput proxy/direct: {}",
             opt(self.throughput_ratio)
         );
+        for p in &self.phases {
+            if let Some(page) = &p.page {
+                let l = page.latency_ms;
+                let _ = writeln!(
+                    out,
+                    "{}: {} inspection page(s) open made {} requests (overview {}, sessions {}, timeline {}, sample {}), {} errors, latency p50 {} p99 {} ms",
+                    p.name,
+                    page.pages,
+                    page.requests,
+                    page.overview,
+                    page.sessions,
+                    page.timeline,
+                    page.sample,
+                    page.errors,
+                    opt(l.map(|s| s.p50)),
+                    opt(l.map(|s| s.p99)),
+                );
+            }
+        }
+        if let Some(c) = &self.page_cost {
+            let _ = writeln!(
+                out,
+                "inspection page on the chat path: proxy CPU per request {} ms without, {} ms with ({} x); \
+                 added p50 {} / {} ms, p99 {} / {} ms; fake CPU per request {} / {} ms",
+                opt(c.proxy_cpu_ms_without),
+                opt(c.proxy_cpu_ms_with),
+                opt(c.proxy_cpu_ratio),
+                opt(c.added_p50_ms.0),
+                opt(c.added_p50_ms.1),
+                opt(c.added_p99_ms.0),
+                opt(c.added_p99_ms.1),
+                opt(c.fake_cpu_ms.0),
+                opt(c.fake_cpu_ms.1),
+            );
+        }
         write_targets_and_notes(&mut out, &self.targets, &self.notes);
         out
     }
@@ -592,6 +715,25 @@ impl SoakReport {
             targets,
             notes,
         }
+    }
+
+    /// The SVG plots of the soak: latency percentiles of its phases, the added latency, and the
+    /// proxy's RSS over the soak against its baseline (`soak-<upstream>ms-{latency,added,rss}.svg`).
+    pub fn plots(&self) -> Result<Vec<crate::plot::Plot>, LoadgenError> {
+        let c = &self.config;
+        let stem = crate::plot::stem("soak", c.fake_latency_ms);
+        let title = format!("soak, {} sessions", c.sessions);
+        let phases: Vec<&PhaseReport> = self.direct.iter().chain([&self.proxy]).collect();
+        let mut plots = crate::plot::phase_plots(&stem, &title, &phases)?;
+        plots.push(crate::plot::Plot {
+            file: format!("{stem}-rss.svg"),
+            svg: crate::plot::rss(
+                &format!("{title}: proxy RSS over the soak"),
+                &self.memory.series,
+                Some(self.memory.baseline_kib),
+            )?,
+        });
+        Ok(plots)
     }
 
     /// The human-readable summary.

@@ -18,11 +18,10 @@ use serde_json::Value;
 
 use crate::procfs::Proc;
 use crate::report::{MemoryReport, RssPoint, SoakConfigReport, SoakReport};
-use crate::trainer::{Trainer, TrainerSpec};
 use crate::workload::{PhaseSpec, Turns};
 use crate::{
-    IDLE_BOUND, IDLE_POLL, LoadgenError, Phase, ProxyOptions, Rig, WARMUP_SESSIONS, measure_round,
-    phase_report, warm_up,
+    IDLE_BOUND, IDLE_POLL, LoadgenError, ProxyOptions, Rig, TrainedRig, WARMUP_SESSIONS,
+    measure_round, phase_report, warm_up,
 };
 
 /// Defaults of the `soak` command (see `docs/benchmarks.md`).
@@ -214,9 +213,18 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         },
         retain_committed: cfg.retain_committed,
         retokenize: false,
+        admin_key: false,
+        sglang_max_concurrency: None,
     };
     let idle = cfg.concurrency.max(cfg.warmup_sessions) + WARMUP_SESSIONS;
-    let mut rig = Rig::start(
+    let TrainedRig {
+        mut rig,
+        procs,
+        start_kib,
+        trainer,
+        mut direct,
+        mut proxy,
+    } = Rig::start(
         (&cfg.fake_bin, &cfg.proxy_bin),
         &cfg.model_dir,
         cfg.fake_latency,
@@ -225,21 +233,8 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         deadline,
         &progress,
     )
-    .await?;
-    let procs = rig.procs;
-    let start_kib = procs.proxy.rss_kib()?.0;
-    let (fake_url, proxy_url) = (rig.fake.base_url(), rig.proxy.base_url());
-    let trainer = Trainer::spawn(
-        rig.client.clone(),
-        TrainerSpec {
-            base_url: proxy_url.clone(),
-            page: cfg.trainer_page,
-            wait: cfg.trainer_wait,
-        },
-    );
-
-    let mut direct = Phase::new("direct", &fake_url, false, false);
-    let mut proxy = Phase::new("proxy", &proxy_url, true, false);
+    .await?
+    .with_trainer(cfg.trainer_page, cfg.trainer_wait)?;
     let turns = cfg.turns();
     if cfg.warmup_sessions > 0 {
         // Other seeds than the soak's, so the warm-up is not a replay of its first sessions.
