@@ -20,13 +20,15 @@ lint:
     python3 scripts/module_cycles.py
 
 # The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang (the chat workload,
-# then the agent scenario with a 0 ms and a 200 ms upstream), then the store, the pull API and OPD
-# end to end. Extra arguments go to the load generator's chat workload.
+# its proxied phase also with the inspection page open; 1,000 concurrent sessions with a 200 ms
+# upstream; the agent scenario with a 0 ms and a 200 ms upstream), then the store, the pull API
+# and OPD end to end. Their plots go to docs/img. Extra arguments go to the chat workload.
 bench *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
-    cargo run --release -p loadgen -- --stream --rounds 5 {{ARGS}}
-    cargo run --release -p loadgen -- agent --json target/bench-agent.json
-    cargo run --release -p loadgen -- agent --fake-latency-ms 200 --ramp-ms 200 --json target/bench-agent-200ms.json
+    cargo run --release -p loadgen -- --stream --rounds 5 --open-pages 1 --svg docs/img {{ARGS}}
+    cargo run --release -p loadgen -- --sessions 1000 --fake-latency-ms 200 --ramp-ms 2000 --max-seconds 300 --json target/bench-1000.json --svg docs/img
+    cargo run --release -p loadgen -- agent --json target/bench-agent.json --svg docs/img
+    cargo run --release -p loadgen -- agent --fake-latency-ms 200 --ramp-ms 200 --json target/bench-agent-200ms.json --svg docs/img
     cargo bench -p ps-sample-store --bench store
     cargo bench -p ps-app --bench pull
     cargo bench -p ps-app --bench opd
@@ -34,11 +36,11 @@ bench *ARGS:
     cargo bench -p ps-server --bench session_infer
 
 # The soak (docs/benchmarks.md, "Soak"): 10,000 sessions of 5-20 turns through the proxy in RL mode,
-# a trainer pulling the samples, the proxy's memory over the run. Extra arguments go to
-# `loadgen soak` (`just soak --sessions 50` is a quick check).
+# a trainer pulling the samples, the proxy's memory over the run (plotted into docs/img). Extra
+# arguments go to `loadgen soak` (`just soak --sessions 50` is a quick check).
 soak *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
-    cargo run --release -p loadgen -- soak --json target/soak.json {{ARGS}}
+    cargo run --release -p loadgen -- soak --json target/soak.json --svg docs/img {{ARGS}}
 
 # The agent scenario alone (docs/benchmarks.md, "The agent scenario"): 64 sessions of 10-30 turns
 # with a shared system prompt and tools, RL mode, a trainer. Extra arguments go to `loadgen agent`
