@@ -7,11 +7,13 @@
 //! Long because it is the one catalogue of hostile input: one test per endpoint and kind of bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ps_config::{Settings, TurnType};
+use common::{accounted, pending};
 use ps_fake_sglang::{FakeHandle, FakeSglang};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,17 +33,10 @@ impl Server {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let fake = FakeSglang::builder().spawn().await.unwrap();
-        let mut s = Settings::default();
-        s.server.port = 0;
-        s.server.default_turn_type = TurnType::Main;
+        let mut s = common::settings(&fake, &dir.path().join("store"));
         s.server.max_body_bytes = MAX_BODY;
-        s.sglang.chat_url = fake.chat_url();
-        s.prm.router_url = fake.generate_url();
-        s.prm.timeout_sec = 5;
-        s.store.path = dir.path().join("store");
         s.logging.record_dir = Some(dir.path().join("records"));
-        let env = |_: &str| None;
-        let running = ps_app::spawn(&s, &env, None).await.unwrap();
+        let running = common::spawn(&s, &common::no_env).await;
         let addr = running.addr();
         Self {
             url: running.url().to_owned(),
@@ -132,27 +127,6 @@ impl Server {
         }
         panic!("{n} samples were not submitted: {}", self.status().await);
     }
-}
-
-/// Turns waiting somewhere in the pipeline.
-fn pending(st: &Value) -> u64 {
-    [
-        "waiting_capture",
-        "waiting_next_state",
-        "scoring",
-        "waiting_order",
-    ]
-    .iter()
-    .map(|k| st["pending"][k].as_u64().unwrap())
-    .sum()
-}
-
-/// Main turns that reached an end: submitted as samples (kept or excluded), abandoned, dropped.
-fn accounted(st: &Value) -> u64 {
-    st["samples"]["submitted"].as_u64().unwrap()
-        + st["samples"]["dropped"].as_u64().unwrap()
-        + st["turns_abandoned"].as_u64().unwrap()
-        + st["turns_dropped"].as_u64().unwrap()
 }
 
 /// Asserts an error in the OpenAI shape `{"error": {"message", "type", "code"}}`; returns the code.

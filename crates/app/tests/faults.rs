@@ -5,10 +5,13 @@
 //! main request ends as a sample, an abandoned turn or a dropped turn, and nothing stays pending.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
+use common::{accounted, pending};
 use futures::StreamExt;
-use ps_config::{Settings, TurnType};
+use ps_config::Settings;
 use ps_fake_sglang::{FakeHandle, FakeSglang, Fault};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,8 +24,7 @@ struct Server {
 
 impl Server {
     async fn start(settings: Settings, dir: tempfile::TempDir) -> Self {
-        let env = |_: &str| None;
-        let running = ps_app::spawn(&settings, &env, None).await.unwrap();
+        let running = common::spawn(&settings, &common::no_env).await;
         let url = running.url().to_owned();
         Self {
             url,
@@ -36,12 +38,7 @@ impl Server {
     }
 
     async fn status(&self) -> Value {
-        reqwest::get(format!("{}/v1/rollout/status", self.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        common::status(&self.url).await
     }
 
     /// Waits until no turn is pending and `expected` main turns are accounted for; returns the
@@ -60,37 +57,13 @@ impl Server {
     }
 }
 
-fn pending(st: &Value) -> u64 {
-    [
-        "waiting_capture",
-        "waiting_next_state",
-        "scoring",
-        "waiting_order",
-    ]
-    .iter()
-    .map(|k| st["pending"][k].as_u64().unwrap())
-    .sum()
-}
-
-/// Main turns that reached an end: submitted as samples (kept or excluded), abandoned, dropped.
-fn accounted(st: &Value) -> u64 {
-    st["samples"]["submitted"].as_u64().unwrap()
-        + st["samples"]["dropped"].as_u64().unwrap()
-        + st["turns_abandoned"].as_u64().unwrap()
-        + st["turns_dropped"].as_u64().unwrap()
-}
-
 fn settings(policy: &FakeHandle, judge: &FakeHandle, dir: &std::path::Path) -> Settings {
-    let mut s = Settings::default();
-    s.server.port = 0;
-    s.server.default_turn_type = TurnType::Main;
-    s.sglang.chat_url = policy.chat_url();
+    let mut s = common::settings(policy, &dir.join("store"));
     // Short enough to time out a few requests, long enough for a loaded CI machine.
     s.sglang.timeout_sec = 2;
     s.sglang.connect_timeout_sec = 1;
     s.prm.router_url = judge.generate_url();
     s.prm.timeout_sec = 1;
-    s.store.path = dir.join("store");
     s.logging.record_dir = Some(dir.join("records"));
     s
 }

@@ -3,35 +3,19 @@
 //! and a sample stays inspectable by seq after a restart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
-use ps_config::{Settings, TurnType};
-use ps_fake_sglang::{FakeHandle, FakeSglang};
+use common::{ADMIN_VAR, CLIENT_VAR, settings};
+use ps_config::Settings;
+use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
 
-const ADMIN_VAR: &str = "TEST_ADMIN_KEY";
-const CLIENT_VAR: &str = "TEST_CLIENT_KEY";
 const HOSTILE: &str = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>";
 
-fn settings(fake: &FakeHandle, store: &Path) -> Settings {
-    let mut s = Settings::default();
-    s.server.port = 0;
-    s.server.default_turn_type = TurnType::Main;
-    s.sglang.chat_url = fake.chat_url();
-    s.prm.router_url = fake.generate_url();
-    s.prm.timeout_sec = 5;
-    s.store.path = store.to_path_buf();
-    s
-}
-
 async fn start(settings: &Settings) -> ps_app::Running {
-    let env = |name: &str| match name {
-        ADMIN_VAR => Some("admin-secret".to_owned()),
-        CLIENT_VAR => Some("client-secret".to_owned()),
-        _ => None,
-    };
-    ps_app::spawn(settings, &env, None).await.unwrap()
+    common::spawn(settings, &common::keys_env).await
 }
 
 async fn get(url: &str, key: Option<&str>) -> reqwest::Response {

@@ -1,46 +1,32 @@
 //! OPD and Combine through the real server: hint votes and teacher log-probs from the fake SGLang.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
-use ps_config::{Mode, Settings, TurnType};
+use common::{Server, user};
+use ps_config::{Mode, Settings};
 use ps_fake_sglang::{FakeHandle, FakeSglang, Fault, teacher_logprob};
 use serde_json::{Value, json};
 
-struct Server {
-    url: String,
-    running: Option<ps_app::Running>,
-}
-
 fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
-    let mut s = Settings::default();
-    s.server.port = 0;
+    let mut s = common::settings(fake, &store.join("store"));
+    // These tests keep the judge's default bound.
+    s.prm.timeout_sec = Settings::default().prm.timeout_sec;
     s.server.mode = mode;
-    s.server.default_turn_type = TurnType::Main;
-    s.sglang.chat_url = fake.chat_url();
-    s.prm.router_url = fake.generate_url();
     s.teacher.url = Some(fake.generate_url());
     s.teacher.timeout_sec = 5;
-    s.store.path = store.join("store");
     s.logging.opd_record_dir = Some(store.join("opd"));
     s
 }
 
 async fn start(settings: &Settings) -> Server {
-    let running = ps_app::spawn(settings, &|_| None, None).await.unwrap();
-    let url = running.url().to_owned();
-    Server {
-        url,
-        running: Some(running),
-    }
+    Server::start(settings, &common::no_env).await
 }
 
 impl Server {
-    async fn stop(mut self) {
-        self.running.take().unwrap().stop().await.unwrap();
-    }
-
     async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
         reqwest::Client::new()
             .post(format!("{}/v1/chat/completions", self.url))
@@ -54,45 +40,6 @@ impl Server {
             .await
             .unwrap()
     }
-
-    async fn status(&self) -> Value {
-        reqwest::get(format!("{}/v1/rollout/status", self.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    /// Waits until every turn is resolved (submitted or dropped), then pulls every sample.
-    async fn settle(&self, turns: u64) -> Vec<Value> {
-        for _ in 0..400 {
-            let st = self.status().await;
-            let done = st["samples"]["submitted"].as_u64().unwrap()
-                + st["turns_dropped"].as_u64().unwrap();
-            if done >= turns {
-                let v: Value =
-                    reqwest::get(format!("{}/v1/rollout/samples?after=0&max=100", self.url))
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
-                return v["samples"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| s["sample"].clone())
-                    .collect();
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("turns did not settle: {}", self.status().await);
-    }
-}
-
-fn user(t: &str) -> Value {
-    json!({"role": "user", "content": t})
 }
 
 /// Turn 1, then turn 2 carrying `next` as turn 1's next state; turn 2 ends the session.

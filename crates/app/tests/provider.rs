@@ -3,35 +3,27 @@
 //! fake SGLang).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
-use ps_config::{Mode, PrmBackend, Settings, TurnType};
+use common::{Server, sorted_votes, user};
+use ps_config::{Mode, PrmBackend, Settings};
 use ps_fake_sglang::{FakeHandle, FakeProvider, FakeProviderHandle, FakeSglang};
 use serde_json::{Value, json};
 
 const KEY_VAR: &str = "TEST_PROVIDER_KEY";
 const KEY: &str = "sk-provider-test-93d1";
 
-struct Server {
-    url: String,
-    running: Option<ps_app::Running>,
-}
-
 fn settings(fake: &FakeHandle, provider: &FakeProviderHandle, dir: &Path) -> Settings {
-    let mut s = Settings::default();
-    s.server.port = 0;
-    s.server.default_turn_type = TurnType::Main;
-    s.sglang.chat_url = fake.chat_url();
-    s.prm.router_url = fake.generate_url();
+    let mut s = common::settings(fake, &dir.join("store"));
     s.prm.backend = PrmBackend::Provider;
-    s.prm.timeout_sec = 5;
     s.provider.base_url = Some(format!("{}/v1/", provider.base_url()));
     s.provider.api_key_env = Some(KEY_VAR.into());
     s.provider.prm_model = Some("judge-model".into());
     s.provider.timeout_sec = 5;
     s.provider.max_retries = 0;
-    s.store.path = dir.join("store");
     s.logging.prm_record_dir = Some(dir.join("prm"));
     s
 }
@@ -39,19 +31,10 @@ fn settings(fake: &FakeHandle, provider: &FakeProviderHandle, dir: &Path) -> Set
 async fn start(settings: &Settings, key: &str) -> Server {
     let key = key.to_owned();
     let env = move |name: &str| (name == KEY_VAR).then(|| key.clone());
-    let running = ps_app::spawn(settings, &env, None).await.unwrap();
-    let url = running.url().to_owned();
-    Server {
-        url,
-        running: Some(running),
-    }
+    Server::start(settings, &env).await
 }
 
 impl Server {
-    async fn stop(mut self) {
-        self.running.take().unwrap().stop().await.unwrap();
-    }
-
     async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
         let r = reqwest::Client::new()
             .post(format!("{}/v1/chat/completions", self.url))
@@ -64,45 +47,6 @@ impl Server {
         assert_eq!(r.status(), 200);
         r.json().await.unwrap()
     }
-
-    async fn status(&self) -> Value {
-        reqwest::get(format!("{}/v1/rollout/status", self.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    /// Waits until `turns` turns are resolved (submitted or dropped), then pulls every sample.
-    async fn settle(&self, turns: u64) -> Vec<Value> {
-        for _ in 0..400 {
-            let st = self.status().await;
-            let done = st["samples"]["submitted"].as_u64().unwrap()
-                + st["turns_dropped"].as_u64().unwrap_or(0);
-            if done >= turns {
-                let v: Value =
-                    reqwest::get(format!("{}/v1/rollout/samples?after=0&max=100", self.url))
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
-                return v["samples"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| s["sample"].clone())
-                    .collect();
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("turns did not settle: {}", self.status().await);
-    }
-}
-
-fn user(t: &str) -> Value {
-    json!({"role": "user", "content": t})
 }
 
 /// Turn 1, then turn 2 carrying `next` as turn 1's next state; turn 2 ends the session.
@@ -116,17 +60,6 @@ async fn two_turns(s: &Server, session: &str, next: &str) {
         user(next)
     ]);
     s.chat(session, history, true).await;
-}
-
-fn sorted_votes(v: &Value) -> Vec<i64> {
-    let mut votes: Vec<i64> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_i64().unwrap())
-        .collect();
-    votes.sort_unstable();
-    votes
 }
 
 /// The JSONL records under `dir`, waiting for them to be written.

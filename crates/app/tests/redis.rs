@@ -3,10 +3,12 @@
 //! Redis outage that the chat path never notices, and Redis unreachable at start.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ps_config::{Settings, StoreKind, TurnType};
+use ps_config::{Settings, StoreKind};
 use ps_fake_sglang::{FakeHandle, FakeSglang};
 use ps_redis_store::testing::{RedisServer, TestRedis};
 use serde_json::{Value, json};
@@ -24,14 +26,9 @@ fn settings(
     replica: &str,
 ) -> (Settings, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = Settings::default();
-    s.server.port = 0;
-    s.server.default_turn_type = TurnType::Main;
-    s.sglang.chat_url = fake.chat_url();
-    s.prm.router_url = fake.generate_url();
-    s.prm.timeout_sec = 5;
-    // Unused by the Redis store; a fresh directory keeps the embedded default out of the way.
-    s.store.path = dir.path().to_path_buf();
+    // The store path is unused by the Redis store; a fresh directory keeps the embedded default
+    // out of the way.
+    let mut s = common::settings(fake, dir.path());
     s.store.kind = StoreKind::Redis;
     s.store.redis.url = redis_url.to_owned();
     s.store.redis.deployment = deployment.into();
@@ -43,7 +40,7 @@ fn settings(
 
 async fn start(fake: &FakeHandle, redis_url: &str, deployment: &str, replica: &str) -> Replica {
     let (settings, dir) = settings(fake, redis_url, deployment, replica);
-    let running = ps_app::spawn(&settings, &|_| None, None).await.unwrap();
+    let running = common::spawn(&settings, &common::no_env).await;
     let url = running.url().to_owned();
     Replica {
         url,

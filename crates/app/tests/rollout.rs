@@ -5,10 +5,13 @@
 //! own end-to-end case over the same harness.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
-use ps_config::{PauseMode, Settings, TurnType};
+use common::{ADMIN_VAR, CLIENT_VAR, settings, sorted_votes, user};
+use ps_config::{PauseMode, Settings};
 use ps_fake_sglang::{FakeHandle, FakeSglang, Fault};
 use serde_json::{Value, json};
 
@@ -18,27 +21,8 @@ struct Server {
     running: Option<ps_app::Running>,
 }
 
-fn settings(fake: &FakeHandle, store: &Path) -> Settings {
-    let mut s = Settings::default();
-    s.server.port = 0;
-    s.server.default_turn_type = TurnType::Main;
-    s.sglang.chat_url = fake.chat_url();
-    s.prm.router_url = fake.generate_url();
-    s.prm.timeout_sec = 5;
-    s.store.path = store.to_path_buf();
-    s
-}
-
-const ADMIN_VAR: &str = "TEST_ADMIN_KEY";
-const CLIENT_VAR: &str = "TEST_CLIENT_KEY";
-
 async fn start(settings: Settings, fake: FakeHandle) -> Server {
-    let env = |name: &str| match name {
-        ADMIN_VAR => Some("admin-secret".to_owned()),
-        CLIENT_VAR => Some("client-secret".to_owned()),
-        _ => None,
-    };
-    let running = ps_app::spawn(&settings, &env, None).await.unwrap();
+    let running = common::spawn(&settings, &common::keys_env).await;
     let url = running.url().to_owned();
     Server {
         url,
@@ -126,22 +110,6 @@ impl Server {
         assert_eq!(r.status(), 200);
         r.json().await.unwrap()
     }
-}
-
-/// Votes run in parallel, so which scripted answer each got depends on arrival order.
-fn sorted_votes(v: &Value) -> Vec<i64> {
-    let mut votes: Vec<i64> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_i64().unwrap())
-        .collect();
-    votes.sort_unstable();
-    votes
-}
-
-fn user(text: &str) -> Value {
-    json!({"role": "user", "content": text})
 }
 
 /// Runs a two-turn conversation whose second request carries `next_state` and closes the session.

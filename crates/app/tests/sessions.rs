@@ -5,11 +5,13 @@
 //! own case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
 use std::time::Duration;
 
-use ps_config::{SessionInference, Settings, SideTurnRule, TurnType};
+use common::{settings, user};
+use ps_config::{SessionInference, Settings, SideTurnRule};
 use ps_fake_sglang::{FakeHandle, FakeSglang, Fault};
 use serde_json::{Value, json};
 
@@ -20,20 +22,8 @@ struct Server {
     http: reqwest::Client,
 }
 
-fn settings(fake: &FakeHandle, store: &Path) -> Settings {
-    let mut s = Settings::default();
-    s.server.port = 0;
-    s.server.default_turn_type = TurnType::Main;
-    s.sglang.chat_url = fake.chat_url();
-    s.prm.router_url = fake.generate_url();
-    s.prm.timeout_sec = 5;
-    s.store.path = store.to_path_buf();
-    s
-}
-
 async fn start(settings: Settings, fake: FakeHandle) -> Server {
-    let env = |_: &str| None;
-    let running = ps_app::spawn(&settings, &env, None).await.unwrap();
+    let running = common::spawn(&settings, &common::no_env).await;
     Server {
         url: running.url().to_owned(),
         fake,
@@ -175,10 +165,6 @@ fn assemble_sse(text: &str) -> Value {
         m["reasoning_content"] = json!(reasoning);
     }
     m
-}
-
-fn user(text: &str) -> Value {
-    json!({"role": "user", "content": text})
 }
 
 fn system(text: &str) -> Value {
