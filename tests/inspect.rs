@@ -3,6 +3,10 @@
 //! headless chromium (through chromedriver) opens each view and checks what a person sees.
 //! Skipped without chromium unless `POLICY_SERVING_REQUIRE_BROWSER=1` (CI).
 //!
+//! A second test starts `policy-serving serve` with an admin key (in front of the in-process fake
+//! SGLang): the page asks for the key, a wrong one keeps the data hidden with a message saying so,
+//! and the right one shows the session.
+//!
 //! With `POLICY_SERVING_SCREENSHOTS=DIR` it also writes `inspect-overview.png`,
 //! `inspect-timeline.png` and `inspect-sample.png` there (`just screenshots`: `docs/img`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,7 +16,7 @@ mod harness;
 
 use std::time::Duration;
 
-use harness::Demo;
+use harness::{Demo, KillOnDrop, free_port};
 use ps_inspect::testing::Browser;
 use serde_json::{Value, json};
 
@@ -192,5 +196,135 @@ async fn the_demo_conversation_is_seen_session_by_session_and_token_by_token() {
         .await;
     assert!(prompt.as_str().unwrap().contains(HOSTILE), "{prompt}");
     no_script_ran(&b).await;
+    b.close().await;
+}
+
+const ADMIN_KEY: &str = "admin-key-3e9d51c7";
+const GUARDED_SESSION: &str = "guarded-session-1";
+
+/// `policy-serving serve` with `server.admin_key_env`, in front of an in-process fake SGLang; a
+/// two-turn session served through it. Returns the server, its base URL and the fake.
+async fn serve_with_admin_key(
+    dir: &std::path::Path,
+) -> (KillOnDrop, String, ps_fake_sglang::FakeHandle) {
+    let fake = ps_fake_sglang::FakeSglang::builder().spawn().await.unwrap();
+    let port = free_port();
+    let config = dir.join("settings.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nport = {port}\ndefault_turn_type = \"main\"\nadmin_key_env = \"T_ADMIN_KEY\"\n\
+             [sglang]\nchat_url = \"{}\"\n[prm]\nrouter_url = \"{}\"\n[store]\npath = \"{}\"\n\
+             [logging]\nlevel = \"warn\"\n",
+            fake.chat_url(),
+            fake.generate_url(),
+            dir.join("store").display()
+        ),
+    )
+    .unwrap();
+    let server = KillOnDrop(
+        std::process::Command::new(harness::policy_serving())
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("T_ADMIN_KEY", ADMIN_KEY)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    // A generous bound on the start, only so that a server that never listens fails clearly.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while http.get(format!("{base}/health")).send().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never answered /health"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let user = |t: &str| json!({"role": "user", "content": t});
+    chat(
+        &base,
+        GUARDED_SESSION,
+        json!([user("Plan a trip. FAKE_VOTES=1")]),
+        false,
+    )
+    .await;
+    let second = json!([user("Plan a trip. FAKE_VOTES=1"), {"role": "assistant", "content": "ok"}, user("thanks FAKE_VOTES=1")]);
+    chat(&base, GUARDED_SESSION, second, true).await;
+    (server, base, fake)
+}
+
+#[tokio::test]
+async fn the_real_binary_asks_for_its_admin_key_and_shows_nothing_without_it() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, base, _fake) = serve_with_admin_key(dir.path()).await;
+    let http = reqwest::Client::new();
+    let timeline = format!("{base}/v1/inspect/sessions/{GUARDED_SESSION}");
+    // The API itself: refused without the key and with a wrong one, open with the right one.
+    let status = |key: Option<&'static str>| {
+        let mut req = http.get(&timeline);
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status(None).await, 401);
+    assert_eq!(status(Some("wrong-key")).await, 401);
+    assert_eq!(status(Some(ADMIN_KEY)).await, 200);
+
+    // The page asks for the key before it shows anything.
+    b.goto(&format!("{base}/ui/#/sessions")).await;
+    b.wait_visible("#key-form").await;
+    b.wait_text("#key-form", "admin key").await;
+    let hidden = || async {
+        b.js(
+            "return [document.getElementById('view').hidden, document.body.innerText.includes(arguments[0])];",
+            vec![json!(GUARDED_SESSION)],
+        )
+        .await
+    };
+    assert_eq!(
+        hidden().await,
+        json!([true, false]),
+        "nothing shown before the key"
+    );
+
+    // A wrong key: refused, said so, still nothing shown, and the prompt is back.
+    b.submit_key("wrong-key").await;
+    b.wait_text("#key-message", "That key was refused").await;
+    b.wait_visible("#key-input").await;
+    assert_eq!(
+        hidden().await,
+        json!([true, false]),
+        "nothing shown with a wrong key"
+    );
+
+    // The right key: the session list shows the session, and its timeline its two turns.
+    b.submit_key(ADMIN_KEY).await;
+    b.wait_text("#sessions", GUARDED_SESSION).await;
+    b.goto(&format!("{base}/ui/#/session/{GUARDED_SESSION}"))
+        .await;
+    b.wait_text("#session-id", GUARDED_SESSION).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let turns = b.texts("#timeline tr.turn").await;
+        if turns.len() == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the timeline shows {turns:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let form_hidden = b
+        .js("return document.getElementById('key-form').hidden;", vec![])
+        .await;
+    assert_eq!(form_hidden, json!(true));
     b.close().await;
 }

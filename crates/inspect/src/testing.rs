@@ -176,6 +176,22 @@ impl Browser {
         }
     }
 
+    /// Types `key` into the page's admin-key prompt (waiting for it to show) and submits it.
+    pub async fn submit_key(&self, key: &str) {
+        let input = self.wait_visible("#key-input").await;
+        input
+            .send_keys(key)
+            .await
+            .unwrap_or_else(|e| panic!("typing the admin key: {e}"));
+        self.client
+            .find(Locator::Css("#key-form button"))
+            .await
+            .unwrap_or_else(|e| panic!("the admin-key form's button: {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("submitting the admin key: {e}"));
+    }
+
     /// A PNG of the window.
     pub async fn screenshot(&self) -> Vec<u8> {
         self.client

@@ -235,25 +235,9 @@ async fn the_admin_key_is_asked_once_and_kept_for_the_tab() {
     let base = serve(app).await;
     b.goto(&format!("{base}/ui/")).await;
     b.wait_visible("#key-form").await;
-    let input = b.wait_visible("#key-input").await;
-    input.send_keys("wrong").await.unwrap();
-    b.client
-        .find(Locator::Css("#key-form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.submit_key("wrong").await;
     b.wait_text("#key-message", "That key was refused").await;
-    let input = b.wait_visible("#key-input").await;
-    input.send_keys("sekret").await.unwrap();
-    b.client
-        .find(Locator::Css("#key-form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.submit_key("sekret").await;
     b.wait_text("#card-requests", "6 requests").await;
     // Another view and a reload: no second prompt.
     b.goto(&format!("{base}/ui/#/session/alpha")).await;
