@@ -6,7 +6,8 @@
 //! ports (killed by a guard however the run ends), then runs the same workload of concurrent
 //! multi-turn conversations twice: straight to the fake (phase A, the baseline) and through the
 //! proxy with `X-Session-Id` / `X-Turn-Type: main` (phase B), optionally both again streamed
-//! (phase C). From the client's latencies, the proxy's `Server-Timing: upstream;dur=…` header and
+//! (phase C); with `open_pages`, phase B again with emulated inspection pages polling the proxy
+//! ([`page`]). From the client's latencies, the proxy's `Server-Timing: upstream;dur=…` header and
 //! `/proc/<pid>` it derives the proxy's added latency, CPU time per request (background capture
 //! included) and memory, and checks them against the targets of `docs/benchmarks.md` (reported,
 //! never asserted). It talks to 127.0.0.1 only and depends on no crate of the product: what it
@@ -14,7 +15,7 @@
 //!
 //! [`soak`] uses the same children, workload and readings for a long bounded run in RL mode, with a
 //! trainer ([`trainer`]) pulling and committing the samples, and follows the proxy's memory from a
-//! baseline to the end, once every session is flushed.
+//! baseline to the end, once every session is flushed. [`plot`] draws every report as SVG.
 
 pub mod agent;
 mod children;
