@@ -10,13 +10,15 @@
 //! message normalisation.
 //!
 //! Just over 600 lines: the whole `ChatTokenizer` API (loading, rendering, encoding, the
-//! prompt/response split) stays in one place; the Python emulation, JSONL and the shared prefix
-//! cache are modules of their own.
+//! prompt/response split) stays in one place; the Python emulation, JSONL, the shared prefix
+//! cache and the encoding of a text from an encoded one that differs in its middle (`splice.rs`:
+//! the OPD teacher's hinted prompt from the turn's prompt) are modules of their own.
 
 mod error;
 mod jsonl;
 mod prefix_cache;
 mod pyjson;
+mod splice;
 mod strftime;
 mod template;
 
@@ -59,6 +61,8 @@ pub struct ChatTokenizer {
     /// stripping, not word-bound): then a text can be encoded piecewise at their boundaries.
     /// `None` disables [`ChatTokenizer::encode_incremental`]'s reuse.
     split_tokens: Option<std::collections::HashMap<u32, String>>,
+    /// What [`ChatTokenizer::encode_around`] needs to know of the added tokens (`splice.rs`).
+    splice: splice::AddedTokenFacts,
 }
 
 impl fmt::Debug for ChatTokenizer {
@@ -222,6 +226,7 @@ impl ChatTokenizer {
                         .collect()
                 })
         };
+        let splice = splice::AddedTokenFacts::of(&tokenizer);
         Ok(Self {
             tokenizer,
             templates,
@@ -230,6 +235,7 @@ impl ChatTokenizer {
             eos_token_id,
             clean_up_tokenization_spaces: cfg.clean_up_tokenization_spaces,
             split_tokens,
+            splice,
         })
     }
 
@@ -337,7 +343,7 @@ impl ChatTokenizer {
                 }
             }
         };
-        let boundaries = added_token_boundaries(text, &ids, added);
+        let boundaries = added_token_boundaries(text, &ids, added, self.splice.min_id);
         Ok((
             ids.clone(),
             Some(EncodedPrefix {
@@ -552,10 +558,15 @@ fn added_token_boundaries(
     text: &str,
     ids: &[u32],
     added: &std::collections::HashMap<u32, String>,
+    min_added_id: u32,
 ) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut cursor = 0;
     for (i, id) in ids.iter().enumerate() {
+        // Most ids are ordinary tokens below every added one: no lookup for them.
+        if *id < min_added_id {
+            continue;
+        }
         let Some(content) = added.get(id).filter(|c| !c.is_empty()) else {
             continue;
         };

@@ -1,7 +1,7 @@
 //! Hint injection: the teacher sees the turn's prompt with the chosen hint appended to the last user
 //! message, followed by the policy's response verbatim (`docs/upstream-protocols.md` section 6).
 
-use ps_chat_template::{ChatTemplateError, ChatTokenizer};
+use ps_chat_template::{ChatTemplateError, ChatTokenizer, EncodedPrefix};
 use ps_core::message::{flatten_content, normalize_messages};
 use serde_json::{Map, Value, json};
 
@@ -59,6 +59,47 @@ pub fn teacher_input_text(
     let mut text = tok.render(&enhanced, tools, true, template_kwargs)?;
     text.push_str(response_text);
     Ok(text)
+}
+
+/// What follows the hinted prompt in the teacher's input.
+#[derive(Debug, Clone, Copy)]
+pub enum TeacherResponse<'a> {
+    /// A re-tokenized turn's response: its rendered text with exactly its own ids
+    /// ([`ChatTokenizer::encoded_from`]); the text is appended to the hinted prompt and the whole
+    /// is tokenized as one text.
+    Text(&'a EncodedPrefix),
+    /// The engine's own response ids, scored as they are after the hinted prompt's ids.
+    EngineIds(&'a [u32]),
+}
+
+/// The ids of the teacher's input for one turn, exactly those of a full encode of
+/// [`teacher_input_text`] (with the response's text; for [`TeacherResponse::EngineIds`], without
+/// it and followed by those ids), but encoding only what the hint changes: `prompt` is the turn's
+/// own prompt (`messages` rendered with the generation prompt) with exactly its own ids, and
+/// everything before the hinted message and after it is taken from there
+/// ([`ChatTokenizer::encode_around`]); a re-tokenized response is joined at its first added token
+/// ([`ChatTokenizer::encode_concat`]).
+///
+/// Rendering is CPU-bound: async callers run this on the blocking pool.
+pub fn teacher_input_ids(
+    tok: &ChatTokenizer,
+    messages: &[Value],
+    tools: Option<&Value>,
+    hint: &str,
+    response: TeacherResponse<'_>,
+    template_kwargs: Option<&Map<String, Value>>,
+    prompt: &EncodedPrefix,
+) -> Result<Vec<u32>, ChatTemplateError> {
+    let hinted = teacher_input_text(tok, messages, tools, hint, "", template_kwargs)?;
+    let hinted = tok.encode_around(&hinted, prompt)?;
+    match response {
+        TeacherResponse::Text(response) => tok.encode_concat(&hinted, response),
+        TeacherResponse::EngineIds(ids) => {
+            let mut out = hinted.ids;
+            out.extend_from_slice(ids);
+            Ok(out)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //!
 //! This crate owns that contract (`docs/upstream-protocols.md` section 6): the hint prompt
 //! ([`hint_messages`], in our own words), vote parsing ([`parse_hint_vote`]), best-hint selection
-//! ([`select_best_hint`]), hint injection ([`append_hint`], [`teacher_input_text`]) and the voting
+//! ([`select_best_hint`]), hint injection ([`append_hint`], [`teacher_input_text`], and
+//! [`teacher_input_ids`], which encodes only what the hint changes in the turn's encoded prompt) and the voting
 //! seam ([`HintJudge`], implemented by [`HintScorer`]). It reuses the PRM client's transport seam
 //! ([`ps_prm_client::JudgeBackend`], with its SGLang `/generate` implementation) and boxed-score
 //! parsing, and depends otherwise only on `ps-core` and `ps-chat-template`. It must not depend on the
@@ -19,7 +20,9 @@ mod scorer;
 
 use serde::{Deserialize, Serialize};
 
-pub use inject::{HINT_MARKER, append_hint, teacher_input_text};
+pub use inject::{
+    HINT_MARKER, TeacherResponse, append_hint, teacher_input_ids, teacher_input_text,
+};
 pub use parse::{parse_hint_vote, select_best_hint};
 pub use prompt::hint_messages;
 pub use ps_prm_client::{JudgeBackend, JudgeInput};

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ps_chat_template::SharedPrefixCache;
 use ps_core::metric_names as m;
 use ps_core::{CapturedTurn, TeacherOutcome, TurnEvent};
 use ps_prm_client::{PrmScore, TurnScorer};
@@ -27,6 +28,8 @@ pub(crate) struct Judges {
     pub scorer: Option<Arc<dyn TurnScorer>>,
     pub opd: Option<OpdParts>,
     pub records: Option<Arc<dyn RecordSink>>,
+    /// System prompts and tools the teacher path encoded, shared by all sessions (OPD/Combine).
+    teacher_prefixes: Arc<SharedPrefixCache>,
     /// Turns waiting for or in judging now (bounded by `config.max_judge_backlog`).
     judging: AtomicUsize,
 }
@@ -52,6 +55,9 @@ impl Judges {
             scorer,
             opd,
             records,
+            teacher_prefixes: Arc::new(SharedPrefixCache::new(
+                ps_chat_template::DEFAULT_SHARED_PREFIX_BYTES,
+            )),
             judging: AtomicUsize::new(0),
         }
     }
@@ -109,6 +115,7 @@ impl Judges {
             turn_no,
             turn,
             next,
+            ..
         } = job;
         let judged = match &next {
             Some(state) => self.eval(&turn, state, stats).await,
@@ -136,6 +143,7 @@ impl Judges {
             options: self.config.opd,
             records: self.records.as_deref(),
             observer: &stats.observer,
+            shared_prefixes: &self.teacher_prefixes,
         };
         let turn = &job.turn;
         let verdict = judging

@@ -14,12 +14,12 @@
 //! log-probs; otherwise nothing. So every sample of a batch carries the teacher fields.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use ps_chat_template::ChatTokenizer;
-use ps_core::CapturedTurn;
+use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
 use ps_core::sample::Sample;
-use ps_opd_judge::{HintJudge, HintOutcome};
+use ps_core::{CapturedTurn, TokenSource};
+use ps_opd_judge::{HintJudge, HintOutcome, TeacherResponse};
 use ps_prm_client::PrmScore;
 use ps_teacher_client::{TeacherLogprobs, TeacherScorer};
 use serde_json::{Value, json};
@@ -51,6 +51,34 @@ impl std::fmt::Debug for OpdParts {
     }
 }
 
+/// A session's latest prompt as the teacher path encoded it, with exactly its own ids: an
+/// engine-id turn's prompt ids are the engine's, which may differ from our encoding of its text
+/// (the drift check), so the teacher path encodes the prompt text itself, starting from this
+/// (only what the conversation added since is encoded), and keeps the result here for the next
+/// turn. Shared by the session and its turns being judged; it goes when they do. Costs, per
+/// session that had an engine-id turn taught, its latest prompt: the text (~4 bytes per token), 4
+/// bytes per id and 16 per added token (a 20,000-token agent prompt: ~165 kB); nothing per turn.
+#[derive(Clone, Default)]
+pub(crate) struct SessionPrompt(Arc<Mutex<Option<Arc<EncodedPrefix>>>>);
+
+impl SessionPrompt {
+    fn get(&self) -> Option<Arc<EncodedPrefix>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, prompt: Arc<EncodedPrefix>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(prompt);
+    }
+}
+
+/// Where the teacher path finds what is already encoded: the session's latest prompt, and the
+/// system prompts and tools of all sessions.
+#[derive(Clone, Copy)]
+pub(crate) struct EncodedSoFar<'a> {
+    pub session: &'a SessionPrompt,
+    pub shared: &'a Arc<SharedPrefixCache>,
+}
+
 /// Why a teacher signal could not be used.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct TeacherFailure {
@@ -58,53 +86,30 @@ pub(crate) struct TeacherFailure {
     pub detail: String,
 }
 
-/// Renders the hinted prompt + original response, tokenizes it once, asks the teacher for the last
-/// `T` positions and checks that the teacher scored our very response tokens.
+/// Renders the hinted prompt + original response, tokenizes it (only what the hint changes: the
+/// rest is the turn's encoded prompt), asks the teacher for the last `T` positions and checks that
+/// the teacher scored our very response tokens.
 pub(crate) async fn teacher_signal(
     parts: &OpdParts,
     turn: &CapturedTurn,
     hint: &str,
     top_k: usize,
+    encoded: EncodedSoFar<'_>,
 ) -> Result<TeacherLogprobs, TeacherFailure> {
-    // A turn with the engine's own ids is scored on exactly those response ids, after the hinted
-    // prompt; a re-tokenized turn's response text is appended and the whole text tokenized once.
-    let engine_response =
-        (turn.token_source == ps_core::TokenSource::Engine).then(|| turn.response_ids.clone());
-    let (tok, messages, tools, kwargs, response_text, hint_owned) = (
-        parts.tokenizer.clone(),
-        turn.messages.clone(),
-        turn.tools.clone(),
-        turn.template_kwargs.clone(),
-        turn.response_text.clone(),
-        hint.to_owned(),
-    );
+    let tok = parts.tokenizer.clone();
+    let input = TeacherTurn::of(turn, hint);
+    let (session, shared) = (encoded.session.clone(), encoded.shared.clone());
     // Rendering and tokenizing are blocking work: off the executor.
-    let ids = tokio::task::spawn_blocking(move || {
-        let text = ps_opd_judge::teacher_input_text(
-            &tok,
-            &messages,
-            tools.as_ref(),
-            &hint_owned,
-            if engine_response.is_some() {
-                ""
-            } else {
-                &response_text
-            },
-            kwargs.as_ref(),
-        )?;
-        let mut ids = tok.encode(&text)?;
-        ids.extend(engine_response.unwrap_or_default());
-        Ok::<_, ps_chat_template::ChatTemplateError>(ids)
-    })
-    .await
-    .map_err(|e| TeacherFailure {
-        reason: "teacher_error",
-        detail: format!("rendering the teacher prompt panicked: {e}"),
-    })?
-    .map_err(|e| TeacherFailure {
-        reason: "teacher_error",
-        detail: format!("rendering the teacher prompt failed: {e}"),
-    })?;
+    let ids = tokio::task::spawn_blocking(move || input.input_ids(&tok, &session, &shared))
+        .await
+        .map_err(|e| TeacherFailure {
+            reason: "teacher_error",
+            detail: format!("rendering the teacher prompt panicked: {e}"),
+        })?
+        .map_err(|e| TeacherFailure {
+            reason: "teacher_error",
+            detail: format!("rendering the teacher prompt failed: {e}"),
+        })?;
     let t = turn.response_ids.len();
     let _permit = match &parts.teacher_permits {
         Some(s) => Some(
@@ -136,6 +141,108 @@ pub(crate) async fn teacher_signal(
         });
     }
     Ok(signal)
+}
+
+/// What the teacher's input is made from, owned for the blocking pool.
+struct TeacherTurn {
+    hint: String,
+    messages: Vec<serde_json::Value>,
+    tools: Option<serde_json::Value>,
+    template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    prompt_text: String,
+    prompt_ids: Vec<u32>,
+    response: Response,
+}
+
+/// The response the teacher scores.
+enum Response {
+    /// An engine-id turn's: the engine's own ids, scored as they are.
+    Engine(Vec<u32>),
+    /// A re-tokenized turn's: its text and exactly its ids.
+    Text(String, Vec<u32>),
+}
+
+impl TeacherTurn {
+    fn of(turn: &CapturedTurn, hint: &str) -> Self {
+        let engine = turn.token_source == TokenSource::Engine;
+        Self {
+            hint: hint.to_owned(),
+            messages: turn.messages.clone(),
+            tools: turn.tools.clone(),
+            template_kwargs: turn.template_kwargs.clone(),
+            prompt_text: turn.prompt_text.clone(),
+            // An engine-id turn's prompt ids are not reused (see `SessionPrompt`).
+            prompt_ids: if engine {
+                Vec::new()
+            } else {
+                turn.prompt_ids.clone()
+            },
+            response: if engine {
+                Response::Engine(turn.response_ids.clone())
+            } else {
+                Response::Text(turn.response_text.clone(), turn.response_ids.clone())
+            },
+        }
+    }
+
+    /// The teacher's input ids: exactly a full encode of the hinted prompt + response text (an
+    /// engine-id turn: of the hinted prompt, then the engine's response ids), encoding only the
+    /// hinted message and what the turn's encoded prompt does not already hold.
+    fn input_ids(
+        self,
+        tok: &ChatTokenizer,
+        session: &SessionPrompt,
+        shared: &SharedPrefixCache,
+    ) -> Result<Vec<u32>, ps_chat_template::ChatTemplateError> {
+        let Self {
+            hint,
+            messages,
+            tools,
+            template_kwargs,
+            prompt_text,
+            prompt_ids,
+            response,
+        } = self;
+        let prompt = match &response {
+            // A re-tokenized turn's prompt ids are the capture's exact encode of its prompt text.
+            Response::Text(..) => Arc::new(tok.encoded_from(prompt_text, prompt_ids)),
+            Response::Engine(_) => {
+                let null = serde_json::Value::Null;
+                let input = TurnInput {
+                    messages: &messages,
+                    tools: tools.as_ref(),
+                    response_message: &null,
+                    template_kwargs: template_kwargs.as_ref(),
+                };
+                let previous = session.get();
+                let prompt = Arc::new(tok.encode_prompt_cached(
+                    &input,
+                    &prompt_text,
+                    previous.as_deref(),
+                    Some(shared),
+                )?);
+                session.set(prompt.clone());
+                prompt
+            }
+        };
+        let text_response;
+        let response = match response {
+            Response::Engine(ref ids) => TeacherResponse::EngineIds(ids),
+            Response::Text(text, ids) => {
+                text_response = tok.encoded_from(text, ids);
+                TeacherResponse::Text(&text_response)
+            }
+        };
+        ps_opd_judge::teacher_input_ids(
+            tok,
+            &messages,
+            tools.as_ref(),
+            &hint,
+            response,
+            template_kwargs.as_ref(),
+            &prompt,
+        )
+    }
 }
 
 /// The OPD (or Combine-with-hint) sample: the original prompt and response, all-ones loss mask, the
@@ -230,6 +337,8 @@ pub(crate) struct OpdJudging<'a> {
     pub options: OpdOptions,
     pub records: Option<&'a dyn RecordSink>,
     pub observer: &'a crate::status::Observer,
+    /// The teacher path's system prompts and tools, shared by all sessions.
+    pub shared_prefixes: &'a Arc<SharedPrefixCache>,
 }
 
 impl OpdJudging<'_> {
@@ -309,7 +418,13 @@ impl OpdJudging<'_> {
         );
         let eval_score = eval.as_ref().map_or(0.0, |e| e.score);
         let signal = match hint.hint() {
-            Some(h) => Some(teacher_signal(parts, &job.turn, h, opts.top_k).await),
+            Some(h) => {
+                let encoded = EncodedSoFar {
+                    session: &job.prompt,
+                    shared: self.shared_prefixes,
+                };
+                Some(teacher_signal(parts, &job.turn, h, opts.top_k, encoded).await)
+            }
             None => None,
         };
         let record = |signal: Option<&TeacherLogprobs>, dropped: Option<(&str, &str)>| {

@@ -13,6 +13,8 @@ use ps_prm_client::PrmScore;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::opd::SessionPrompt;
+
 /// What a captured turn knows of its next state.
 pub(crate) enum Next {
     Pending,
@@ -45,6 +47,8 @@ pub(crate) struct Job {
     pub turn_no: u64,
     pub turn: CapturedTurn,
     pub next: Option<Value>,
+    /// The session's latest prompt as the teacher path encoded it (shared with the session).
+    pub prompt: SessionPrompt,
 }
 
 impl Job {
@@ -79,6 +83,9 @@ pub(crate) struct Session {
     /// First turns of later conversations under the same id: when submission reaches one,
     /// `has_effective` starts afresh.
     pub conversation_starts: BTreeSet<u64>,
+    /// The latest prompt the teacher path encoded for this session (OPD/Combine, engine-id turns):
+    /// the next teacher call encodes only what the conversation added since. Goes with the session.
+    pub prompt: SessionPrompt,
 }
 
 impl Session {
@@ -96,6 +103,7 @@ impl Session {
             done: false,
             has_effective: false,
             conversation_starts: BTreeSet::new(),
+            prompt: SessionPrompt::default(),
         }
     }
 
@@ -233,6 +241,7 @@ impl Session {
                         Next::State(v) => Some(v),
                         Next::Pending | Next::Missing => None,
                     },
+                    prompt: self.prompt.clone(),
                 });
             }
         }

@@ -662,3 +662,184 @@ async fn the_teacher_permits_cap_calls_in_flight() {
     assert_eq!(teacher.max_in_flight.load(SeqCst), 2);
     assert_eq!(permits.available_permits(), 2);
 }
+
+/// A turn of `session` captured from `messages` and `response` (with `tools`): re-tokenized, or
+/// with engine ids whose prompt part is NOT our encoding of the prompt text (as after drift), so
+/// that reusing it would show.
+fn captured_from(
+    tok: &ChatTokenizer,
+    session: &str,
+    turn: u64,
+    (messages, tools, response): (&[Value], Option<&Value>, &Value),
+    engine: bool,
+) -> CapturedTurn {
+    let t = tok
+        .split_turn(&TurnInput {
+            messages,
+            tools,
+            response_message: response,
+            template_kwargs: None,
+        })
+        .unwrap();
+    let sampled: Vec<SampledToken> = t
+        .response_ids
+        .iter()
+        .map(|&id| SampledToken {
+            token: tok.token_text(id),
+            id: Some(id),
+            logprob: -0.25,
+        })
+        .collect();
+    let alignment = align_logprobs(
+        &t.response_ids,
+        |id| tok.token_text(id),
+        &sampled,
+        &FinishReason {
+            reason: Some("stop".into()),
+            matched_stop: Value::Null,
+        },
+        tok.eos_token_id(),
+        AlignPolicy::default(),
+    );
+    let prompt_ids = if engine {
+        // Another split of the same text: the engine's template differs from ours.
+        t.prompt_ids.iter().map(|id| id % 500).collect()
+    } else {
+        t.prompt_ids
+    };
+    CapturedTurn {
+        session_id: session.into(),
+        turn,
+        arrival_seq: turn,
+        messages: messages.to_vec(),
+        tools: tools.cloned(),
+        template_kwargs: None,
+        response_message: response.clone(),
+        prompt_text: t.prompt_text,
+        response_text: t.response_text,
+        prompt_is_prefix: t.prompt_is_prefix,
+        prompt_ids,
+        response_ids: t.response_ids,
+        alignment,
+        finish_reason: Some("stop".into()),
+        streamed: false,
+        token_source: if engine {
+            ps_core::TokenSource::Engine
+        } else {
+            ps_core::TokenSource::Retokenized
+        },
+        weight_version: None,
+        origin: Default::default(),
+    }
+}
+
+/// The teacher's input of every turn of an agent session (tools, tool calls and results, content
+/// lists, hints with added-token text), engine-id and re-tokenized turns mixed, equals a full
+/// encode of the hinted text: the engine's prompt ids are never reused, and each engine-id turn's
+/// prompt is encoded from the one before it.
+#[tokio::test]
+async fn the_teacher_input_is_a_full_encode_of_the_hinted_text_on_every_turn() {
+    let sent: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
+    let mut teacher = MockTeacherScorer::new();
+    let seen = sent.clone();
+    teacher.expect_score().returning(move |ids, n, _| {
+        seen.lock().unwrap().push(ids.to_vec());
+        Ok(TeacherLogprobs {
+            log_probs: vec![-0.1; n],
+            topk_log_probs: None,
+            topk_indices: None,
+            echoed_ids: ids[ids.len() - n..].to_vec(),
+            echo_verified: true,
+        })
+    });
+    teacher
+        .expect_describe()
+        .return_const("recording".to_owned());
+    let r = rig_with(BufferMode::Opd, OpdOptions::default(), teacher);
+    let tools =
+        json!([{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]);
+    let hints = [
+        // No `|` in these: the mock judge ends a hint there.
+        "Mention <tool_response>x</tool_response> is literal text here",
+        "List the files first, then answer",
+        "<think>plan</think> before the <tool_call> please",
+        "Use the tool output, not memory",
+        "Answer in one sentence, e\u{301}té style",
+    ];
+    let mut history = vec![
+        json!({"role": "system", "content": "You are an agent. ".repeat(30)}),
+        json!({"role": "user", "content": [{"type": "text", "text": "What is in the folder?"}]}),
+    ];
+    let mut expected = Vec::new();
+    for i in 0..hints.len() {
+        // The request's last message is the previous turn's next state, carrying its hint.
+        let n = r
+            .buffer
+            .begin("s", history.last().unwrap(), i + 1 == hints.len());
+        let response = if i % 2 == 0 {
+            json!({"role": "assistant", "content": "", "reasoning_content": "Look first.",
+                   "tool_calls": [{"id": format!("c{i}"), "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})
+        } else {
+            json!({"role": "assistant", "content": format!("Found {i} files."), "reasoning_content": "Count."})
+        };
+        let engine = i % 3 != 1;
+        let turn = captured_from(&r.tok, "s", n, (&history, Some(&tools), &response), engine);
+        expected.push((
+            history.clone(),
+            engine,
+            turn.response_ids.clone(),
+            turn.response_text.clone(),
+        ));
+        r.buffer.accept(turn);
+        history.push(response);
+        let next_hint = hints.get(i + 1).copied().unwrap_or_default();
+        history.push(if i % 2 == 0 {
+            json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": format!("a.txt\nb.txt hint:{next_hint}|")})
+        } else {
+            json!({"role": "user", "content": format!("go on hint:{next_hint}|")})
+        });
+    }
+    wait_for(|| {
+        r.buffer.status().pending == Default::default() && r.buffer.status().live_sessions == 0
+    })
+    .await;
+    // Every turn but the last had a next state carrying the next begin's hint.
+    let mut want: Vec<Vec<u32>> = expected[..hints.len() - 1]
+        .iter()
+        .enumerate()
+        .map(|(i, (messages, engine, response_ids, response_text))| {
+            let hint = hints[i + 1];
+            if *engine {
+                let text = ps_opd_judge::teacher_input_text(
+                    &r.tok,
+                    messages,
+                    Some(&tools),
+                    hint,
+                    "",
+                    None,
+                )
+                .unwrap();
+                let mut ids = r.tok.encode(&text).unwrap();
+                ids.extend_from_slice(response_ids);
+                ids
+            } else {
+                let text = ps_opd_judge::teacher_input_text(
+                    &r.tok,
+                    messages,
+                    Some(&tools),
+                    hint,
+                    response_text,
+                    None,
+                )
+                .unwrap();
+                r.tok.encode(&text).unwrap()
+            }
+        })
+        .collect();
+    let mut got = sent.lock().unwrap().clone();
+    want.sort();
+    got.sort();
+    assert_eq!(got.len(), hints.len() - 1);
+    assert_eq!(got, want);
+    assert_eq!(samples(&r).len(), hints.len() - 1);
+}
