@@ -270,8 +270,12 @@ async fn whole_answer(
     }
     let session_id = serde_json::to_vec(&t.session_id).unwrap_or_else(|_| b"null".to_vec());
     let mut out = Vec::with_capacity(bytes.len() + session_id.len() + 16);
-    t.shape
-        .write(answer.object(), Some(("session_id", &session_id)), &mut out);
+    t.shape.write(
+        answer.object(),
+        answer.choices(),
+        Some(("session_id", &session_id)),
+        &mut out,
+    );
     let mut resp = Response::new(Body::from(out));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

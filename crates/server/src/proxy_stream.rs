@@ -8,7 +8,9 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use ps_sglang_client::raw::{self, Edit, RawObject};
-use ps_sglang_client::{ChatEventStream, SglangError, StreamAssembler, StreamEvent};
+use ps_sglang_client::{
+    ChatEventStream, Choice, SglangError, StreamAssembler, StreamEvent, choices_of,
+};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -56,18 +58,38 @@ impl ClientShape {
     /// Writes an answer or chunk (an object read raw) as [`Self::reshape`] would leave it, without
     /// building a tree: every part the client gets unchanged is copied as the upstream's bytes.
     /// `extra` is a field set on the top-level object (in place when present, else last).
-    pub fn write(&self, obj: &RawObject<'_>, extra: Option<(&str, &[u8])>, out: &mut Vec<u8>) {
+    /// `choices` are the object's choices when already read ([`ps_sglang_client::Answer::choices`]).
+    pub fn write(
+        &self,
+        obj: &RawObject<'_>,
+        choices: Option<&[Choice<'_>]>,
+        extra: Option<(&str, &[u8])>,
+        out: &mut Vec<u8>,
+    ) {
         let reshape = self.needs_reshape();
         let drop_prompt_ids = reshape && self.injected_token_ids && !self.client_prompt_ids;
-        let choices = obj
-            .get("choices")
-            .filter(|_| reshape)
-            .and_then(raw::array)
-            .map(|elems| {
-                let mut b = Vec::new();
-                raw::write_array(&mut b, &elems, |out, c| self.write_choice(c, out));
-                b
-            });
+        let read;
+        let choices = match choices {
+            Some(c) => Some(c),
+            None if reshape => {
+                read = choices_of(obj.get("choices"));
+                read.as_deref()
+            }
+            None => None,
+        };
+        let choices = choices.filter(|_| reshape).map(|elems| {
+            let len = obj.get("choices").map_or(0, |c| c.get().len());
+            let mut b = Vec::with_capacity(len);
+            b.push(b'[');
+            for (i, (text, choice)) in elems.iter().enumerate() {
+                if i > 0 {
+                    b.push(b',');
+                }
+                self.write_choice(text, choice.as_ref(), &mut b);
+            }
+            b.push(b']');
+            b
+        });
         let append: Vec<(&str, &[u8])> = extra
             .filter(|(k, _)| !obj.contains_key(k))
             .into_iter()
@@ -89,8 +111,8 @@ impl ClientShape {
         );
     }
 
-    fn write_choice(&self, choice: &RawValue, out: &mut Vec<u8>) {
-        let Some(obj) = RawObject::of(choice) else {
+    fn write_choice(&self, choice: &RawValue, obj: Option<&RawObject<'_>>, out: &mut Vec<u8>) {
+        let Some(obj) = obj else {
             out.extend_from_slice(choice.get().as_bytes());
             return;
         };
@@ -103,7 +125,7 @@ impl ClientShape {
         };
         raw::write_object(
             out,
-            &obj,
+            obj,
             |k, _| match k {
                 "token_ids" | "response_token_ids" if self.injected_token_ids => Edit::Drop,
                 "prompt_token_ids" if self.injected_token_ids && !self.client_prompt_ids => {
@@ -276,7 +298,7 @@ impl ProxyStream {
             }
             let mut out = Vec::with_capacity(data.len() + 8);
             out.extend_from_slice(b"data: ");
-            self.shape.write(&chunk, None, &mut out);
+            self.shape.write(&chunk, None, None, &mut out);
             out.extend_from_slice(b"\n\n");
             return Bytes::from(out);
         }
@@ -454,14 +476,20 @@ mod tests {
                 let text = answer.to_string();
                 let obj = RawObject::parse(&text).expect("object");
                 let mut out = Vec::new();
-                shape.write(&obj, None, &mut out);
+                shape.write(&obj, None, None, &mut out);
                 let got: Value = serde_json::from_slice(&out).expect("JSON");
                 assert_eq!(got, expected, "{shape:?} {answer}");
                 if let Some(o) = expected.as_object_mut() {
                     o.insert("session_id".into(), json!("s\"1"));
                 }
                 let mut out = Vec::new();
-                shape.write(&obj, Some(("session_id", br#""s\"1""#)), &mut out);
+                let choices = choices_of(obj.get("choices"));
+                shape.write(
+                    &obj,
+                    choices.as_deref(),
+                    Some(("session_id", br#""s\"1""#)),
+                    &mut out,
+                );
                 let got: Value = serde_json::from_slice(&out).expect("JSON");
                 assert_eq!(got, expected, "{shape:?} {answer}");
                 let keys: Vec<_> = got.as_object().expect("object").keys().collect();
@@ -488,7 +516,7 @@ mod tests {
         let text = r#"{"id":"x","choices":[{"index":0,"logprobs":{"content":[{"token":"a","logprob":-0.10000000000000001,"top_logprobs":[]}]}}]}"#;
         let obj = RawObject::parse(text).expect("object");
         let mut out = Vec::new();
-        shape.write(&obj, Some(("session_id", b"\"s\"")), &mut out);
+        shape.write(&obj, None, Some(("session_id", b"\"s\"")), &mut out);
         assert_eq!(
             std::str::from_utf8(&out).expect("utf-8"),
             &format!("{},\"session_id\":\"s\"}}", &text[..text.len() - 1])

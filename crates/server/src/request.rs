@@ -99,9 +99,13 @@ pub fn parse_limited(
         return Err(wrong_type("tools", "an array", Kind::of(tools)));
     }
     let session = session_keys(&body, headers)?;
-    let last_message = messages
-        .last()
-        .map_or_else(|| null_raw(), |m| (*m).to_owned());
+    // Validated non-empty above.
+    let last_message = messages.last().map(|m| (*m).to_owned()).ok_or_else(|| {
+        ApiError::invalid(
+            "empty_messages",
+            "`messages` must hold at least one message",
+        )
+    })?;
     let fields = body
         .entries()
         .filter(|(k, _)| ![SESSION_ID_KEY, SESSION_DONE_KEY, TURN_TYPE_KEY].contains(k))
@@ -113,16 +117,6 @@ pub fn parse_limited(
         session,
         stream,
     })
-}
-
-fn null_raw() -> Box<RawValue> {
-    // `null` is JSON.
-    RawValue::from_string("null".to_owned()).unwrap_or_else(|_| unreachable_raw())
-}
-
-#[allow(clippy::unwrap_used)]
-fn unreachable_raw() -> Box<RawValue> {
-    serde_json::value::to_raw_value(&Value::Null).unwrap()
 }
 
 /// Checks `messages` (a non-empty array of objects, each with a string `role` and a string, array

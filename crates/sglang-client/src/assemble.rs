@@ -34,8 +34,8 @@ impl<'de> Deserialize<'de> for LogprobEntry {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut e = LogprobEntry::default();
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    match key.as_ref() {
+                while let Some(key) = map.next_key::<raw::Key<'de>>()? {
+                    match key.0.as_ref() {
                         "token" => e.token = map.next_value::<Lax<String>>()?.0,
                         "logprob" => e.logprob = map.next_value::<Lax<f64>>()?.0,
                         _ => {
@@ -73,13 +73,6 @@ impl<'de> Deserialize<'de> for LogprobEntry {
         }
         d.deserialize_any(V)
     }
-}
-
-/// The first choice of an answer: `None` when `choices` is missing, not an array or empty; a
-/// choice that is not an object reads as an empty one (none of its fields exist).
-fn first_choice<'a>(resp: &RawObject<'a>) -> Option<RawObject<'a>> {
-    let first = *raw::array(resp.get("choices")?)?.first()?;
-    Some(RawObject::of(first).unwrap_or_default())
 }
 
 /// The object under `key` of `obj`, when it is one.
@@ -208,6 +201,18 @@ fn finish_of(choice: &RawObject<'_>) -> FinishReason {
 #[derive(Debug, Clone)]
 pub struct Answer<'a> {
     top: RawObject<'a>,
+    /// `choices` when it is an array: each element, and the element as an object when it is one
+    /// (read once, for both the rollout and the client's copy).
+    choices: Option<Vec<Choice<'a>>>,
+}
+
+/// One element of `choices`: its text, and its entries when it is an object.
+pub type Choice<'a> = (&'a RawValue, Option<RawObject<'a>>);
+
+/// The elements of a raw `choices` value, each read as an object when it is one.
+pub fn choices_of(choices: Option<&RawValue>) -> Option<Vec<Choice<'_>>> {
+    let elems = raw::array(choices?)?;
+    Some(elems.into_iter().map(|c| (c, RawObject::of(c))).collect())
 }
 
 impl<'a> Answer<'a> {
@@ -217,7 +222,7 @@ impl<'a> Answer<'a> {
         if let Ok(text) = std::str::from_utf8(body)
             && let Ok(top) = RawObject::parse(text)
         {
-            return Ok(Self { top });
+            return Ok(Self::of(top));
         }
         // Not an object: the same errors as when the body was parsed into a tree.
         let detail = match serde_json::from_slice::<Value>(body) {
@@ -233,19 +238,36 @@ impl<'a> Answer<'a> {
         })
     }
 
+    fn of(top: RawObject<'a>) -> Self {
+        let choices = choices_of(top.get("choices"));
+        Self { top, choices }
+    }
+
     /// The answer's top-level object.
     pub fn object(&self) -> &RawObject<'a> {
         &self.top
     }
 
+    /// `choices`, when it is an array, each element with its entries when it is an object.
+    pub fn choices(&self) -> Option<&[Choice<'a>]> {
+        self.choices.as_deref()
+    }
+
+    /// The first choice: `None` when `choices` is missing, not an array or empty; a choice that
+    /// is not an object reads as an empty one (none of its fields exist).
+    fn first_choice(&self) -> Option<RawObject<'a>> {
+        let (_, first) = self.choices.as_ref()?.first()?;
+        Some(first.clone().unwrap_or_default())
+    }
+
     /// `choices[0].message`, when there is one.
     pub fn message(&self) -> Option<Value> {
-        first_choice(&self.top)?.get("message").map(raw::to_value)
+        self.first_choice()?.get("message").map(raw::to_value)
     }
 
     /// Both the engine's prompt and response ids, when it returned both.
     pub fn engine_ids(&self) -> Option<EngineIds> {
-        engine_ids_of(&self.top, &first_choice(&self.top)?)
+        engine_ids_of(&self.top, &self.first_choice()?)
     }
 
     /// The answer as a tree (for the rare paths that reshape it as one).
@@ -258,25 +280,33 @@ impl<'a> Answer<'a> {
     /// The answer of a non-streamed chat completion (first choice).
     pub fn rollout(&self) -> RolloutResponse {
         let resp = &self.top;
-        let Some(choice) = first_choice(resp) else {
+        let Some(choice) = self.first_choice() else {
             return RolloutResponse::default();
         };
         let mut tokens = Vec::new();
         push_logprob_entries(choice.get("logprobs"), &mut tokens);
-        if let Some((ids, _)) = response_ids(resp, &choice) {
+        let response = response_ids(resp, &choice);
+        if let Some((ids, _)) = &response {
             // Ids are only trusted when they cover the reported tokens one for one.
             if ids.len() == tokens.len() {
                 for (t, id) in tokens.iter_mut().zip(ids) {
-                    t.id = Some(id);
+                    t.id = Some(*id);
                 }
             }
         }
+        let engine_ids = response.and_then(|(response, field)| {
+            Some(EngineIds {
+                prompt: prompt_ids(resp, &choice)?,
+                response,
+                field: field.to_owned(),
+            })
+        });
         RolloutResponse {
             message: choice.get("message").map_or(Value::Null, raw::to_value),
             tokens,
             finish: finish_of(&choice),
             streamed: false,
-            engine_ids: engine_ids_of(resp, &choice),
+            engine_ids,
             weight_version: weight_version(resp, &choice),
             unexplained_chars: 0,
         }
@@ -289,7 +319,7 @@ impl<'a> Answer<'a> {
         }
         let text = resp.to_string();
         let top = RawObject::parse(&text).ok()?;
-        Some(f(&Answer { top }))
+        Some(f(&Answer::of(top)))
     }
 }
 

@@ -12,7 +12,10 @@ mod error;
 mod model_info;
 pub mod raw;
 
-pub use assemble::{Answer, StreamAssembler, engine_ids, rollout_from_response, synthesize_chunks};
+pub use assemble::{
+    Answer, Choice, StreamAssembler, choices_of, engine_ids, rollout_from_response,
+    synthesize_chunks,
+};
 pub use client::{ChatEventStream, PolicyClient, SglangClient, SglangClientConfig, StreamEvent};
 pub use error::SglangError;
 pub use model_info::ModelInfo;

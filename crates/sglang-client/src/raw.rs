@@ -129,7 +129,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
 }
 
 /// An object key, borrowed unless it had escapes.
-struct Key<'a>(Cow<'a, str>);
+pub(crate) struct Key<'a>(pub(crate) Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
