@@ -287,7 +287,9 @@ impl ProxyStream {
             return sse_bytes(&data);
         }
         // A chunk is an object: read raw, assembled and reshaped without a tree.
-        if let Ok(chunk) = RawObject::parse(&data) {
+        if let Ok(chunk) = RawObject::parse(&data)
+            && !raw::needs_tree_check(data.as_bytes())
+        {
             if let Some(a) = self.assembler.as_mut()
                 && let Err(message) = a.feed_checked_raw(&chunk)
             {

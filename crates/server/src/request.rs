@@ -50,7 +50,12 @@ pub fn parse(bytes: &[u8], headers: &HeaderMap) -> Result<ChatRequest, ApiError>
 fn top_object(bytes: &[u8]) -> Result<RawObject<'_>, ApiError> {
     let raw_error = match std::str::from_utf8(bytes) {
         Ok(text) => match RawObject::parse(text) {
-            Ok(top) => return Ok(top),
+            // Deep nesting and surrogate escapes are checked as a tree parse would.
+            Ok(top) if !raw::needs_tree_check(bytes) => return Ok(top),
+            Ok(top) => match serde_json::from_slice::<Value>(bytes) {
+                Ok(_) => return Ok(top),
+                Err(e) => return Err(ApiError::InvalidJson(e.to_string())),
+            },
             Err(e) => e.to_string(),
         },
         Err(e) => e.to_string(),

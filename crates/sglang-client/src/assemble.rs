@@ -221,6 +221,7 @@ impl<'a> Answer<'a> {
     pub fn parse(url: &str, body: &'a [u8]) -> Result<Self, SglangError> {
         if let Ok(text) = std::str::from_utf8(body)
             && let Ok(top) = RawObject::parse(text)
+            && (!raw::needs_tree_check(body) || serde_json::from_slice::<Value>(body).is_ok())
         {
             return Ok(Self::of(top));
         }
@@ -363,8 +364,8 @@ impl StreamAssembler {
     /// an upstream error event; the stream is then not usable for training.
     pub fn feed_str(&mut self, data: &str) -> Result<(), String> {
         match RawObject::parse(data) {
-            Ok(chunk) => self.feed_checked_raw(&chunk),
-            Err(_) => {
+            Ok(chunk) if !raw::needs_tree_check(data.as_bytes()) => self.feed_checked_raw(&chunk),
+            _ => {
                 // Not an object: not JSON (the error), or JSON of another type (nothing to read).
                 let chunk: Value =
                     serde_json::from_str(data).map_err(|e| format!("chunk is not JSON: {e}"))?;

@@ -153,6 +153,49 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
+/// Whether `text` nests deeper than 100 levels or holds a `\u` escape of a UTF-16 surrogate: the
+/// raw reading skips values without building them, and so would accept what a tree parse refuses
+/// (serde_json's recursion limit, lone surrogates). Such text must be checked by a tree parse; the
+/// scan itself is one pass over the bytes.
+pub fn needs_tree_check(text: &[u8]) -> bool {
+    let (mut depth, mut in_str, mut i) = (0usize, false, 0usize);
+    while let Some(&b) = text.get(i) {
+        if in_str {
+            match b {
+                b'\\' => {
+                    if text.get(i + 1) == Some(&b'u')
+                        && matches!(text.get(i + 2), Some(b'd' | b'D'))
+                        && matches!(
+                            text.get(i + 3),
+                            Some(b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F')
+                        )
+                    {
+                        return true;
+                    }
+                    i += 2;
+                    continue;
+                }
+                b'"' => in_str = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_str = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    if depth > 100 {
+                        return true;
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    false
+}
+
 /// The elements of a raw array; `None` when it is another JSON type.
 pub fn array(raw: &RawValue) -> Option<Vec<&RawValue>> {
     if Kind::of(raw) != Kind::Array {
@@ -378,6 +421,15 @@ mod tests {
             String::from_utf8(out).expect("utf-8"),
             r#"{"a":"z","c":[],"d\"":1}"#
         );
+    }
+
+    #[test]
+    fn what_a_tree_parse_refuses_is_sent_to_one() {
+        assert!(!needs_tree_check(br#"{"a": ["\u00e9 [[[", {"b": "\"}"}]}"#));
+        assert!(needs_tree_check(br#"{"a": "\ud800"}"#));
+        assert!(needs_tree_check(br#"{"a": "\uDC00"}"#));
+        assert!(needs_tree_check("[".repeat(101).as_bytes()));
+        assert!(!needs_tree_check("[".repeat(100).as_bytes()));
     }
 
     #[test]
