@@ -158,7 +158,7 @@ pub(crate) async fn chat(s: &Settings, env: EnvLookup<'_>, policy: &Policy) -> O
     };
     let url = shown_url(&s.sglang.chat_url);
     let limit = crate::limit(s.sglang.timeout());
-    let answer = match tokio::time::timeout(limit, client.chat(&probe_body(s))).await {
+    let answer = match tokio::time::timeout(limit, client.chat_json(&probe_body(s))).await {
         Err(_) | Ok(Err(SglangError::Timeout { .. })) => {
             return Outcome::fail(
                 format!(

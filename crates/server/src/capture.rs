@@ -21,9 +21,38 @@ use ps_core::{
     AlignPolicy, Alignment, CapturedTurn, PositionSource, RolloutResponse, TokenSource, TurnGuard,
     TurnSink, WeightVersion, align_logprobs,
 };
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::metrics as m;
+
+/// The parts of a request that capture needs, as the client sent them: parsed into a job's
+/// `messages`, `tools` and `template_kwargs` on the capture thread that takes the job, so that the
+/// chat path builds no tree of them.
+#[derive(Debug)]
+pub struct RequestJson {
+    /// `messages` (an array).
+    pub messages: Box<RawValue>,
+    /// `tools`, unless absent or null.
+    pub tools: Option<Box<RawValue>>,
+    /// `chat_template_kwargs`, when an object.
+    pub template_kwargs: Option<Box<RawValue>>,
+}
+
+impl RequestJson {
+    fn fill(self, job: &mut CaptureJob) {
+        job.messages = serde_json::from_str(self.messages.get()).unwrap_or_default();
+        job.tools = self
+            .tools
+            .and_then(|t| serde_json::from_str::<Value>(t.get()).ok());
+        job.template_kwargs = self
+            .template_kwargs
+            .and_then(|k| serde_json::from_str::<Map<String, Value>>(k.get()).ok());
+    }
+}
+
+/// What the queue carries: a job, with its request's parts still as JSON text when they are.
+type Queued = (CaptureJob, Option<RequestJson>);
 
 /// Everything needed to capture one main turn, taken from the request and the upstream's answer.
 #[derive(Debug)]
@@ -646,7 +675,7 @@ pub struct CaptureQueue {
     stats: Arc<CaptureStats>,
     max_turn_tokens: Arc<std::sync::atomic::AtomicUsize>,
     prefixes: Arc<PrefixCache>,
-    tx: std::sync::Mutex<Option<SyncSender<CaptureJob>>>,
+    tx: std::sync::Mutex<Option<SyncSender<Queued>>>,
     workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
 
@@ -666,7 +695,7 @@ impl CaptureQueue {
         capacity: usize,
         workers: usize,
     ) -> std::io::Result<Self> {
-        let (tx, rx) = sync_channel::<CaptureJob>(capacity.max(1));
+        let (tx, rx) = sync_channel::<Queued>(capacity.max(1));
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let max_turn_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let prefixes = Arc::new(PrefixCache::default());
@@ -728,7 +757,17 @@ impl CaptureQueue {
     }
 
     /// Queues a job without waiting. Returns `false` (counted, logged) when the queue is full or closed.
-    pub fn submit(&self, mut job: CaptureJob) -> bool {
+    pub fn submit(&self, job: CaptureJob) -> bool {
+        self.enqueue((job, None))
+    }
+
+    /// As [`Self::submit`], for a job whose `messages`, `tools` and `template_kwargs` are still the
+    /// client's JSON text (`request`): the capture thread parses them before the job runs.
+    pub fn submit_json(&self, job: CaptureJob, request: RequestJson) -> bool {
+        self.enqueue((job, Some(request)))
+    }
+
+    fn enqueue(&self, (mut job, request): Queued) -> bool {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let Some(tx) = tx.as_ref() else {
             metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "closed").increment(1);
@@ -736,9 +775,9 @@ impl CaptureQueue {
             job.guard.set_reason("capture_closed");
             return false;
         };
-        match tx.try_send(job) {
+        match tx.try_send((job, request)) {
             Ok(()) => true,
-            Err(TrySendError::Full(mut job) | TrySendError::Disconnected(mut job)) => {
+            Err(TrySendError::Full((mut job, _)) | TrySendError::Disconnected((mut job, _))) => {
                 metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "queue_full").increment(1);
                 tracing::warn!(
                     session_id = %job.guard.session_id(), turn = job.guard.turn(),
@@ -766,7 +805,7 @@ impl Drop for CaptureQueue {
 }
 
 fn worker(
-    rx: &std::sync::Mutex<Receiver<CaptureJob>>,
+    rx: &std::sync::Mutex<Receiver<Queued>>,
     tok: &ChatTokenizer,
     policy: AlignPolicy,
     max_turn_tokens: &std::sync::atomic::AtomicUsize,
@@ -776,16 +815,19 @@ fn worker(
     let mut captured = 0;
     loop {
         prefixes.expire_if_due(Instant::now());
-        let job = {
+        let (mut job, request) = {
             let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
             // Wakes up now and then while idle, so that idle prefixes go even when no turn comes.
             match guard.recv_timeout((prefixes.idle() / 4).max(Duration::from_millis(10))) {
-                Ok(job) => job,
+                Ok(queued) => queued,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return captured,
             }
         };
         let started = Instant::now();
+        if let Some(request) = request {
+            request.fill(&mut job);
+        }
         match capture_turn_with(tok, &job, policy, Some(prefixes), stats) {
             Ok(turn)
                 if turn.prompt_ids.len() + turn.response_ids.len()

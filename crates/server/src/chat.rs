@@ -9,8 +9,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use ps_core::TurnType;
 use ps_session_infer::PendingReply;
-use ps_sglang_client::{rollout_from_response, synthesize_chunks};
-use serde_json::{Value, json};
+use ps_sglang_client::{Answer, synthesize_chunks};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::admission;
@@ -19,7 +18,7 @@ use crate::metrics as m;
 use crate::modes::TokenIdsMode;
 use crate::plumbing::{TurnContext, read_body};
 use crate::proxy_stream::{ClientShape, ProxyStream, sse_bytes};
-use crate::request::{self, ChatRequest, ForwardOptions};
+use crate::request::{self, ChatRequest, ForwardOptions, Forwarded};
 use crate::state::AppState;
 
 /// The handler: counts the request by outcome; the router's edge logs an error answer.
@@ -97,7 +96,7 @@ struct OpenedTurn {
     turn: Option<TurnContext>,
     /// Registers our reply for session inference when the answer is complete.
     reply: Option<PendingReply>,
-    forwarded: Value,
+    forwarded: Forwarded,
     shape: ClientShape,
     /// Whether the upstream call streams.
     upstream_stream: bool,
@@ -158,14 +157,7 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
     }
 
     let sink = app.capture().sink().clone();
-    let last_message = || {
-        req.body
-            .get("messages")
-            .and_then(Value::as_array)
-            .and_then(|m| m.last())
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
+    let last_message = || req.last_message();
     let guard = if turn_type == TurnType::Main && collect {
         let turn_no = sink.begin(&session_id, &last_message(), req.session.done);
         span.record("turn", turn_no);
@@ -202,31 +194,22 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
         stream: upstream_stream,
         return_token_ids: asks_for_ids,
     };
-    let forwarded = request::forward_body(&req.body, &forward_opts);
+    let forwarded = request::forward_body(req, &forward_opts);
     let turn = guard.map(|(guard, _)| TurnContext {
         guard,
         arrival_seq,
-        messages: req
-            .body
-            .get("messages")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default(),
-        tools: req.body.get("tools").filter(|t| !t.is_null()).cloned(),
-        template_kwargs: req
-            .body
-            .get("chat_template_kwargs")
-            .and_then(Value::as_object)
-            .cloned(),
+        messages: req.messages_json().to_owned(),
+        tools: req.tools_json().map(ToOwned::to_owned),
+        template_kwargs: req.template_kwargs_json().map(ToOwned::to_owned),
         session_done: req.session.done,
         token_ids: opts.token_ids,
         // What was really sent: a client's own `return_token_ids: false` is kept.
-        asked_for_ids: forwarded.get("return_token_ids") == Some(&Value::Bool(true)),
+        asked_for_ids: forwarded.return_token_ids,
         trainer_weight_version: app.trainer_weight_version(),
         origin,
     });
     OpenedTurn {
-        shape: ClientShape::of(&req.body, &forwarded),
+        shape: ClientShape::of(req, &forwarded),
         session_id,
         turn_type,
         turn,
@@ -244,7 +227,7 @@ async fn streamed_answer(
     permit: OwnedSemaphorePermit,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let events = app.0.policy.chat_stream(&t.forwarded).await?;
+    let events = app.0.policy.chat_stream(t.forwarded.body).await?;
     metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
     let stream = ProxyStream::start(events, app.clone(), t.turn, t.reply, t.shape, permit).await?;
     Ok(sse_response(Body::from_stream(stream)))
@@ -260,26 +243,24 @@ async fn whole_answer(
     permit: OwnedSemaphorePermit,
 ) -> Result<(Response, Duration), ApiError> {
     let started = Instant::now();
-    let mut answer = app.0.policy.chat(&t.forwarded).await?;
+    let bytes = app.0.policy.chat(t.forwarded.body).await?;
     drop(permit);
     let upstream = started.elapsed();
     metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());
-    if !answer.is_object() {
-        return Err(ps_sglang_client::SglangError::InvalidBody {
-            url: app.0.policy.chat_url().to_owned(),
-            detail: "the answer is not a JSON object".into(),
-        }
-        .into());
-    }
-    if let Some(message) = crate::infer::answer_message(&answer) {
-        crate::infer::complete(t.reply, message);
+    // Read without a tree: the message and sampled tokens are taken from it, the client's copy is
+    // written from its bytes.
+    let answer = Answer::parse(app.0.policy.chat_url(), &bytes)?;
+    if t.reply.is_some()
+        && let Some(message) = answer.message()
+    {
+        crate::infer::complete(t.reply, &message);
     }
     if let Some(turn) = t.turn {
-        app.capture()
-            .submit(turn.job(rollout_from_response(&answer)));
+        turn.submit(app.capture(), answer.rollout());
     }
-    t.shape.reshape(&mut answer);
     if client_streams {
+        let mut answer = answer.to_value();
+        t.shape.reshape(&mut answer);
         let mut out = Vec::new();
         for chunk in synthesize_chunks(&answer) {
             out.extend_from_slice(&sse_bytes(&chunk.to_string()));
@@ -287,10 +268,19 @@ async fn whole_answer(
         out.extend_from_slice(&sse_bytes("[DONE]"));
         return Ok((sse_response(Body::from(out)), upstream));
     }
-    if let Some(obj) = answer.as_object_mut() {
-        obj.insert("session_id".into(), json!(t.session_id));
-    }
-    let mut resp = axum::Json(answer).into_response();
+    let session_id = serde_json::to_vec(&t.session_id).unwrap_or_else(|_| b"null".to_vec());
+    let mut out = Vec::with_capacity(bytes.len() + session_id.len() + 16);
+    t.shape.write(
+        answer.object(),
+        answer.choices(),
+        Some(("session_id", &session_id)),
+        &mut out,
+    );
+    let mut resp = Response::new(Body::from(out));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     // Standard `Server-Timing` (ms): lets a client subtract the upstream wait from its latency.
     let timing = format!("upstream;dur={:.3}", upstream.as_secs_f64() * 1e3);
     if let Ok(v) = HeaderValue::from_str(&timing) {

@@ -89,7 +89,10 @@ pub(crate) fn turn_type_by_shape(
     req: &ChatRequest,
     default: TurnType,
 ) -> TurnType {
-    match ps_session_infer::side_rule(rules, &req.body) {
+    if rules.is_empty() {
+        return default;
+    }
+    match ps_session_infer::side_rule(rules, &req.body_map()) {
         Some(rule) => {
             tracing::debug!(rule = %rule.name, "side turn by its shape");
             TurnType::Side
@@ -136,12 +139,8 @@ pub(crate) fn find_session(
     let Some(matcher) = matcher.filter(|_| turn_type == TurnType::Main) else {
         return unknown();
     };
-    let messages = req
-        .body
-        .get("messages")
-        .and_then(Value::as_array)
-        .map_or(&[][..], Vec::as_slice);
-    let history = History::of(messages);
+    let messages = req.messages();
+    let history = History::of(&messages);
     let r = matcher.resolve(&history, tokio::time::Instant::now().into_std());
     metrics::counter!(m::SESSION_INFERENCE_TOTAL, "outcome" => r.outcome.as_str()).increment(1);
     tracing::debug!(
@@ -168,14 +167,6 @@ pub(crate) fn complete(reply: Option<PendingReply>, message: &Value) {
     if let Some(r) = reply {
         r.complete(message, tokio::time::Instant::now().into_std());
     }
-}
-
-/// The assistant message of a non-streamed answer (first choice).
-pub(crate) fn answer_message(answer: &Value) -> Option<&Value> {
-    answer
-        .get("choices")
-        .and_then(|c| c.get(0))
-        .and_then(|c| c.get("message"))
 }
 
 /// What `/v1/rollout/status` reports under `session_inference`.

@@ -5,18 +5,20 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 
-use crate::capture::CaptureJob;
+use crate::capture::{CaptureJob, CaptureQueue, RequestJson};
 use crate::error::ApiError;
 
 /// What a main turn needs captured, taken from the request before it is forwarded.
 pub(crate) struct TurnContext {
     pub guard: ps_core::TurnGuard,
     pub arrival_seq: u64,
-    pub messages: Vec<Value>,
-    pub tools: Option<Value>,
-    pub template_kwargs: Option<Map<String, Value>>,
+    /// `messages`, `tools` and `chat_template_kwargs` as the client sent them: parsed on a capture
+    /// thread, not on the chat path.
+    pub messages: Box<RawValue>,
+    pub tools: Option<Box<RawValue>>,
+    pub template_kwargs: Option<Box<RawValue>>,
     pub session_done: bool,
     pub token_ids: crate::modes::TokenIdsMode,
     /// Whether the upstream call asked the engine for its ids.
@@ -26,20 +28,27 @@ pub(crate) struct TurnContext {
 }
 
 impl TurnContext {
-    pub fn job(self, rollout: ps_core::RolloutResponse) -> CaptureJob {
-        CaptureJob {
-            guard: self.guard,
-            arrival_seq: self.arrival_seq,
+    /// Queues the turn for capture with the upstream's answer (see [`CaptureQueue::submit_json`]).
+    pub fn submit(self, capture: &CaptureQueue, rollout: ps_core::RolloutResponse) -> bool {
+        let request = RequestJson {
             messages: self.messages,
             tools: self.tools,
             template_kwargs: self.template_kwargs,
+        };
+        let job = CaptureJob {
+            guard: self.guard,
+            arrival_seq: self.arrival_seq,
+            messages: Vec::new(),
+            tools: None,
+            template_kwargs: None,
             rollout,
             session_done: self.session_done,
             token_ids: self.token_ids,
             asked_for_ids: self.asked_for_ids,
             trainer_weight_version: self.trainer_weight_version,
             origin: self.origin,
-        }
+        };
+        capture.submit_json(job, request)
     }
 }
 

@@ -7,12 +7,17 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use ps_sglang_client::{ChatEventStream, SglangError, StreamAssembler, StreamEvent};
-use serde_json::{Map, Value};
+use ps_sglang_client::raw::{self, Edit, RawObject};
+use ps_sglang_client::{
+    ChatEventStream, Choice, SglangError, StreamAssembler, StreamEvent, choices_of,
+};
+use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::error::{ApiError, error_body};
 use crate::metrics as m;
 use crate::plumbing::TurnContext;
+use crate::request::{ChatRequest, Forwarded};
 use crate::state::AppState;
 
 /// One server-sent event carrying `data`.
@@ -36,16 +41,13 @@ pub struct ClientShape {
 }
 
 impl ClientShape {
-    pub fn of(client: &Map<String, Value>, forwarded: &Value) -> Self {
+    pub fn of(client: &ChatRequest, forwarded: &Forwarded) -> Self {
         Self {
-            logprobs: client.get("logprobs").and_then(Value::as_bool) == Some(true),
-            top_logprobs: client
-                .get("top_logprobs")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
-            injected_token_ids: forwarded.get("return_token_ids") == Some(&Value::Bool(true))
+            logprobs: client.is_true("logprobs"),
+            top_logprobs: client.u64_of("top_logprobs").unwrap_or(0),
+            injected_token_ids: forwarded.return_token_ids
                 && !client.contains_key("return_token_ids"),
-            client_prompt_ids: client.get("return_prompt_token_ids") == Some(&Value::Bool(true)),
+            client_prompt_ids: client.is_true("return_prompt_token_ids"),
         }
     }
 
@@ -53,6 +55,132 @@ impl ClientShape {
         !self.logprobs || self.top_logprobs == 0 || self.injected_token_ids
     }
 
+    /// Writes an answer or chunk (an object read raw) as [`Self::reshape`] would leave it, without
+    /// building a tree: every part the client gets unchanged is copied as the upstream's bytes.
+    /// `extra` is a field set on the top-level object (in place when present, else last).
+    /// `choices` are the object's choices when already read ([`ps_sglang_client::Answer::choices`]).
+    pub fn write(
+        &self,
+        obj: &RawObject<'_>,
+        choices: Option<&[Choice<'_>]>,
+        extra: Option<(&str, &[u8])>,
+        out: &mut Vec<u8>,
+    ) {
+        let reshape = self.needs_reshape();
+        let drop_prompt_ids = reshape && self.injected_token_ids && !self.client_prompt_ids;
+        let read;
+        let choices = match choices {
+            Some(c) => Some(c),
+            None if reshape => {
+                read = choices_of(obj.get("choices"));
+                read.as_deref()
+            }
+            None => None,
+        };
+        let choices = choices.filter(|_| reshape).map(|elems| {
+            let len = obj.get("choices").map_or(0, |c| c.get().len());
+            let mut b = Vec::with_capacity(len);
+            b.push(b'[');
+            for (i, (text, choice)) in elems.iter().enumerate() {
+                if i > 0 {
+                    b.push(b',');
+                }
+                self.write_choice(text, choice.as_ref(), &mut b);
+            }
+            b.push(b']');
+            b
+        });
+        let append: Vec<(&str, &[u8])> = extra
+            .filter(|(k, _)| !obj.contains_key(k))
+            .into_iter()
+            .collect();
+        raw::write_object(
+            out,
+            obj,
+            |k, _| match k {
+                "prompt_token_ids" if drop_prompt_ids => Edit::Drop,
+                "choices" if choices.is_some() => {
+                    Edit::Replace(choices.as_deref().unwrap_or_default().into())
+                }
+                _ => match extra {
+                    Some((key, v)) if key == k => Edit::Replace(v.into()),
+                    _ => Edit::Keep,
+                },
+            },
+            &append,
+        );
+    }
+
+    fn write_choice(&self, choice: &RawValue, obj: Option<&RawObject<'_>>, out: &mut Vec<u8>) {
+        let Some(obj) = obj else {
+            out.extend_from_slice(choice.get().as_bytes());
+            return;
+        };
+        let logprobs = if !self.logprobs {
+            obj.contains_key("logprobs").then(|| b"null".to_vec())
+        } else if self.top_logprobs == 0 {
+            obj.get("logprobs").and_then(without_top_logprobs)
+        } else {
+            None
+        };
+        raw::write_object(
+            out,
+            obj,
+            |k, _| match k {
+                "token_ids" | "response_token_ids" if self.injected_token_ids => Edit::Drop,
+                "prompt_token_ids" if self.injected_token_ids && !self.client_prompt_ids => {
+                    Edit::Drop
+                }
+                "logprobs" => match &logprobs {
+                    Some(b) => Edit::Replace(b.as_slice().into()),
+                    None => Edit::Keep,
+                },
+                _ => Edit::Keep,
+            },
+            &[],
+        );
+    }
+}
+
+/// `logprobs` with every `content[]` entry's `top_logprobs` set to `[]`; `None` when there is no
+/// `content` array (nothing changes).
+fn without_top_logprobs(logprobs: &RawValue) -> Option<Vec<u8>> {
+    let obj = RawObject::of(logprobs)?;
+    let entries = obj.get("content").and_then(raw::array)?;
+    let mut content = Vec::with_capacity(logprobs.get().len());
+    raw::write_array(&mut content, &entries, |out, e| match RawObject::of(e) {
+        Some(entry) => {
+            let append: &[(&str, &[u8])] = if entry.contains_key("top_logprobs") {
+                &[]
+            } else {
+                &[("top_logprobs", b"[]")]
+            };
+            raw::write_object(
+                out,
+                &entry,
+                |k, _| match k {
+                    "top_logprobs" => Edit::Replace(b"[]".as_slice().into()),
+                    _ => Edit::Keep,
+                },
+                append,
+            );
+        }
+        None => out.extend_from_slice(e.get().as_bytes()),
+    });
+    let mut out = Vec::with_capacity(content.len() + 64);
+    raw::write_object(
+        &mut out,
+        &obj,
+        |k, _| match k {
+            "content" => Edit::Replace(content.as_slice().into()),
+            _ => Edit::Keep,
+        },
+        &[],
+    );
+    Some(out)
+}
+
+impl ClientShape {
     /// Removes from an answer or chunk what the client did not ask for.
     pub fn reshape(&self, answer: &mut Value) {
         if !self.needs_reshape() {
@@ -158,6 +286,25 @@ impl ProxyStream {
         if !needs_value {
             return sse_bytes(&data);
         }
+        // A chunk is an object: read raw, assembled and reshaped without a tree.
+        if let Ok(chunk) = RawObject::parse(&data)
+            && !raw::needs_tree_check(data.as_bytes())
+        {
+            if let Some(a) = self.assembler.as_mut()
+                && let Err(message) = a.feed_checked_raw(&chunk)
+            {
+                self.unusable.get_or_insert(message);
+            }
+            if !self.shape.needs_reshape() || chunk.contains_key("error") {
+                return sse_bytes(&data);
+            }
+            let mut out = Vec::with_capacity(data.len() + 8);
+            out.extend_from_slice(b"data: ");
+            self.shape.write(&chunk, None, None, &mut out);
+            out.extend_from_slice(b"\n\n");
+            return Bytes::from(out);
+        }
+        // Not an object (not JSON, or JSON of another type): as a tree.
         let mut chunk: Value = match serde_json::from_str(&data) {
             Ok(v) => v,
             Err(e) => {
@@ -205,7 +352,7 @@ impl ProxyStream {
             tracing::warn!("the stream ended without a finish reason; turn not used for training");
             turn.guard.set_reason("stream_unfinished");
         } else {
-            self.app.capture().submit(turn.job(rollout));
+            turn.submit(self.app.capture(), rollout);
         }
     }
 
@@ -273,5 +420,108 @@ impl Drop for ProxyStream {
                 "client went away mid-stream; upstream request cancelled, turn not used for training"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn shapes() -> Vec<ClientShape> {
+        let mut out = Vec::new();
+        for logprobs in [false, true] {
+            for top_logprobs in [0, 2] {
+                for injected_token_ids in [false, true] {
+                    for client_prompt_ids in [false, true] {
+                        out.push(ClientShape {
+                            logprobs,
+                            top_logprobs,
+                            injected_token_ids,
+                            client_prompt_ids,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn answers() -> Vec<Value> {
+        let entry = |t: &str| json!({"token": t, "bytes": [104], "logprob": -0.25, "top_logprobs": [{"token": t, "logprob": -0.25}]});
+        vec![
+            json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+                "message": {"role": "assistant", "content": "Hi"},
+                "logprobs": {"content": [entry("Hi"), {"token": "!", "logprob": -1.5}, 7]},
+                "finish_reason": "stop", "matched_stop": 151645,
+                "response_token_ids": [1, 2], "prompt_token_ids": [3]}],
+                "usage": {"prompt_tokens": 1}, "metadata": {"weight_version": "v1"}}),
+            // vLLM: prompt ids at the response level, `token_ids` per choice
+            json!({"prompt_token_ids": [3, 4], "choices": [{"index": 0, "message": {"content": "a"},
+                "logprobs": {"content": [entry("a")]}, "token_ids": [5]}], "session_id": "old"}),
+            // a chunk, a choice without log-probs, one that is not an object
+            json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "c"},
+                "logprobs": null}, 3, {"index": 1, "logprobs": {"content": "x"}}]}),
+            json!({"choices": "none", "prompt_token_ids": [1]}),
+            json!({"choices": [], "usage": {}}),
+        ]
+    }
+
+    /// The raw writer leaves every answer as reshaping its tree did (the same keys and values);
+    /// the session id is set in place or added last.
+    #[test]
+    fn writing_raw_equals_reshaping_the_tree() {
+        for shape in shapes() {
+            for answer in answers() {
+                let mut expected = answer.clone();
+                shape.reshape(&mut expected);
+                let text = answer.to_string();
+                let obj = RawObject::parse(&text).expect("object");
+                let mut out = Vec::new();
+                shape.write(&obj, None, None, &mut out);
+                let got: Value = serde_json::from_slice(&out).expect("JSON");
+                assert_eq!(got, expected, "{shape:?} {answer}");
+                if let Some(o) = expected.as_object_mut() {
+                    o.insert("session_id".into(), json!("s\"1"));
+                }
+                let mut out = Vec::new();
+                let choices = choices_of(obj.get("choices"));
+                shape.write(
+                    &obj,
+                    choices.as_deref(),
+                    Some(("session_id", br#""s\"1""#)),
+                    &mut out,
+                );
+                let got: Value = serde_json::from_slice(&out).expect("JSON");
+                assert_eq!(got, expected, "{shape:?} {answer}");
+                let keys: Vec<_> = got.as_object().expect("object").keys().collect();
+                let want: Vec<_> = expected.as_object().expect("object").keys().collect();
+                // Keys the client keeps keep the upstream's order (removals do not reorder).
+                let mut sorted_got = keys.clone();
+                sorted_got.sort();
+                let mut sorted_want = want.clone();
+                sorted_want.sort();
+                assert_eq!(sorted_got, sorted_want);
+            }
+        }
+    }
+
+    /// Nothing to take out: the answer's bytes go to the client as they came.
+    #[test]
+    fn an_answer_the_client_asked_for_whole_is_passed_on_byte_for_byte() {
+        let shape = ClientShape {
+            logprobs: true,
+            top_logprobs: 1,
+            injected_token_ids: false,
+            client_prompt_ids: false,
+        };
+        let text = r#"{"id":"x","choices":[{"index":0,"logprobs":{"content":[{"token":"a","logprob":-0.10000000000000001,"top_logprobs":[]}]}}]}"#;
+        let obj = RawObject::parse(text).expect("object");
+        let mut out = Vec::new();
+        shape.write(&obj, None, Some(("session_id", b"\"s\"")), &mut out);
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf-8"),
+            &format!("{},\"session_id\":\"s\"}}", &text[..text.len() - 1])
+        );
     }
 }

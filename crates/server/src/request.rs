@@ -2,8 +2,11 @@
 //! body forwarded upstream.
 
 use axum::http::HeaderMap;
+use bytes::Bytes;
 use ps_core::session::{SessionHeaders, TurnType, is_truthy};
-use serde_json::{Map, Value, json};
+use ps_sglang_client::raw::{self, Edit, Kind, RawObject};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 
@@ -18,30 +21,22 @@ pub const SESSION_ID_HEADER: &str = "x-session-id";
 pub const TURN_TYPE_HEADER: &str = "x-turn-type";
 pub const SESSION_DONE_HEADER: &str = "x-session-done";
 
-/// A validated chat request.
+/// A validated chat request. The body is not parsed into a tree: its top-level fields are kept
+/// as the client's JSON text, in order, and only what the proxy reads is read from them.
 #[derive(Debug)]
 pub struct ChatRequest {
-    /// The client's body without our session keys; everything else untouched.
-    pub body: Map<String, Value>,
+    /// The client's body without our session keys, every other field as it came.
+    fields: Vec<(String, Box<RawValue>)>,
+    /// The last of `messages` (validated: a non-empty array of objects).
+    last_message: Box<RawValue>,
     pub session: SessionHeaders,
     pub stream: bool,
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn wrong_type(field: &str, expected: &str, got: &Value) -> ApiError {
+fn wrong_type(field: &str, expected: &str, got: Kind) -> ApiError {
     ApiError::invalid(
         "invalid_type",
-        format!("`{field}` must be {expected}, got {}", type_name(got)),
+        format!("`{field}` must be {expected}, got {}", got.name()),
     )
 }
 
@@ -51,22 +46,42 @@ pub fn parse(bytes: &[u8], headers: &HeaderMap) -> Result<ChatRequest, ApiError>
     parse_limited(bytes, headers, usize::MAX)
 }
 
+/// The body's top-level object, or the error a client gets for a body that is not one.
+fn top_object(bytes: &[u8]) -> Result<RawObject<'_>, ApiError> {
+    let raw_error = match std::str::from_utf8(bytes) {
+        Ok(text) => match RawObject::parse(text) {
+            // Deep nesting and surrogate escapes are checked as a tree parse would.
+            Ok(top) if !raw::needs_tree_check(bytes) => return Ok(top),
+            Ok(top) => match serde_json::from_slice::<Value>(bytes) {
+                Ok(_) => return Ok(top),
+                Err(e) => return Err(ApiError::InvalidJson(e.to_string())),
+            },
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    // Not an object: the message a tree parse gives (not JSON), or the type it has.
+    let kind = match serde_json::from_slice::<Value>(bytes) {
+        Err(e) => return Err(ApiError::InvalidJson(e.to_string())),
+        Ok(Value::Null) => Kind::Null,
+        Ok(Value::Bool(_)) => Kind::Bool,
+        Ok(Value::Number(_)) => Kind::Number,
+        Ok(Value::String(_)) => Kind::String,
+        Ok(Value::Array(_)) => Kind::Array,
+        Ok(Value::Object(_)) => return Err(ApiError::InvalidJson(raw_error)),
+    };
+    Err(wrong_type("body", "a JSON object", kind))
+}
+
 /// As [`parse`], with at most `max_messages` messages (`server.max_messages`).
 pub fn parse_limited(
     bytes: &[u8],
     headers: &HeaderMap,
     max_messages: usize,
 ) -> Result<ChatRequest, ApiError> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
-    let Value::Object(mut body) = value else {
-        return Err(wrong_type("body", "a JSON object", &value));
-    };
-    validate_messages(body.get("messages"))?;
-    let count = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
+    let body = top_object(bytes)?;
+    let messages = validate_messages(body.get("messages"))?;
+    let count = messages.len();
     if count > max_messages {
         return Err(ApiError::invalid(
             "too_many_messages",
@@ -76,33 +91,48 @@ pub fn parse_limited(
         ));
     }
     let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => return Err(wrong_type("stream", "a boolean", other)),
+        None => false,
+        Some(v) => match Kind::of(v) {
+            Kind::Null => false,
+            Kind::Bool => raw::as_bool(v) == Some(true),
+            other => return Err(wrong_type("stream", "a boolean", other)),
+        },
     };
     if let Some(tools) = body.get("tools")
-        && !matches!(tools, Value::Array(_) | Value::Null)
+        && !matches!(Kind::of(tools), Kind::Array | Kind::Null)
     {
-        return Err(wrong_type("tools", "an array", tools));
+        return Err(wrong_type("tools", "an array", Kind::of(tools)));
     }
-    let session = session_keys(&mut body, headers)?;
+    let session = session_keys(&body, headers)?;
+    // Validated non-empty above.
+    let last_message = messages.last().map(|m| (*m).to_owned()).ok_or_else(|| {
+        ApiError::invalid(
+            "empty_messages",
+            "`messages` must hold at least one message",
+        )
+    })?;
+    let fields = body
+        .entries()
+        .filter(|(k, _)| ![SESSION_ID_KEY, SESSION_DONE_KEY, TURN_TYPE_KEY].contains(k))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
     Ok(ChatRequest {
-        body,
+        fields,
+        last_message,
         session,
         stream,
     })
 }
 
-fn validate_messages(messages: Option<&Value>) -> Result<(), ApiError> {
-    let messages = match messages {
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid(
-                "missing_messages",
-                "`messages` is required",
-            ));
-        }
-        Some(Value::Array(m)) => m,
-        Some(other) => return Err(wrong_type("messages", "an array", other)),
+/// Checks `messages` (a non-empty array of objects, each with a string `role` and a string, array
+/// or null `content`) and returns its elements.
+fn validate_messages(messages: Option<&RawValue>) -> Result<Vec<&RawValue>, ApiError> {
+    let missing = || ApiError::invalid("missing_messages", "`messages` is required");
+    let messages = messages.ok_or_else(missing)?;
+    let messages = match Kind::of(messages) {
+        Kind::Null => return Err(missing()),
+        Kind::Array => raw::array(messages).unwrap_or_default(),
+        other => return Err(wrong_type("messages", "an array", other)),
     };
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -111,11 +141,15 @@ fn validate_messages(messages: Option<&Value>) -> Result<(), ApiError> {
         ));
     }
     for (i, m) in messages.iter().enumerate() {
-        let Value::Object(obj) = m else {
-            return Err(wrong_type(&format!("messages[{i}]"), "an object", m));
+        let Some(obj) = RawObject::of(m) else {
+            return Err(wrong_type(
+                &format!("messages[{i}]"),
+                "an object",
+                Kind::of(m),
+            ));
         };
-        match obj.get("role") {
-            Some(Value::String(_)) => {}
+        match obj.get("role").map(Kind::of) {
+            Some(Kind::String) => {}
             None => {
                 return Err(ApiError::invalid(
                     "invalid_message",
@@ -130,8 +164,8 @@ fn validate_messages(messages: Option<&Value>) -> Result<(), ApiError> {
                 ));
             }
         }
-        if let Some(c) = obj.get("content")
-            && !matches!(c, Value::String(_) | Value::Array(_) | Value::Null)
+        if let Some(c) = obj.get("content").map(Kind::of)
+            && !matches!(c, Kind::String | Kind::Array | Kind::Null)
         {
             return Err(wrong_type(
                 &format!("messages[{i}].content"),
@@ -140,7 +174,7 @@ fn validate_messages(messages: Option<&Value>) -> Result<(), ApiError> {
             ));
         }
     }
-    Ok(())
+    Ok(messages)
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -151,22 +185,21 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|s| !s.is_empty())
 }
 
-fn body_str(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
+/// A body key's value as text: a non-blank string (trimmed), a number or a boolean.
+fn body_str(v: &RawValue) -> Option<String> {
+    match Kind::of(v) {
+        Kind::String => raw::as_str(v)
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.trim().to_owned()),
+        Kind::Number | Kind::Bool => Some(raw::to_value(v).to_string()),
         _ => None,
     }
 }
 
-fn session_keys(
-    body: &mut Map<String, Value>,
-    headers: &HeaderMap,
-) -> Result<SessionHeaders, ApiError> {
-    let body_id = body.remove(SESSION_ID_KEY).as_ref().and_then(body_str);
-    let body_done = body.remove(SESSION_DONE_KEY).as_ref().and_then(body_str);
-    let body_turn = body.remove(TURN_TYPE_KEY).as_ref().and_then(body_str);
+fn session_keys(body: &RawObject<'_>, headers: &HeaderMap) -> Result<SessionHeaders, ApiError> {
+    let body_id = body.get(SESSION_ID_KEY).and_then(body_str);
+    let body_done = body.get(SESSION_DONE_KEY).and_then(body_str);
+    let body_turn = body.get(TURN_TYPE_KEY).and_then(body_str);
 
     let session_id = header_str(headers, SESSION_ID_HEADER)
         .map(str::to_owned)
@@ -194,6 +227,64 @@ fn session_keys(
     })
 }
 
+impl ChatRequest {
+    /// A top-level field as the client sent it (our session keys are gone).
+    pub fn get(&self, key: &str) -> Option<&RawValue> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| &**v)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// `messages`, as the client sent it (a validated array).
+    pub fn messages_json(&self) -> &RawValue {
+        self.get("messages").unwrap_or(&self.last_message)
+    }
+
+    /// `messages` as trees (session inference; capture parses them on its own threads).
+    pub fn messages(&self) -> Vec<Value> {
+        serde_json::from_str(self.messages_json().get()).unwrap_or_default()
+    }
+
+    /// The last message as a tree (the previous turn's next state).
+    pub fn last_message(&self) -> Value {
+        raw::to_value(&self.last_message)
+    }
+
+    /// The body as a tree without our session keys (the side-turn rules read it).
+    pub fn body_map(&self) -> Map<String, Value> {
+        self.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), raw::to_value(v)))
+            .collect()
+    }
+
+    /// `tools`, unless absent or null.
+    pub fn tools_json(&self) -> Option<&RawValue> {
+        self.get("tools").filter(|t| Kind::of(t) != Kind::Null)
+    }
+
+    /// `chat_template_kwargs`, when it is an object.
+    pub fn template_kwargs_json(&self) -> Option<&RawValue> {
+        self.get("chat_template_kwargs")
+            .filter(|t| Kind::of(t) == Kind::Object)
+    }
+
+    /// `key` is `true`.
+    pub fn is_true(&self, key: &str) -> bool {
+        self.get(key).and_then(raw::as_bool) == Some(true)
+    }
+
+    /// `key` as a non-negative integer.
+    pub fn u64_of(&self, key: &str) -> Option<u64> {
+        self.get(key).and_then(raw::as_u64)
+    }
+}
+
 /// Options that shape the forwarded body.
 #[derive(Debug, Clone)]
 pub struct ForwardOptions<'a> {
@@ -202,37 +293,84 @@ pub struct ForwardOptions<'a> {
     pub return_token_ids: bool,
 }
 
+/// The body sent upstream, as JSON text.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    pub body: Bytes,
+    /// Whether it asks for the engine's ids (`return_token_ids: true`, ours or the client's).
+    pub return_token_ids: bool,
+}
+
 /// The body sent upstream: log-probs forced on (`top_logprobs` at least 1), `model` filled when absent,
-/// `stream` set as decided, every other field untouched.
-pub fn forward_body(body: &Map<String, Value>, opts: &ForwardOptions<'_>) -> Value {
-    let mut out = body.clone();
-    out.insert("logprobs".into(), json!(true));
-    let top = out
-        .get("top_logprobs")
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
-        .max(1);
-    out.insert("top_logprobs".into(), json!(top));
-    match out.get("model") {
-        Some(Value::String(s)) if !s.is_empty() => {}
-        _ => {
-            out.insert("model".into(), json!(opts.served_model_name));
-        }
+/// `stream` set as decided, every other field untouched. Written from the client's own text: fields
+/// keep their order and bytes; a field we set keeps its place, one we add comes last.
+pub fn forward_body(req: &ChatRequest, opts: &ForwardOptions<'_>) -> Forwarded {
+    let top = req.u64_of("top_logprobs").unwrap_or(0).max(1).to_string();
+    let model_ok = req
+        .get("model")
+        .and_then(raw::as_str)
+        .is_some_and(|m| !m.is_empty());
+    let model = serde_json::to_string(opts.served_model_name).unwrap_or_else(|_| "\"\"".into());
+    let stream: &[u8] = if opts.stream { b"true" } else { b"false" };
+    let add_ids = !opts.stream && opts.return_token_ids && !req.contains_key("return_token_ids");
+    let return_token_ids = add_ids || req.is_true("return_token_ids");
+    let fields = RawObject::from_entries(
+        req.fields
+            .iter()
+            .map(|(k, v)| (std::borrow::Cow::Borrowed(k.as_str()), &**v)),
+    );
+    let mut append: Vec<(&str, &[u8])> = Vec::new();
+    if !req.contains_key("logprobs") {
+        append.push(("logprobs", b"true"));
     }
-    out.insert("stream".into(), json!(opts.stream));
-    if !opts.stream {
-        out.remove("stream_options");
-        if opts.return_token_ids && !out.contains_key("return_token_ids") {
-            out.insert("return_token_ids".into(), json!(true));
-        }
+    if !req.contains_key("top_logprobs") {
+        append.push(("top_logprobs", top.as_bytes()));
     }
-    Value::Object(out)
+    if !req.contains_key("model") {
+        append.push(("model", model.as_bytes()));
+    }
+    if !req.contains_key("stream") {
+        append.push(("stream", stream));
+    }
+    if add_ids {
+        append.push(("return_token_ids", b"true"));
+    }
+    let mut out = Vec::with_capacity(
+        req.fields
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum::<usize>()
+            + 128,
+    );
+    raw::write_object(
+        &mut out,
+        &fields,
+        |k, _| match k {
+            "logprobs" => Edit::Replace(b"true".as_slice().into()),
+            "top_logprobs" => Edit::Replace(top.as_bytes().into()),
+            "model" if !model_ok => Edit::Replace(model.as_bytes().into()),
+            "stream" => Edit::Replace(stream.into()),
+            "stream_options" if !opts.stream => Edit::Drop,
+            _ => Edit::Keep,
+        },
+        &append,
+    );
+    Forwarded {
+        body: Bytes::from(out),
+        return_token_ids,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use serde_json::json;
+
+    /// The forwarded body as a tree, for assertions.
+    fn forward_body(req: &ChatRequest, opts: &ForwardOptions<'_>) -> Value {
+        serde_json::from_slice(&super::forward_body(req, opts).body).expect("JSON")
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -253,10 +391,11 @@ mod tests {
         assert_eq!(r.session.session_id.as_deref(), Some("h"));
         assert_eq!(r.session.turn_type, Some(TurnType::Main));
         assert!(r.session.done);
-        assert!(!r.body.contains_key("session_id"));
-        assert!(!r.body.contains_key("turn_type"));
-        assert!(!r.body.contains_key("session_done"));
-        assert_eq!(r.body["x_extra"], 1);
+        let body = r.body_map();
+        assert!(!body.contains_key("session_id"));
+        assert!(!body.contains_key("turn_type"));
+        assert!(!body.contains_key("session_done"));
+        assert_eq!(body["x_extra"], 1);
     }
 
     #[test]
@@ -337,7 +476,7 @@ mod tests {
             stream: false,
             return_token_ids: true,
         };
-        let f = forward_body(&r.body, &opts);
+        let f = forward_body(&r, &opts);
         assert_eq!(f["logprobs"], true);
         assert_eq!(f["top_logprobs"], 5);
         assert_eq!(f["model"], "qwen3-4b");
@@ -345,7 +484,7 @@ mod tests {
         assert_eq!(f["return_token_ids"], true);
         assert!(f.get("stream_options").is_none());
         let streamed = forward_body(
-            &r.body,
+            &r,
             &ForwardOptions {
                 stream: true,
                 ..opts
@@ -368,7 +507,7 @@ mod tests {
         )
         .expect("valid");
         let f = forward_body(
-            &r.body,
+            &r,
             &ForwardOptions {
                 served_model_name: "x",
                 stream: false,
@@ -391,5 +530,128 @@ mod limit_tests {
         assert_eq!(e.code(), "too_many_messages");
         assert!(e.to_string().contains("server.max_messages"));
         assert!(parse_limited(body, &HeaderMap::new(), 3).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod typed_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The same messages as when the body was parsed into a tree.
+    #[test]
+    fn bad_bodies_get_the_same_messages() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"{not json", "key must be a string at line 1 column 2"),
+            (b"", "EOF while parsing a value at line 1 column 0"),
+            (b"{\"a\":1} x", "trailing characters at line 1 column 9"),
+            (b"[1]", "`body` must be a JSON object, got an array"),
+            (b"\"x\"", "`body` must be a JSON object, got a string"),
+            (b"{}", "`messages` is required"),
+            (br#"{"messages":null}"#, "`messages` is required"),
+            (
+                br#"{"messages":"hi"}"#,
+                "`messages` must be an array, got a string",
+            ),
+            (
+                br#"{"messages":[]}"#,
+                "`messages` must hold at least one message",
+            ),
+            (
+                br#"{"messages":[1]}"#,
+                "`messages[0]` must be an object, got a number",
+            ),
+            (
+                br#"{"messages":[{"role":"user"},{"content":"x"}]}"#,
+                "`messages[1].role` is required",
+            ),
+            (
+                br#"{"messages":[{"role":null}]}"#,
+                "`messages[0].role` must be a string, got null",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":5}]}"#,
+                "`messages[0].content` must be a string, an array of parts or null, got a number",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+                "`stream` must be a boolean, got a string",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"tools":{}}"#,
+                "`tools` must be an array, got an object",
+            ),
+        ];
+        for (body, message) in cases {
+            let e = parse(body, &HeaderMap::new()).expect_err("must fail");
+            assert!(
+                e.to_string().contains(message),
+                "{}: {e}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    /// Unknown fields reach the upstream as the client wrote them (same bytes, same order); the
+    /// fields we set keep their place, those we add come last.
+    #[test]
+    fn unknown_fields_are_forwarded_as_written() {
+        let body = br#"{"foo": {"b": 1.50, "a": "\u00e9"}, "messages": [{"role": "user", "content": "hi", "x": [1e3]}], "session_id": "s", "top_logprobs": 0, "zeta": null, "stream": true, "stream_options": {"include_usage": true}, "logprobs": false, "turn_type": "main"}"#;
+        let r = parse(body, &HeaderMap::new()).expect("valid");
+        let opts = ForwardOptions {
+            served_model_name: "q\"3",
+            stream: false,
+            return_token_ids: true,
+        };
+        let f = forward_body(&r, &opts);
+        let text = std::str::from_utf8(&f.body).expect("utf-8");
+        assert_eq!(
+            text,
+            r#"{"foo":{"b": 1.50, "a": "\u00e9"},"messages":[{"role": "user", "content": "hi", "x": [1e3]}],"top_logprobs":1,"zeta":null,"stream":false,"logprobs":true,"model":"q\"3","return_token_ids":true}"#
+        );
+        assert!(f.return_token_ids);
+        // Equal in meaning to the tree the proxy forwarded before.
+        let mut expected: Value = serde_json::from_slice(body).expect("JSON");
+        let obj = expected.as_object_mut().expect("object");
+        for k in ["session_id", "turn_type", "stream_options"] {
+            obj.shift_remove(k);
+        }
+        obj.insert("logprobs".into(), json!(true));
+        obj.insert("top_logprobs".into(), json!(1));
+        obj.insert("model".into(), json!("q\"3"));
+        obj.insert("stream".into(), json!(false));
+        obj.insert("return_token_ids".into(), json!(true));
+        let sent: Value = serde_json::from_slice(&f.body).expect("JSON");
+        assert_eq!(sent, expected);
+        // A client's own `return_token_ids: false` is kept and means no ids were asked for.
+        let r = parse(
+            br#"{"messages":[{"role":"user","content":"x"}],"return_token_ids":false}"#,
+            &HeaderMap::new(),
+        )
+        .expect("valid");
+        let f = forward_body(&r, &opts);
+        assert!(!f.return_token_ids);
+        assert!(
+            std::str::from_utf8(&f.body)
+                .expect("utf-8")
+                .contains(r#""return_token_ids":false"#)
+        );
+    }
+
+    #[test]
+    fn the_request_parts_capture_needs_are_read_from_the_text() {
+        let r = parse(
+            br#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}],"tools":null,"chat_template_kwargs":{"enable_thinking":false},"session_id":7}"#,
+            &HeaderMap::new(),
+        )
+        .expect("valid");
+        assert_eq!(r.session.session_id.as_deref(), Some("7"));
+        assert_eq!(r.last_message(), json!({"role": "user", "content": "u"}));
+        assert_eq!(r.messages().len(), 2);
+        assert!(r.tools_json().is_none());
+        assert_eq!(
+            r.template_kwargs_json().map(RawValue::get),
+            Some(r#"{"enable_thinking":false}"#)
+        );
     }
 }

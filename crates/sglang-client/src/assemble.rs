@@ -5,51 +5,113 @@
 //! real builds send (docs/upstream-protocols.md), kept beside the code they pin.
 
 use ps_core::{EngineIds, FinishReason, RolloutResponse, SampledToken};
+use serde::Deserialize;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-fn first_choice(resp: &Value) -> Option<&Value> {
-    resp.get("choices")?.as_array()?.first()
+use crate::SglangError;
+use crate::raw::{self, Kind, Lax, RawObject};
+
+/// How much of an unparsable body an error message quotes.
+const SNIPPET_BYTES: usize = 80;
+
+/// One `logprobs.content[]` entry: only its token text and log-prob are read; the rest (bytes, top
+/// log-probs) is skipped without being built. An entry that is not an object reads as empty.
+#[derive(Debug, Default)]
+struct LogprobEntry {
+    token: Option<String>,
+    logprob: Option<f64>,
+}
+
+impl<'de> Deserialize<'de> for LogprobEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LogprobEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a log-prob entry")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut e = LogprobEntry::default();
+                while let Some(key) = map.next_key::<raw::Key<'de>>()? {
+                    match key.0.as_ref() {
+                        "token" => e.token = map.next_value::<Lax<String>>()?.0,
+                        "logprob" => e.logprob = map.next_value::<Lax<f64>>()?.0,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(e)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(LogprobEntry::default())
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(LogprobEntry::default())
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(LogprobEntry::default())
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(LogprobEntry::default())
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(LogprobEntry::default())
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(LogprobEntry::default())
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(LogprobEntry::default())
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The object under `key` of `obj`, when it is one.
+fn object<'a>(obj: &RawObject<'a>, key: &str) -> Option<RawObject<'a>> {
+    RawObject::of(obj.get(key)?)
 }
 
 /// Reads `logprobs.content[]` entries into sampled tokens (entries without a numeric log-prob are
-/// skipped: they carry nothing to align).
-fn push_logprob_entries(logprobs: Option<&Value>, out: &mut Vec<SampledToken>) {
-    let Some(entries) = logprobs
+/// skipped: they carry nothing to align). The entries are read in one pass, without a tree.
+fn push_logprob_entries(logprobs: Option<&RawValue>, out: &mut Vec<SampledToken>) {
+    let Some(content) = logprobs
+        .and_then(RawObject::of)
         .and_then(|l| l.get("content"))
-        .and_then(Value::as_array)
+        .filter(|c| Kind::of(c) == Kind::Array)
     else {
         return;
     };
+    let Ok(entries) = serde_json::from_str::<Vec<LogprobEntry>>(content.get()) else {
+        return;
+    };
+    out.reserve(entries.len());
     for e in entries {
-        let Some(logprob) = e.get("logprob").and_then(Value::as_f64) else {
+        let Some(logprob) = e.logprob else {
             continue;
         };
-        let token = e
-            .get("token")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
         out.push(SampledToken {
-            token,
+            token: e.token.unwrap_or_default(),
             id: None,
             logprob,
         });
     }
 }
 
-fn as_ids(v: &Value) -> Option<Vec<u32>> {
-    v.as_array()?
-        .iter()
-        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
-}
-
 /// `sglext.<key>` ids of the first choice: a flat list, or one list per choice.
-fn sglext_ids(sglext: Option<&Value>, key: &str) -> Option<Vec<u32>> {
-    let v = sglext?.get(key)?;
-    match v.as_array()?.first() {
-        Some(Value::Array(_)) => as_ids(v.as_array()?.first()?),
-        _ => as_ids(v),
+fn sglext_ids(sglext: Option<&RawValue>, key: &str) -> Option<Vec<u32>> {
+    let v = RawObject::of(sglext?)?.get(key)?;
+    match raw::array(v)?.first() {
+        Some(first) if Kind::of(first) == Kind::Array => raw::as_ids(first),
+        _ => raw::as_ids(v),
     }
 }
 
@@ -57,11 +119,11 @@ fn sglext_ids(sglext: Option<&Value>, key: &str) -> Option<Vec<u32>> {
 /// its August 2026 rename `choices[].response_token_ids`, earlier SGLang and vLLM
 /// `choices[].token_ids`, `sglext.output_ids` (per choice or response-level), and the ids of
 /// `meta_info.output_token_logprobs` (`return_meta_info`). Returns the ids and the field's name.
-fn response_ids(resp: &Value, choice: &Value) -> Option<(Vec<u32>, &'static str)> {
-    if let Some(ids) = choice.get("response_token_ids").and_then(as_ids) {
+fn response_ids(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<(Vec<u32>, &'static str)> {
+    if let Some(ids) = choice.get("response_token_ids").and_then(raw::as_ids) {
         return Some((ids, "response_token_ids"));
     }
-    if let Some(ids) = choice.get("token_ids").and_then(as_ids) {
+    if let Some(ids) = choice.get("token_ids").and_then(raw::as_ids) {
         return Some((ids, "token_ids"));
     }
     if let Some(ids) = sglext_ids(choice.get("sglext"), "output_ids")
@@ -69,15 +131,13 @@ fn response_ids(resp: &Value, choice: &Value) -> Option<(Vec<u32>, &'static str)
     {
         return Some((ids, "sglext.output_ids"));
     }
-    let triples = choice
-        .get("meta_info")?
-        .get("output_token_logprobs")?
-        .as_array()?;
+    let triples = raw::array(object(choice, "meta_info")?.get("output_token_logprobs")?)?;
     let ids: Option<Vec<u32>> = triples
         .iter()
         .map(|t| {
-            t.get(1)
-                .and_then(Value::as_u64)
+            raw::array(t)?
+                .get(1)
+                .and_then(|id| raw::as_u64(id))
                 .and_then(|n| u32::try_from(n).ok())
         })
         .collect();
@@ -86,18 +146,16 @@ fn response_ids(resp: &Value, choice: &Value) -> Option<(Vec<u32>, &'static str)
 
 /// The engine's prompt ids: `choices[].prompt_token_ids` (SGLang), the response-level
 /// `prompt_token_ids` (vLLM), or `sglext.input_ids`.
-fn prompt_ids(resp: &Value, choice: &Value) -> Option<Vec<u32>> {
+fn prompt_ids(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<Vec<u32>> {
     choice
         .get("prompt_token_ids")
-        .and_then(as_ids)
-        .or_else(|| resp.get("prompt_token_ids").and_then(as_ids))
+        .and_then(raw::as_ids)
+        .or_else(|| resp.get("prompt_token_ids").and_then(raw::as_ids))
         .or_else(|| sglext_ids(choice.get("sglext"), "input_ids"))
         .or_else(|| sglext_ids(resp.get("sglext"), "input_ids"))
 }
 
-/// Both the engine's prompt and response ids, when it returned both.
-pub fn engine_ids(resp: &Value) -> Option<EngineIds> {
-    let choice = first_choice(resp)?;
+fn engine_ids_of(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<EngineIds> {
     let (response, field) = response_ids(resp, choice)?;
     let prompt = prompt_ids(resp, choice)?;
     Some(EngineIds {
@@ -107,54 +165,168 @@ pub fn engine_ids(resp: &Value) -> Option<EngineIds> {
     })
 }
 
+/// Both the engine's prompt and response ids, when it returned both.
+pub fn engine_ids(resp: &Value) -> Option<EngineIds> {
+    Answer::with_value(resp, |a| a.engine_ids()).flatten()
+}
+
 /// The policy version of a non-streamed answer: `metadata.weight_version` (chat), or
 /// `meta_info.weight_version` of the first choice.
-fn weight_version(resp: &Value) -> Option<String> {
-    let v = resp
-        .get("metadata")
+fn weight_version(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<String> {
+    let v = object(resp, "metadata")
         .and_then(|m| m.get("weight_version"))
-        .or_else(|| first_choice(resp)?.get("meta_info")?.get("weight_version"))?;
-    match v {
-        Value::String(s) => Some(s.clone()),
+        .or_else(|| object(choice, "meta_info")?.get("weight_version"))?;
+    match raw::to_value(v) {
+        Value::String(s) => Some(s),
         Value::Number(n) => Some(n.to_string()),
         _ => None,
     }
 }
 
-fn finish_of(choice: &Value) -> FinishReason {
+fn finish_of(choice: &RawObject<'_>) -> FinishReason {
     FinishReason {
         reason: choice
             .get("finish_reason")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        matched_stop: choice.get("matched_stop").cloned().unwrap_or(Value::Null),
+            .and_then(raw::as_str)
+            .map(std::borrow::Cow::into_owned),
+        matched_stop: choice
+            .get("matched_stop")
+            .map_or(Value::Null, raw::to_value),
     }
 }
 
-/// The answer of a non-streamed chat completion (first choice).
-pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
-    let Some(choice) = first_choice(resp) else {
-        return RolloutResponse::default();
-    };
-    let mut tokens = Vec::new();
-    push_logprob_entries(choice.get("logprobs"), &mut tokens);
-    if let Some((ids, _)) = response_ids(resp, choice) {
-        // Ids are only trusted when they cover the reported tokens one for one.
-        if ids.len() == tokens.len() {
-            for (t, id) in tokens.iter_mut().zip(ids) {
-                t.id = Some(id);
+/// A non-streamed chat answer, read without building a tree: the top-level object's entries with
+/// their values unparsed. What the proxy needs (the message, the sampled tokens, the ids) is read
+/// from it on demand; the client's copy is written from its raw bytes.
+#[derive(Debug, Clone)]
+pub struct Answer<'a> {
+    top: RawObject<'a>,
+    /// `choices` when it is an array: each element, and the element as an object when it is one
+    /// (read once, for both the rollout and the client's copy).
+    choices: Option<Vec<Choice<'a>>>,
+}
+
+/// One element of `choices`: its text, and its entries when it is an object.
+pub type Choice<'a> = (&'a RawValue, Option<RawObject<'a>>);
+
+/// The elements of a raw `choices` value, each read as an object when it is one.
+pub fn choices_of(choices: Option<&RawValue>) -> Option<Vec<Choice<'_>>> {
+    let elems = raw::array(choices?)?;
+    Some(elems.into_iter().map(|c| (c, RawObject::of(c))).collect())
+}
+
+impl<'a> Answer<'a> {
+    /// Reads the upstream's answer body. Not JSON, or JSON but not an object: the error the
+    /// proxy answers 502 with (`url` is the chat URL it came from).
+    pub fn parse(url: &str, body: &'a [u8]) -> Result<Self, SglangError> {
+        if let Ok(text) = std::str::from_utf8(body)
+            && let Ok(top) = RawObject::parse(text)
+            && (!raw::needs_tree_check(body) || serde_json::from_slice::<Value>(body).is_ok())
+        {
+            return Ok(Self::of(top));
+        }
+        // Not an object: the same errors as when the body was parsed into a tree.
+        let detail = match serde_json::from_slice::<Value>(body) {
+            Err(e) => format!(
+                "{e} (body starts with {:?})",
+                ps_http::head(body, SNIPPET_BYTES)
+            ),
+            Ok(_) => "the answer is not a JSON object".to_owned(),
+        };
+        Err(SglangError::InvalidBody {
+            url: url.to_owned(),
+            detail,
+        })
+    }
+
+    fn of(top: RawObject<'a>) -> Self {
+        let choices = choices_of(top.get("choices"));
+        Self { top, choices }
+    }
+
+    /// The answer's top-level object.
+    pub fn object(&self) -> &RawObject<'a> {
+        &self.top
+    }
+
+    /// `choices`, when it is an array, each element with its entries when it is an object.
+    pub fn choices(&self) -> Option<&[Choice<'a>]> {
+        self.choices.as_deref()
+    }
+
+    /// The first choice: `None` when `choices` is missing, not an array or empty; a choice that
+    /// is not an object reads as an empty one (none of its fields exist).
+    fn first_choice(&self) -> Option<RawObject<'a>> {
+        let (_, first) = self.choices.as_ref()?.first()?;
+        Some(first.clone().unwrap_or_default())
+    }
+
+    /// `choices[0].message`, when there is one.
+    pub fn message(&self) -> Option<Value> {
+        self.first_choice()?.get("message").map(raw::to_value)
+    }
+
+    /// Both the engine's prompt and response ids, when it returned both.
+    pub fn engine_ids(&self) -> Option<EngineIds> {
+        engine_ids_of(&self.top, &self.first_choice()?)
+    }
+
+    /// The answer as a tree (for the rare paths that reshape it as one).
+    pub fn to_value(&self) -> Value {
+        let mut out = Vec::new();
+        raw::write_object(&mut out, &self.top, |_, _| raw::Edit::Keep, &[]);
+        serde_json::from_slice(&out).unwrap_or(Value::Null)
+    }
+
+    /// The answer of a non-streamed chat completion (first choice).
+    pub fn rollout(&self) -> RolloutResponse {
+        let resp = &self.top;
+        let Some(choice) = self.first_choice() else {
+            return RolloutResponse::default();
+        };
+        let mut tokens = Vec::new();
+        push_logprob_entries(choice.get("logprobs"), &mut tokens);
+        let response = response_ids(resp, &choice);
+        if let Some((ids, _)) = &response {
+            // Ids are only trusted when they cover the reported tokens one for one.
+            if ids.len() == tokens.len() {
+                for (t, id) in tokens.iter_mut().zip(ids) {
+                    t.id = Some(*id);
+                }
             }
         }
+        let engine_ids = response.and_then(|(response, field)| {
+            Some(EngineIds {
+                prompt: prompt_ids(resp, &choice)?,
+                response,
+                field: field.to_owned(),
+            })
+        });
+        RolloutResponse {
+            message: choice.get("message").map_or(Value::Null, raw::to_value),
+            tokens,
+            finish: finish_of(&choice),
+            streamed: false,
+            engine_ids,
+            weight_version: weight_version(resp, &choice),
+            unexplained_chars: 0,
+        }
     }
-    RolloutResponse {
-        message: choice.get("message").cloned().unwrap_or(Value::Null),
-        tokens,
-        finish: finish_of(choice),
-        streamed: false,
-        engine_ids: engine_ids(resp),
-        weight_version: weight_version(resp),
-        unexplained_chars: 0,
+
+    /// Reads a tree (an object; `None` otherwise) the same way, through its text.
+    fn with_value<T>(resp: &Value, f: impl FnOnce(&Answer<'_>) -> T) -> Option<T> {
+        if !resp.is_object() {
+            return None;
+        }
+        let text = resp.to_string();
+        let top = RawObject::parse(&text).ok()?;
+        Some(f(&Answer::of(top)))
     }
+}
+
+/// The answer of a non-streamed chat completion (first choice), from a tree.
+pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
+    Answer::with_value(resp, |a| a.rollout()).unwrap_or_default()
 }
 
 #[derive(Debug, Default)]
@@ -191,27 +363,64 @@ impl StreamAssembler {
     /// Feeds one chunk's `data:` payload. Returns an error message when the payload is not JSON or is
     /// an upstream error event; the stream is then not usable for training.
     pub fn feed_str(&mut self, data: &str) -> Result<(), String> {
-        let chunk: Value =
-            serde_json::from_str(data).map_err(|e| format!("chunk is not JSON: {e}"))?;
-        self.feed_checked(&chunk)
+        match RawObject::parse(data) {
+            Ok(chunk) if !raw::needs_tree_check(data.as_bytes()) => self.feed_checked_raw(&chunk),
+            _ => {
+                // Not an object: not JSON (the error), or JSON of another type (nothing to read).
+                let chunk: Value =
+                    serde_json::from_str(data).map_err(|e| format!("chunk is not JSON: {e}"))?;
+                self.feed_checked(&chunk)
+            }
+        }
     }
 
     /// Feeds one parsed chunk; an upstream error event is returned as an error message.
     pub fn feed_checked(&mut self, chunk: &Value) -> Result<(), String> {
+        match Self::raw_of(chunk) {
+            Some(text) => match RawObject::parse(&text) {
+                Ok(raw) => self.feed_checked_raw(&raw),
+                Err(_) => Ok(()),
+            },
+            None => {
+                self.chunks += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Feeds one chunk read as a raw object; an upstream error event is returned as an error
+    /// message.
+    pub fn feed_checked_raw(&mut self, chunk: &RawObject<'_>) -> Result<(), String> {
         if let Some(err) = chunk.get("error") {
-            let message = err
-                .get("message")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .unwrap_or_else(|| err.to_string());
+            let message = RawObject::of(err)
+                .and_then(|e| e.get("message"))
+                .and_then(raw::as_str)
+                .map_or_else(|| raw::to_value(err).to_string(), |m| m.into_owned());
             return Err(message);
         }
-        self.feed(chunk);
+        self.feed_raw(chunk);
         Ok(())
     }
 
     /// Feeds one parsed chunk.
     pub fn feed(&mut self, chunk: &Value) {
+        match Self::raw_of(chunk) {
+            Some(text) => {
+                if let Ok(raw) = RawObject::parse(&text) {
+                    self.feed_raw(&raw);
+                }
+            }
+            None => self.chunks += 1,
+        }
+    }
+
+    /// The text of a chunk that is an object.
+    fn raw_of(chunk: &Value) -> Option<String> {
+        chunk.is_object().then(|| chunk.to_string())
+    }
+
+    /// Feeds one chunk read as a raw object.
+    pub fn feed_raw(&mut self, chunk: &RawObject<'_>) {
         self.chunks += 1;
         if let Some(ids) = sglext_ids(chunk.get("sglext"), "output_ids") {
             self.sglext_response = Some(ids);
@@ -219,49 +428,50 @@ impl StreamAssembler {
         if let Some(ids) = sglext_ids(chunk.get("sglext"), "input_ids") {
             self.sglext_prompt = Some(ids);
         }
-        let Some(choice) = chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|cs| {
-                cs.iter()
-                    .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        let Some(choice) = chunk.get("choices").and_then(raw::array).and_then(|cs| {
+            cs.iter().find_map(|c| {
+                // A choice that is not an object counts as choice 0 (it has no `index`).
+                let c = RawObject::of(c).unwrap_or_default();
+                let index = c.get("index").and_then(raw::as_u64).unwrap_or(0);
+                (index == 0).then_some(c)
             })
-        else {
+        }) else {
             return; // usage chunk or another choice
         };
         if let Some(ids) = sglext_ids(choice.get("sglext"), "output_ids") {
             self.sglext_response = Some(ids);
         }
-        if let Some(delta) = choice.get("delta") {
-            for k in ["content", "reasoning_content"] {
-                if let Some(s) = delta.get(k).and_then(Value::as_str) {
-                    self.text_chars += s.chars().count();
-                }
-            }
-            for call in delta
+        if choice.contains_key("delta") {
+            let delta = object(&choice, "delta").unwrap_or_default();
+            let content = delta.get("content").and_then(raw::as_str);
+            let reasoning = delta.get("reasoning_content").and_then(raw::as_str);
+            let calls = delta
                 .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(a) = call
-                    .get("function")
+                .and_then(raw::array)
+                .unwrap_or_default();
+            let calls: Vec<RawObject<'_>> = calls
+                .iter()
+                .map(|c| RawObject::of(c).unwrap_or_default())
+                .collect();
+            for s in [&content, &reasoning].into_iter().flatten() {
+                self.text_chars += s.chars().count();
+            }
+            for call in &calls {
+                if let Some(a) = object(call, "function")
                     .and_then(|f| f.get("arguments"))
-                    .and_then(Value::as_str)
+                    .and_then(raw::as_str)
                 {
                     self.text_chars += a.chars().count();
                 }
             }
-            if let Some(s) = delta.get("content").and_then(Value::as_str) {
-                self.content.push_str(s);
+            if let Some(s) = content {
+                self.content.push_str(&s);
             }
-            if let Some(s) = delta.get("reasoning_content").and_then(Value::as_str) {
-                self.reasoning.get_or_insert_with(String::new).push_str(s);
+            if let Some(s) = reasoning {
+                self.reasoning.get_or_insert_with(String::new).push_str(&s);
             }
-            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-                for call in calls {
-                    self.feed_tool_call(call);
-                }
+            for call in &calls {
+                self.feed_tool_call(call);
             }
         }
         let before = self.tokens.len();
@@ -270,14 +480,16 @@ impl StreamAssembler {
             .iter()
             .map(|t| t.token.chars().count())
             .sum::<usize>();
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish.reason = Some(reason.to_owned());
-            self.finish.matched_stop = choice.get("matched_stop").cloned().unwrap_or(Value::Null);
+        if let Some(reason) = choice.get("finish_reason").and_then(raw::as_str) {
+            self.finish.reason = Some(reason.into_owned());
+            self.finish.matched_stop = choice
+                .get("matched_stop")
+                .map_or(Value::Null, raw::to_value);
         }
     }
 
-    fn feed_tool_call(&mut self, call: &Value) {
-        let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+    fn feed_tool_call(&mut self, call: &RawObject<'_>) {
+        let index = call.get("index").and_then(raw::as_u64).unwrap_or(0);
         let pos = match self.tool_calls.iter().position(|(i, _)| *i == index) {
             Some(p) => p,
             None => {
@@ -286,18 +498,18 @@ impl StreamAssembler {
             }
         };
         let acc = &mut self.tool_calls[pos].1;
-        if let Some(id) = call.get("id").and_then(Value::as_str) {
-            acc.id = Some(id.to_owned());
+        if let Some(id) = call.get("id").and_then(raw::as_str) {
+            acc.id = Some(id.into_owned());
         }
-        if let Some(t) = call.get("type").and_then(Value::as_str) {
-            acc.kind = Some(t.to_owned());
+        if let Some(t) = call.get("type").and_then(raw::as_str) {
+            acc.kind = Some(t.into_owned());
         }
-        if let Some(f) = call.get("function") {
-            if let Some(n) = f.get("name").and_then(Value::as_str) {
-                acc.name.push_str(n);
+        if let Some(f) = object(call, "function") {
+            if let Some(n) = f.get("name").and_then(raw::as_str) {
+                acc.name.push_str(&n);
             }
-            if let Some(a) = f.get("arguments").and_then(Value::as_str) {
-                acc.arguments.push_str(a);
+            if let Some(a) = f.get("arguments").and_then(raw::as_str) {
+                acc.arguments.push_str(&a);
             }
         }
     }
@@ -360,7 +572,12 @@ impl StreamAssembler {
 /// (`sglang.stream = false`): a delta with the whole message (and its log-probs), then a delta with the
 /// finish reason (and usage). The caller adds `data: [DONE]`.
 pub fn synthesize_chunks(resp: &Value) -> Vec<Value> {
-    let choice = first_choice(resp).cloned().unwrap_or(Value::Null);
+    let choice = resp
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .cloned()
+        .unwrap_or(Value::Null);
     let message = choice.get("message").cloned().unwrap_or(Value::Null);
     let mut delta = Map::new();
     delta.insert("role".into(), json!("assistant"));
@@ -402,6 +619,10 @@ pub fn synthesize_chunks(resp: &Value) -> Vec<Value> {
     }
     vec![Value::Object(first), Value::Object(last)]
 }
+
+#[cfg(test)]
+#[path = "assemble_tree_reference.rs"]
+mod tree_reference;
 
 #[cfg(test)]
 mod tests {
@@ -633,5 +854,173 @@ mod tests {
         a.feed(&json!({"choices": [], "sglext": {"input_ids": [1, 2, 3], "output_ids": [[5, 6]]}}));
         let ids = a.finish().engine_ids.expect("ids");
         assert_eq!((ids.prompt, ids.response), (vec![1, 2, 3], vec![5, 6]));
+    }
+}
+
+/// The raw reading against the tree reading it replaced: the same result for every input.
+#[cfg(test)]
+mod equivalence {
+    use super::tree_reference as tree;
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Any JSON value, a few levels deep, with the keys the readers look at over-represented.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            Just("choices".to_owned()),
+            Just("delta".to_owned()),
+            Just("content".to_owned()),
+            Just("reasoning_content".to_owned()),
+            Just("tool_calls".to_owned()),
+            Just("function".to_owned()),
+            Just("arguments".to_owned()),
+            Just("name".to_owned()),
+            Just("id".to_owned()),
+            Just("type".to_owned()),
+            Just("index".to_owned()),
+            Just("logprobs".to_owned()),
+            Just("logprob".to_owned()),
+            Just("token".to_owned()),
+            Just("finish_reason".to_owned()),
+            Just("matched_stop".to_owned()),
+            Just("error".to_owned()),
+            Just("message".to_owned()),
+            Just("token_ids".to_owned()),
+            Just("response_token_ids".to_owned()),
+            Just("prompt_token_ids".to_owned()),
+            Just("sglext".to_owned()),
+            Just("output_ids".to_owned()),
+            Just("input_ids".to_owned()),
+            Just("metadata".to_owned()),
+            Just("weight_version".to_owned()),
+            Just("meta_info".to_owned()),
+            Just("output_token_logprobs".to_owned()),
+            "[a-z_]{1,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            (0u64..5).prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 96, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((key.clone(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn lp(token: &str, logprob: f64) -> Value {
+        json!({"token": token, "bytes": token.as_bytes(), "logprob": logprob,
+               "top_logprobs": [{"token": token, "logprob": logprob}]})
+    }
+
+    /// Answers of every shape the builds send (docs/upstream-protocols.md, 1.2, 1.5, 1.6, 5).
+    fn answers() -> Vec<Value> {
+        let choice = |extra: Value| {
+            let mut c = json!({"index": 0,
+                "message": {"role": "assistant", "content": "Hi", "reasoning_content": "r",
+                            "tool_calls": [{"id": "c", "type": "function",
+                                            "function": {"name": "f", "arguments": "{}"}}]},
+                "logprobs": {"content": [lp("Hi", -0.5), lp("\u{e9}\n\"", -1e-7), lp("<|im_end|>", -0.1),
+                                         {"token": "x", "logprob": null}, 5]},
+                "finish_reason": "tool_calls", "matched_stop": null});
+            for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+                c[k] = v;
+            }
+            c
+        };
+        vec![
+            json!({"id": "a", "choices": [choice(json!({"response_token_ids": [1, 2, 3], "prompt_token_ids": [9]}))],
+                   "metadata": {"weight_version": "v3"}}),
+            json!({"choices": [choice(json!({"token_ids": [1, 2, 3]}))], "prompt_token_ids": [9, 8],
+                   "metadata": {"weight_version": 2.50}}),
+            json!({"choices": [choice(json!({"sglext": {"output_ids": [1, 2, 3], "input_ids": [4]}}))]}),
+            json!({"choices": [choice(json!({}))], "sglext": {"output_ids": [[1, 2, 3]], "input_ids": [[4]]}}),
+            json!({"choices": [choice(json!({"meta_info": {"output_token_logprobs": [[-0.5, 1, null], [-1e-7, 2, "x"], [-0.1, 3, null]],
+                                                             "weight_version": "m"}, "prompt_token_ids": [1]}))]}),
+            json!({"choices": [choice(json!({"matched_stop": 151645, "finish_reason": "stop", "token_ids": [1, 2]}))]}),
+            json!({"choices": [choice(json!({"matched_stop": "</s>", "logprobs": null}))]}),
+            json!({"choices": [null, choice(json!({}))], "sglext": {"output_ids": [1], "input_ids": [2]}}),
+            json!({"choices": [], "usage": {}}),
+            json!({"choices": {"0": 1}}),
+            json!({"object": "error", "message": "m"}),
+        ]
+    }
+
+    #[test]
+    fn every_build_s_answer_reads_alike() {
+        for a in answers() {
+            assert_eq!(
+                rollout_from_response(&a),
+                tree::rollout_from_response(&a),
+                "{a}"
+            );
+            assert_eq!(engine_ids(&a), tree::engine_ids(&a), "{a}");
+            let text = a.to_string();
+            let parsed = Answer::parse("u", text.as_bytes()).expect("an object");
+            assert_eq!(parsed.rollout(), tree::rollout_from_response(&a), "{a}");
+            assert_eq!(parsed.to_value(), a);
+        }
+    }
+
+    #[test]
+    fn a_malformed_answer_gives_the_error_it_gave() {
+        let e = Answer::parse("http://u/v1/chat/completions", b"<html>oops").expect_err("not JSON");
+        assert_eq!(
+            e.to_string(),
+            "the policy upstream at http://u/v1/chat/completions sent a body that is not the expected JSON: expected value at line 1 column 1 (body starts with \"<html>oops\")"
+        );
+        for body in [&b"[1, 2]"[..], b"null", b"\"x\""] {
+            let e = Answer::parse("http://u", body).expect_err("not an object");
+            assert_eq!(
+                e.to_string(),
+                "the policy upstream at http://u sent a body that is not the expected JSON: the answer is not a JSON object"
+            );
+        }
+        assert!(Answer::parse("u", b"{\"choices\": [}").is_err());
+    }
+
+    fn stream_of(chunks: &[String]) -> (Vec<Result<(), String>>, RolloutResponse) {
+        let mut a = StreamAssembler::new();
+        let fed = chunks.iter().map(|c| a.feed_str(c)).collect();
+        (fed, a.finish())
+    }
+
+    fn tree_stream_of(chunks: &[String]) -> (Vec<Result<(), String>>, RolloutResponse) {
+        let mut a = tree::StreamAssembler::new();
+        let fed = chunks.iter().map(|c| a.feed_str(c)).collect();
+        (fed, a.finish())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_answer_reads_alike(v in json_value()) {
+            prop_assert_eq!(rollout_from_response(&v), tree::rollout_from_response(&v));
+            prop_assert_eq!(engine_ids(&v), tree::engine_ids(&v));
+            let wrapped = json!({"choices": [v.clone()], "sglext": v.clone(), "metadata": v.clone()});
+            prop_assert_eq!(rollout_from_response(&wrapped), tree::rollout_from_response(&wrapped));
+        }
+
+        #[test]
+        fn any_chunks_assemble_alike(chunks in prop::collection::vec(json_value(), 0..8)) {
+            let mut texts: Vec<String> = chunks.iter().map(Value::to_string).collect();
+            // Also as chunks of choice 0, so that the deltas are reached.
+            texts.extend(chunks.iter().map(|c| json!({"choices": [{"index": 0, "delta": c, "logprobs": c,
+                "finish_reason": c.get("finish_reason"), "matched_stop": c}]}).to_string()));
+            texts.push("not json".into());
+            let (fed, r) = stream_of(&texts);
+            let (tree_fed, tree_r) = tree_stream_of(&texts);
+            prop_assert_eq!(fed, tree_fed);
+            prop_assert_eq!(r, tree_r);
+        }
     }
 }

@@ -2,6 +2,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
@@ -31,10 +32,12 @@ pub type ChatEventStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, SglangE
 /// The policy model's chat endpoint, as the server sees it.
 #[async_trait]
 pub trait PolicyClient: Send + Sync {
-    /// Sends a non-streamed chat completion and returns the parsed JSON answer.
-    async fn chat(&self, body: &Value) -> Result<Value, SglangError>;
-    /// Sends a streamed chat completion; returns once the upstream answered with a success status.
-    async fn chat_stream(&self, body: &Value) -> Result<ChatEventStream, SglangError>;
+    /// Sends a non-streamed chat completion (`body` is its JSON) and returns the answer's bytes,
+    /// unparsed ([`crate::Answer::parse`] reads them).
+    async fn chat(&self, body: Bytes) -> Result<Bytes, SglangError>;
+    /// Sends a streamed chat completion (`body` is its JSON); returns once the upstream answered
+    /// with a success status.
+    async fn chat_stream(&self, body: Bytes) -> Result<ChatEventStream, SglangError>;
     /// Whether the upstream's `/health` answers 200.
     async fn health(&self) -> Result<(), SglangError>;
     /// The chat URL, for messages.
@@ -82,9 +85,12 @@ impl SglangClient {
         })
     }
 
-    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+    fn post(&self, body: Bytes) -> reqwest::RequestBuilder {
         ps_http::with_bearer(
-            self.http.post(&self.config.chat_url).json(body),
+            self.http
+                .post(&self.config.chat_url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body),
             self.config.api_key.as_ref(),
         )
     }
@@ -114,7 +120,7 @@ impl SglangClient {
 
     /// Sends the request and returns the response once its status is a success; otherwise reads the
     /// error body into [`SglangError::Status`].
-    async fn send(&self, body: &Value) -> Result<reqwest::Response, SglangError> {
+    async fn send(&self, body: Bytes) -> Result<reqwest::Response, SglangError> {
         let resp = tokio::time::timeout(self.config.timeout, self.post(body).send())
             .await
             .map_err(|_| self.timeout_error())?
@@ -164,6 +170,20 @@ impl SglangClient {
                 }),
             },
         }
+    }
+
+    /// A non-streamed chat completion of a JSON body, its answer parsed as JSON (for checks and
+    /// tools; the proxy passes bytes through [`PolicyClient::chat`]). An answer that is not JSON is
+    /// [`SglangError::InvalidBody`].
+    pub async fn chat_json(&self, body: &Value) -> Result<Value, SglangError> {
+        let bytes = self.chat(Bytes::from(body.to_string())).await?;
+        serde_json::from_slice(&bytes).map_err(|e| SglangError::InvalidBody {
+            url: self.config.chat_url.clone(),
+            detail: format!(
+                "{e} (body starts with {:?})",
+                ps_http::head(&bytes, SNIPPET_BYTES)
+            ),
+        })
     }
 
     /// `scheme://host:port/get_model_info` of the chat URL: the first URL [`Self::model_info`] asks.
@@ -256,7 +276,7 @@ fn health_url(chat_url: &str) -> Option<String> {
 
 #[async_trait]
 impl PolicyClient for SglangClient {
-    async fn chat(&self, body: &Value) -> Result<Value, SglangError> {
+    async fn chat(&self, body: Bytes) -> Result<Bytes, SglangError> {
         let mut resp = self.send(body).await?;
         let url = &self.config.chat_url;
         let too_large = || SglangError::InvalidBody {
@@ -285,16 +305,10 @@ impl PolicyClient for SglangClient {
         let bytes = tokio::time::timeout(self.config.timeout, read)
             .await
             .map_err(|_| self.timeout_error())??;
-        serde_json::from_slice(&bytes).map_err(|e| SglangError::InvalidBody {
-            url: self.config.chat_url.clone(),
-            detail: format!(
-                "{e} (body starts with {:?})",
-                ps_http::head(&bytes, SNIPPET_BYTES)
-            ),
-        })
+        Ok(Bytes::from(bytes))
     }
 
-    async fn chat_stream(&self, body: &Value) -> Result<ChatEventStream, SglangError> {
+    async fn chat_stream(&self, body: Bytes) -> Result<ChatEventStream, SglangError> {
         let resp = self.send(body).await?;
         let url = self.config.chat_url.clone();
         let idle = self.config.timeout;

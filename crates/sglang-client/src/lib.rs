@@ -10,8 +10,12 @@ pub mod assemble;
 mod client;
 mod error;
 mod model_info;
+pub mod raw;
 
-pub use assemble::{StreamAssembler, engine_ids, rollout_from_response, synthesize_chunks};
+pub use assemble::{
+    Answer, Choice, StreamAssembler, choices_of, engine_ids, rollout_from_response,
+    synthesize_chunks,
+};
 pub use client::{ChatEventStream, PolicyClient, SglangClient, SglangClientConfig, StreamEvent};
 pub use error::SglangError;
 pub use model_info::ModelInfo;

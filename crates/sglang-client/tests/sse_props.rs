@@ -128,7 +128,7 @@ fn run(pieces: Vec<Vec<u8>>) -> Items {
     let client = f.client.clone();
     f.rt.block_on(async move {
         let stream = client
-            .chat_stream(&json!({"messages": [], "stream": true}))
+            .chat_stream(json!({"messages": [], "stream": true}).to_string().into())
             .await
             .expect("status 200");
         let collect = stream

@@ -1,0 +1,457 @@
+//! JSON read without building a `serde_json::Value` tree: an object as its ordered entries, each
+//! value kept as the raw text it arrived as (`&RawValue`, borrowed from the input), and the few
+//! lenient readers the answer and the request need. Re-emitting an object writes its entries' raw
+//! bytes back, so an answer is passed on with some fields removed or replaced without parsing the
+//! rest of it (one object per sampled token) into a tree.
+//!
+//! The semantics follow `serde_json::Map` with `preserve_order`, as the tree code did: a repeated
+//! key keeps its first position and its last value; lookups of a key that is absent give `None`,
+//! and a key whose value is `null` is present (its value is the raw `null`).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// The JSON type of a raw value, from its first byte (raw values carry no surrounding whitespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Null,
+    Bool,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+impl Kind {
+    pub fn of(raw: &RawValue) -> Self {
+        match raw.get().as_bytes().first() {
+            Some(b'{') => Self::Object,
+            Some(b'[') => Self::Array,
+            Some(b'"') => Self::String,
+            Some(b't' | b'f') => Self::Bool,
+            Some(b'n') => Self::Null,
+            _ => Self::Number,
+        }
+    }
+
+    /// As an error message names it ("a string", "an array", …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Null => "null",
+            Self::Bool => "a boolean",
+            Self::Number => "a number",
+            Self::String => "a string",
+            Self::Array => "an array",
+            Self::Object => "an object",
+        }
+    }
+}
+
+/// A JSON object as its entries in order, values unparsed.
+#[derive(Debug, Clone, Default)]
+pub struct RawObject<'a> {
+    entries: Vec<(Cow<'a, str>, &'a RawValue)>,
+}
+
+impl<'a> RawObject<'a> {
+    /// Reads `raw` as an object; `None` when it is another JSON type.
+    pub fn of(raw: &'a RawValue) -> Option<Self> {
+        if Kind::of(raw) != Kind::Object {
+            return None;
+        }
+        serde_json::from_str(raw.get()).ok()
+    }
+
+    /// Parses a whole document that must be an object.
+    pub fn parse(text: &'a str) -> serde_json::Result<Self> {
+        serde_json::from_str(text)
+    }
+
+    /// An object of these entries (a repeated key keeps its first place and its last value).
+    pub fn from_entries(entries: impl IntoIterator<Item = (Cow<'a, str>, &'a RawValue)>) -> Self {
+        let mut obj = Self::default();
+        for (k, v) in entries {
+            obj.insert(k, v);
+        }
+        obj
+    }
+
+    fn insert(&mut self, key: Cow<'a, str>, value: &'a RawValue) {
+        match self.entries.iter_mut().find(|(k, _)| *k == key) {
+            Some(e) => e.1 = value,
+            None => self.entries.push((key, value)),
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
+        self.entries.iter().map(|(k, v)| (k.as_ref(), *v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = RawObject<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut obj = RawObject::default();
+                while let Some(key) = map.next_key::<Key<'de>>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    obj.insert(key.0, value);
+                }
+                Ok(obj)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+/// An object key, borrowed unless it had escapes.
+pub(crate) struct Key<'a>(pub(crate) Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Whether `text` nests deeper than 100 levels or holds a `\u` escape of a UTF-16 surrogate: the
+/// raw reading skips values without building them, and so would accept what a tree parse refuses
+/// (serde_json's recursion limit, lone surrogates). Such text must be checked by a tree parse; the
+/// scan itself is one pass over the bytes.
+pub fn needs_tree_check(text: &[u8]) -> bool {
+    let (mut depth, mut in_str, mut i) = (0usize, false, 0usize);
+    while let Some(&b) = text.get(i) {
+        if in_str {
+            match b {
+                b'\\' => {
+                    if text.get(i + 1) == Some(&b'u')
+                        && matches!(text.get(i + 2), Some(b'd' | b'D'))
+                        && matches!(
+                            text.get(i + 3),
+                            Some(b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F')
+                        )
+                    {
+                        return true;
+                    }
+                    i += 2;
+                    continue;
+                }
+                b'"' => in_str = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_str = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    if depth > 100 {
+                        return true;
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The elements of a raw array; `None` when it is another JSON type.
+pub fn array(raw: &RawValue) -> Option<Vec<&RawValue>> {
+    if Kind::of(raw) != Kind::Array {
+        return None;
+    }
+    serde_json::from_str(raw.get()).ok()
+}
+
+/// A string value (escapes decoded); `None` for any other type (`Value::as_str`).
+pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    if Kind::of(raw) != Kind::String {
+        return None;
+    }
+    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+}
+
+/// A boolean value (`Value::as_bool`).
+pub fn as_bool(raw: &RawValue) -> Option<bool> {
+    match raw.get() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
+/// A non-negative integer that fits in a `u64` (`Value::as_u64`).
+pub fn as_u64(raw: &RawValue) -> Option<u64> {
+    if Kind::of(raw) != Kind::Number {
+        return None;
+    }
+    serde_json::from_str::<u64>(raw.get()).ok()
+}
+
+/// A list of token ids: every element a non-negative integer that fits in a `u32`.
+pub fn as_ids(raw: &RawValue) -> Option<Vec<u32>> {
+    if Kind::of(raw) != Kind::Array {
+        return None;
+    }
+    serde_json::from_str::<Vec<u32>>(raw.get()).ok()
+}
+
+/// The value as a tree (for the small parts kept as `Value`: a message, a stop).
+pub fn to_value(raw: &RawValue) -> serde_json::Value {
+    serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null)
+}
+
+/// Writes an object: its entries in order, `edit` deciding per entry whether it is kept as it came
+/// (`Keep`), left out (`Drop`) or written with other bytes (`Replace`); then `append`ed entries.
+pub fn write_object<'v>(
+    out: &mut Vec<u8>,
+    obj: &RawObject<'_>,
+    mut edit: impl FnMut(&str, &RawValue) -> Edit<'v>,
+    append: &[(&str, &[u8])],
+) {
+    out.push(b'{');
+    let mut first = true;
+    let mut sep = |out: &mut Vec<u8>| {
+        if !std::mem::take(&mut first) {
+            out.push(b',');
+        }
+    };
+    for (k, v) in obj.entries() {
+        let bytes: Cow<'_, [u8]> = match edit(k, v) {
+            Edit::Keep => Cow::Borrowed(v.get().as_bytes()),
+            Edit::Drop => continue,
+            Edit::Replace(b) => b,
+        };
+        sep(out);
+        write_key(out, k);
+        out.extend_from_slice(&bytes);
+    }
+    for (k, v) in append {
+        sep(out);
+        write_key(out, k);
+        out.extend_from_slice(v);
+    }
+    out.push(b'}');
+}
+
+/// What [`write_object`] does with one entry.
+pub enum Edit<'v> {
+    Keep,
+    Drop,
+    Replace(Cow<'v, [u8]>),
+}
+
+fn write_key(out: &mut Vec<u8>, key: &str) {
+    // A string always serializes.
+    let _ = serde_json::to_writer(&mut *out, key);
+    out.push(b':');
+}
+
+/// Writes an array of raw elements, each through `elem`.
+pub fn write_array(
+    out: &mut Vec<u8>,
+    elems: &[&RawValue],
+    mut elem: impl FnMut(&mut Vec<u8>, &RawValue),
+) {
+    out.push(b'[');
+    for (i, e) in elems.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        elem(out, e);
+    }
+    out.push(b']');
+}
+
+/// A value read leniently: `Some` when it has the type `T` reads, `None` (and consumed) otherwise.
+/// Unlike `Option<T>`, a value of another type is not an error.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lax<T>(pub Option<T>);
+
+macro_rules! ignore_others {
+    () => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Lax(None))
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Lax(None))
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Lax(None))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Lax(None))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(Lax(None))
+        }
+    };
+}
+
+impl<'de> Deserialize<'de> for Lax<f64> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Lax<f64>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(Lax(Some(v)))
+            }
+            #[allow(clippy::cast_precision_loss)]
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(Lax(Some(v as f64)))
+            }
+            #[allow(clippy::cast_precision_loss)]
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Lax(Some(v as f64)))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Lax(None))
+            }
+            ignore_others!();
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Lax<String> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Lax<String>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Lax(Some(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Lax(Some(v)))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Lax(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Lax(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Lax(None))
+            }
+            ignore_others!();
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_keys_keep_the_first_place_and_the_last_value() {
+        let o = RawObject::parse(r#"{"a":1,"b":{"x":[1,2]},"a":"z","c":null}"#).expect("object");
+        let keys: Vec<_> = o.entries().map(|(k, v)| (k.to_owned(), v.get())).collect();
+        assert_eq!(
+            keys,
+            [
+                ("a".to_owned(), "\"z\""),
+                ("b".to_owned(), "{\"x\":[1,2]}"),
+                ("c".to_owned(), "null")
+            ]
+        );
+        assert!(o.contains_key("c"));
+        assert!(o.get("d").is_none());
+        let mut out = Vec::new();
+        write_object(
+            &mut out,
+            &o,
+            |k, _| match k {
+                "b" => Edit::Drop,
+                "c" => Edit::Replace(Cow::Borrowed(b"[]")),
+                _ => Edit::Keep,
+            },
+            &[("d\"", b"1")],
+        );
+        assert_eq!(
+            String::from_utf8(out).expect("utf-8"),
+            r#"{"a":"z","c":[],"d\"":1}"#
+        );
+    }
+
+    #[test]
+    fn what_a_tree_parse_refuses_is_sent_to_one() {
+        assert!(!needs_tree_check(br#"{"a": ["\u00e9 [[[", {"b": "\"}"}]}"#));
+        assert!(needs_tree_check(br#"{"a": "\ud800"}"#));
+        assert!(needs_tree_check(br#"{"a": "\uDC00"}"#));
+        assert!(needs_tree_check("[".repeat(101).as_bytes()));
+        assert!(!needs_tree_check("[".repeat(100).as_bytes()));
+    }
+
+    #[test]
+    fn lenient_readers_follow_value_semantics() {
+        let raw = |s: &str| RawValue::from_string(s.to_owned()).expect("json");
+        assert_eq!(as_u64(&raw("5")), Some(5));
+        assert_eq!(as_u64(&raw("5.0")), None);
+        assert_eq!(as_u64(&raw("-1")), None);
+        assert_eq!(as_u64(&raw("\"5\"")), None);
+        assert_eq!(as_ids(&raw("[1,2]")), Some(vec![1, 2]));
+        assert_eq!(as_ids(&raw("[1,4294967296]")), None);
+        assert_eq!(as_ids(&raw("[1,\"2\"]")), None);
+        assert_eq!(as_str(&raw(r#""a\nb""#)).as_deref(), Some("a\nb"));
+        assert_eq!(as_str(&raw("1")), None);
+        assert_eq!(as_bool(&raw("true")), Some(true));
+        let l: Vec<Lax<f64>> =
+            serde_json::from_str(r#"[1, -2.5, "x", null, [1], {"a": 1}]"#).expect("lenient");
+        let got: Vec<_> = l.into_iter().map(|x| x.0).collect();
+        assert_eq!(got, [Some(1.0), Some(-2.5), None, None, None, None]);
+        let s: Vec<Lax<String>> =
+            serde_json::from_str(r#"["a\u00e9", 1, null, {"x": "y"}]"#).expect("lenient");
+        let got: Vec<_> = s.into_iter().map(|x| x.0).collect();
+        assert_eq!(got, [Some("aé".to_owned()), None, None, None]);
+    }
+}
