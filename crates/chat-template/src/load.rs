@@ -322,6 +322,25 @@ mod tests {
         assert_eq!(ours, theirs);
     }
 
+    /// The real Qwen3 file (`$POLICY_SERVING_SHARED/fixtures/qwen3`, as the golden tests find it;
+    /// skipped without it unless `POLICY_SERVING_REQUIRE_FIXTURES=1`).
+    #[test]
+    fn qwen3_streamed_is_the_librarys() {
+        let shared = std::env::var_os("POLICY_SERVING_SHARED").map_or_else(
+            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+            std::path::PathBuf::from,
+        );
+        let file = shared.join("fixtures/qwen3/tokenizer.json");
+        if !file.is_file() {
+            let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
+            assert!(!required, "Qwen3 fixtures missing at {}", file.display());
+            eprintln!("SKIPPED: no Qwen3 fixtures at {}", file.display());
+            return;
+        }
+        let (ours, theirs) = both(&std::fs::read_to_string(file).unwrap());
+        assert_eq!(ours, theirs);
+    }
+
     /// A small BPE file in each accepted shape: merges as lines (with a `#version` line) and as
     /// pairs, an added token, an unknown key in the model (which the library ignores).
     fn small(merges: &str, extra_model_key: &str) -> String {
