@@ -10,8 +10,8 @@ use ps_config::{LogFormat, Overrides, Settings};
 
 /// mimalloc: the proxy allocates many short-lived buffers (JSON values, token vectors); with the
 /// system allocator malloc/free were 43% of its CPU samples under load (docs/benchmarks.md).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// Set to give freed memory back (`alloc.rs`).
+mod alloc;
 
 #[derive(Parser)]
 #[command(
@@ -145,10 +145,17 @@ fn load(config: Option<&std::path::Path>, overrides: &Overrides) -> Result<Setti
 /// baseline instead of 1.06 x (docs/benchmarks.md, "Soak"). A few threads per core do the same work.
 const MAX_BLOCKING_THREADS: usize = 16;
 
+/// How long an idle blocking-pool thread waits for work before it exits (tokio's default is 10 s).
+/// Each thread keeps its own allocator pages until it exits: on the agent scenario the proxy's RSS
+/// fell from 228 to 147 MiB when the pool's threads went (docs/benchmarks.md, "Memory: one
+/// tokenizer, the start-up peak and what the heap keeps"), so after a burst they go after 1 s.
+const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
         .build()
         .map_err(|e| {
             eprintln!("policy-serving: cannot start the async runtime: {e}");
@@ -157,18 +164,24 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let tuning = alloc::give_memory_back();
+    match run(Cli::parse(), tuning) {
         Ok(()) => ExitCode::SUCCESS,
         Err(code) => code,
     }
 }
 
-fn run(cli: Cli) -> Result<(), ExitCode> {
+fn run(cli: Cli, tuning: alloc::Tuning) -> Result<(), ExitCode> {
     match cli.command {
         Command::Serve(args) => {
             let (config, overrides) = args.into_parts();
             let settings = load(config.as_deref(), &overrides)?;
             init_tracing(&settings.logging.level, settings.logging.format);
+            tracing::debug!(
+                purge_delay_ms = tuning.purge_delay_ms,
+                thp_disabled = tuning.thp_disabled,
+                "allocator: freed pages go back to the system"
+            );
             for (var, instead) in ps_config::ignored_legacy_env(&ps_config::process_env) {
                 tracing::warn!("{var} is set but not honoured: {instead}");
             }

@@ -18,8 +18,9 @@ mod run;
 
 pub use error::StartupError;
 pub use parts::{
-    Records, ask_policy_server, judge_backend, opd_parts, open_store, options, policy_client,
-    policy_tokenizer, provider_client, redis_config, redis_risks, scorer, teacher,
+    Records, ask_policy_server, judge_backend, judge_backend_with, judge_tokenizer, opd_parts,
+    open_store, options, policy_client, policy_tokenizer, provider_client, redis_config,
+    redis_risks, scorer, teacher,
 };
 pub use policy_tokenizer::{PolicyTokenizer, Reported, TokenizerSource};
 pub use run::{

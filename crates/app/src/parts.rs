@@ -205,17 +205,47 @@ pub fn judge_backend(
     settings: &Settings,
     policy_tokenizer: &Arc<ChatTokenizer>,
 ) -> Result<Arc<SglangJudge>, StartupError> {
+    let tokenizer = match &settings.prm.model_dir {
+        Some(dir) => Arc::new(load_dir(dir)?),
+        None => policy_tokenizer.clone(),
+    };
+    judge_backend_with(settings, tokenizer)
+}
+
+/// The judge's tokenizer: the policy's own (the same `Arc`, not a second parse of the same
+/// files) unless `prm.model_dir` names a directory whose tokenizer files differ from the policy's;
+/// then that directory, loaded. Blocking (it may read or parse files).
+pub fn judge_tokenizer(
+    settings: &Settings,
+    policy: &PolicyTokenizer,
+) -> Result<Arc<ChatTokenizer>, StartupError> {
+    let Some(dir) = &settings.prm.model_dir else {
+        return Ok(policy.tokenizer.clone());
+    };
+    let same = policy
+        .source
+        .dir()
+        .is_some_and(|policy_dir| ps_chat_template::same_tokenizer_dir(policy_dir, dir));
+    if same {
+        Ok(policy.tokenizer.clone())
+    } else {
+        Ok(Arc::new(load_dir(dir)?))
+    }
+}
+
+fn load_dir(dir: &std::path::Path) -> Result<ChatTokenizer, StartupError> {
+    ChatTokenizer::from_dir(dir).map_err(|source| StartupError::Tokenizer {
+        dir: dir.to_owned(),
+        source,
+    })
+}
+
+/// [`judge_backend`] with the judge's tokenizer already chosen ([`judge_tokenizer`]).
+pub fn judge_backend_with(
+    settings: &Settings,
+    tokenizer: Arc<ChatTokenizer>,
+) -> Result<Arc<SglangJudge>, StartupError> {
     let p = &settings.prm;
-    let tokenizer =
-        match &p.model_dir {
-            Some(dir) => Arc::new(ChatTokenizer::from_dir(dir).map_err(|source| {
-                StartupError::Tokenizer {
-                    dir: dir.clone(),
-                    source,
-                }
-            })?),
-            None => policy_tokenizer.clone(),
-        };
     Ok(Arc::new(SglangJudge::new(
         SglangJudgeConfig {
             router_url: p.router_url.clone(),
@@ -492,5 +522,73 @@ fn default_replica(port: u16) -> String {
         format!("replica-{port}")
     } else {
         format!("{host}-{port}")
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::policy_tokenizer::TokenizerSource;
+
+    fn mini_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/mini-model")
+    }
+
+    fn copy_of_mini(into: &Path) {
+        for name in ps_chat_template::TOKENIZER_FILES {
+            let from = mini_dir().join(name);
+            if from.exists() {
+                std::fs::copy(from, into.join(name)).unwrap();
+            }
+        }
+    }
+
+    fn judge_dir(dir: Option<&Path>) -> Settings {
+        let mut s = Settings::default();
+        s.prm.model_dir = dir.map(Path::to_owned);
+        s
+    }
+
+    #[test]
+    fn the_judge_shares_the_policy_tokenizer_unless_its_directory_holds_another() {
+        let policy = PolicyTokenizer {
+            tokenizer: Arc::new(ChatTokenizer::from_dir(mini_dir()).unwrap()),
+            source: TokenizerSource::Setting { dir: mini_dir() },
+        };
+        // No `prm.model_dir`, the same directory (also by another path) and a copy of its files:
+        // the policy's own tokenizer, not a second parse.
+        let copy = tempfile::tempdir().unwrap();
+        copy_of_mini(copy.path());
+        let other_path = mini_dir().join("../mini-model");
+        for dir in [
+            None,
+            Some(mini_dir().as_path()),
+            Some(other_path.as_path()),
+            Some(copy.path()),
+        ] {
+            let t = judge_tokenizer(&judge_dir(dir), &policy).unwrap();
+            assert!(Arc::ptr_eq(&t, &policy.tokenizer), "{dir:?}");
+        }
+        // Another chat template next to the same tokenizer: the judge's own.
+        let other = tempfile::tempdir().unwrap();
+        copy_of_mini(other.path());
+        std::fs::write(
+            other.path().join("chat_template.jinja"),
+            "{% for m in messages %}{{ m.content }}{% endfor %}",
+        )
+        .unwrap();
+        let t = judge_tokenizer(&judge_dir(Some(other.path())), &policy).unwrap();
+        assert!(!Arc::ptr_eq(&t, &policy.tokenizer));
+        // The embedded demo tokenizer has no directory: a `prm.model_dir` is loaded.
+        let demo = PolicyTokenizer::embedded_demo();
+        let t = judge_tokenizer(&judge_dir(Some(&mini_dir())), &demo).unwrap();
+        assert!(!Arc::ptr_eq(&t, &demo.tokenizer));
+        // A directory without a tokenizer is the same error as before.
+        let e = judge_tokenizer(&judge_dir(Some(Path::new("/nonexistent/judge"))), &policy)
+            .unwrap_err();
+        assert!(matches!(e, StartupError::Tokenizer { .. }), "{e}");
     }
 }

@@ -31,6 +31,16 @@ pub enum TokenizerSource {
     EmbeddedDemo,
 }
 
+impl TokenizerSource {
+    /// The directory the tokenizer was loaded from (none for the embedded mini model).
+    pub fn dir(&self) -> Option<&Path> {
+        match self {
+            Self::Setting { dir } | Self::PolicyServer { dir, .. } => Some(dir),
+            Self::EmbeddedDemo => None,
+        }
+    }
+}
+
 impl fmt::Display for TokenizerSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -134,6 +144,26 @@ fn load(dir: &Path) -> Result<ChatTokenizer, StartupError> {
     })
 }
 
+/// Whether two `tokenizer.json` files hold different tokenizers: equal bytes are the same (the
+/// common case: a copy); otherwise compared as JSON values, so that the same tokenizer written
+/// differently is the same too. A file that cannot be read is not compared (false). The JSON
+/// trees of a large tokenizer cost several times its size, so they are built only when the bytes
+/// differ.
+fn differ_as_json(a: &Path, b: &Path) -> bool {
+    let (Ok(a), Ok(b)) = (std::fs::read(a), std::fs::read(b)) else {
+        return false;
+    };
+    if a == b {
+        return false;
+    }
+    let value = |bytes: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(bytes).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned())
+        })
+    };
+    value(&a) != value(&b)
+}
+
 /// Refuses a clear mismatch between the loaded tokenizer and what the policy server reports: a
 /// vocabulary size the tokenizer's ids do not fit in (or far larger than padding explains), or,
 /// with `server.model_dir` set, a reported tokenizer directory on this machine whose
@@ -159,28 +189,16 @@ fn compare(chosen: &PolicyTokenizer, info: &ModelInfo) -> Result<(), StartupErro
             // Not on this machine (or not readable): nothing to compare.
             _ => true,
         };
-        if !same_dir {
-            // Compared as JSON values: the same tokenizer written differently is the same.
-            let read = |d: &Path| {
-                let bytes = std::fs::read(d.join("tokenizer.json")).ok()?;
-                Some(
-                    serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or(
-                        serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()),
-                    ),
-                )
-            };
-            if let (Some(a), Some(b)) = (read(dir), read(theirs))
-                && a != b
-            {
-                return Err(StartupError::TokenizerMismatch {
-                    detail: format!(
-                        "server.model_dir = {} and the policy server's model path {path} \
-                         (reported by {}) hold different tokenizer.json files",
-                        dir.display(),
-                        info.url
-                    ),
-                });
-            }
+        if !same_dir && differ_as_json(&dir.join("tokenizer.json"), &theirs.join("tokenizer.json"))
+        {
+            return Err(StartupError::TokenizerMismatch {
+                detail: format!(
+                    "server.model_dir = {} and the policy server's model path {path} \
+                     (reported by {}) hold different tokenizer.json files",
+                    dir.display(),
+                    info.url
+                ),
+            });
         }
     }
     Ok(())

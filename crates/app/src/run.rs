@@ -16,8 +16,8 @@ use tokio::sync::Semaphore;
 
 use crate::error::StartupError;
 use crate::parts::{
-    Records, buffer_config, judge_backend, opd_parts, open_store, options, policy_client,
-    policy_tokenizer, provider_client, scorer, sweep_every,
+    Records, buffer_config, judge_backend_with, judge_tokenizer, opd_parts, open_store, options,
+    policy_client, policy_tokenizer, provider_client, scorer, sweep_every,
 };
 use crate::policy_tokenizer::PolicyTokenizer;
 
@@ -70,12 +70,15 @@ pub async fn build_full(
         None => policy_tokenizer(settings, &policy).await?,
     };
     tracing::info!("policy tokenizer: {}", tokenizer.source);
+    // One tokenizer in memory: capture, the OPD teacher's input, the inspection page and (unless
+    // `prm.model_dir` holds another tokenizer) the judges all share this `Arc`.
+    let judge_tokenizer = judge_tokenizer(settings, &tokenizer)?;
     let tokenizer = tokenizer.tokenizer;
     let history = crate::inspect::history(settings);
     let options = options(settings, env)?;
     let store = open_store(settings).await?;
     let records = Arc::new(Records::start(settings)?);
-    let judge = judge_backend(settings, &tokenizer)?;
+    let judge = judge_backend_with(settings, judge_tokenizer)?;
     let judge_permits = Arc::new(Semaphore::new(settings.prm.max_concurrency.max(1)));
     let provider = provider_client(settings, env)?;
     let buffer = SessionBuffer::with_opd(

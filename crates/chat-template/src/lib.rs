@@ -16,6 +16,7 @@
 
 mod error;
 mod jsonl;
+mod load;
 mod prefix_cache;
 mod pyjson;
 mod splice;
@@ -24,6 +25,7 @@ mod template;
 
 use std::fmt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use minijinja::Value as MjValue;
 use ps_core::message::{normalize_messages, normalize_response_message};
@@ -115,6 +117,38 @@ pub struct TurnTexts {
     pub prompt_is_prefix: bool,
 }
 
+/// The files [`ChatTokenizer::from_dir`] reads from a model directory (the last one optional).
+pub const TOKENIZER_FILES: [&str; 3] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    CHAT_TEMPLATE_FILE,
+];
+
+/// Tokenizers built by this process (every constructor of [`ChatTokenizer`] counts one).
+static BUILT: AtomicU64 = AtomicU64::new(0);
+
+/// Whether two model directories give the same [`ChatTokenizer`]: the same directory, or the same
+/// bytes in each of [`TOKENIZER_FILES`] (the optional `chat_template.jinja` may be absent from
+/// both). Reads the files, so call it where blocking is fine; a directory that cannot be read is
+/// not the same.
+pub fn same_tokenizer_dir(a: &Path, b: &Path) -> bool {
+    if let (Ok(a), Ok(b)) = (a.canonicalize(), b.canonicalize())
+        && a == b
+    {
+        return true;
+    }
+    TOKENIZER_FILES.iter().all(|name| {
+        let read = |dir: &Path| match std::fs::read(dir.join(name)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && *name == CHAT_TEMPLATE_FILE => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        };
+        matches!((read(a), read(b)), (Ok(x), Ok(y)) if x == y)
+    })
+}
+
 fn read_file(path: &Path) -> Result<String, ChatTemplateError> {
     std::fs::read_to_string(path).map_err(|source| ChatTemplateError::ReadFile {
         path: path.to_owned(),
@@ -185,6 +219,13 @@ impl ChatTokenizer {
         }
     }
 
+    /// How many tokenizers this process has built (parsed from files or strings, the mini model
+    /// included): the composition root's tests check that the policy, judges, teacher and capture
+    /// share one.
+    pub fn built_count() -> u64 {
+        BUILT.load(Ordering::Relaxed)
+    }
+
     fn build(
         tokenizer_json: &str,
         tokenizer_origin: &str,
@@ -192,13 +233,15 @@ impl ChatTokenizer {
         config_origin: &str,
         template_override: Option<String>,
     ) -> Result<Self, ChatTemplateError> {
-        let mut tokenizer: tokenizers::Tokenizer =
-            tokenizer_json
-                .parse()
-                .map_err(|source| ChatTemplateError::TokenizerJson {
-                    origin: tokenizer_origin.to_owned(),
-                    source,
-                })?;
+        BUILT.fetch_add(1, Ordering::Relaxed);
+        // Streamed into the model's maps rather than through the library's intermediate trees:
+        // the same tokenizer at a fraction of the start-up peak (`load.rs`).
+        let mut tokenizer = load::parse_tokenizer(tokenizer_json).map_err(|source| {
+            ChatTemplateError::TokenizerJson {
+                origin: tokenizer_origin.to_owned(),
+                source,
+            }
+        })?;
         // transformers disables truncation and padding for a plain `tokenizer(text)` call.
         tokenizer
             .with_truncation(None)
