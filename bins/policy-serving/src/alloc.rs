@@ -57,11 +57,21 @@ fn purge_delay_ms() -> i64 {
     i64::from(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) })
 }
 
+/// An operator who wants huge pages back sets `MIMALLOC_ALLOW_THP` to a non-zero value.
+fn thp_allowed_by_operator() -> bool {
+    std::env::var("MIMALLOC_ALLOW_THP").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "0")
+}
+
 #[cfg(target_os = "linux")]
 fn disable_thp() -> bool {
-    // SAFETY: `prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)` takes no pointers; it sets a flag of this
-    // process (inherited by children) and fails harmlessly on kernels without it.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 }
+    if thp_allowed_by_operator() {
+        return false;
+    }
+    let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+    // SAFETY: `prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)` takes no pointers (the kernel reads its
+    // arguments as unsigned longs); it sets a flag of this process (inherited by children) and
+    // fails harmlessly on kernels without it.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused) == 0 }
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -86,7 +96,7 @@ mod tests {
             assert_eq!(tuning.purge_delay_ms, 0);
         }
         #[cfg(target_os = "linux")]
-        {
+        if !thp_allowed_by_operator() {
             assert!(tuning.thp_disabled);
             // SAFETY: as in `disable_thp`.
             let flag = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };

@@ -39,7 +39,14 @@ pub(crate) fn parse_tokenizer(json: &str) -> tokenizers::Result<Tokenizer> {
         Ok(tokenizer) => Ok(tokenizer),
         // Not a tokenizer this reader knows (another model type, an unexpected shape): the
         // library's parser decides, and its error is the one reported.
-        Err(_) => Ok(json.parse::<Tokenizer>()?),
+        Err(streaming) => {
+            // Said once per load: the file costs the library's higher start-up peak.
+            log::info!(
+                "tokenizer.json read by the tokenizers library's own parser ({streaming}); \
+                 start-up memory peaks higher"
+            );
+            Ok(json.parse::<Tokenizer>()?)
+        }
     }
 }
 
@@ -161,8 +168,9 @@ impl<'de> Visitor<'de> for BpeModel {
                     is_bpe = true;
                 }
                 "dropout" => {
-                    if let Some(v) = map.next_value()? {
-                        builder = builder.dropout(v);
+                    // Read as f64 then narrowed, as the library does (it reads a buffered value).
+                    if let Some(v) = map.next_value::<Option<f64>>()? {
+                        builder = builder.dropout(v as f32);
                     }
                 }
                 "unk_token" => {
@@ -197,9 +205,9 @@ impl<'de> Visitor<'de> for BpeModel {
                 }
                 "vocab" => vocab = Some(map.next_value()?),
                 "merges" => merges = Some(map.next_value_seed(MergeList)?),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+                // The library ignores a model key it does not know; a later `tokenizers` may
+                // honour it, so this reader never guesses: the library parses such a file.
+                other => return Err(de::Error::custom(format!("unknown model key {other}"))),
             }
         }
         // Without `"type"` the library guesses the model from its fields: leave that to it.
@@ -363,7 +371,7 @@ mod tests {
         for json in [
             small(r#"["a b", "ab c"]"#, ""),
             small(r##"["#version: 0.2", "a b", "ab c"]"##, ""),
-            small(r#"[["a", "b"], ["ab", "c"]]"#, r#""note": {"x": [1]},"#),
+            small(r#"[["a", "b"], ["ab", "c"]]"#, ""),
         ] {
             let (ours, theirs) = both(&json);
             assert_eq!(ours, theirs, "{json}");
@@ -407,6 +415,34 @@ mod tests {
                 .get_ids(),
             &[1]
         );
+        // An unknown key in the model: the library ignores it, this reader leaves it to the
+        // library (a later `tokenizers` may honour it), so the result is the library's.
+        let noted = small(r#"[["a", "b"], ["ab", "c"]]"#, r#""note": {"x": [1]},"#);
+        assert!(parse_streamed(&noted).is_err());
+        assert_eq!(
+            parse_tokenizer(&noted).unwrap().to_string(false).unwrap(),
+            noted
+                .parse::<Tokenizer>()
+                .unwrap()
+                .to_string(false)
+                .unwrap()
+        );
+        // Every option of the model set away from its default reads as the library reads it
+        // (`continuing_subword_prefix` too, but it needs merges written for it; Qwen3 sets it).
+        let options = small(r#"["a b", "ab c"]"#, "")
+            .replace(
+                r#""dropout": null"#,
+                r#""dropout": 0.1000000052154064178466796874999999999999"#,
+            )
+            .replace(
+                r#""end_of_word_suffix": null"#,
+                r#""end_of_word_suffix": "</w>""#,
+            )
+            .replace(r#""fuse_unk": false"#, r#""fuse_unk": true"#)
+            .replace(r#""byte_fallback": false"#, r#""byte_fallback": true"#)
+            .replace(r#""ignore_merges": false"#, r#""ignore_merges": true"#);
+        let (ours, theirs) = both(&options);
+        assert_eq!(ours, theirs, "{options}");
         // An unknown key at the top: refused by both.
         let unknown = small(r#"["a b", "ab c"]"#, "").replacen('{', r#"{"comment": [1],"#, 1);
         assert!(parse_streamed(&unknown).is_err());
