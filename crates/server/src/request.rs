@@ -581,6 +581,31 @@ mod typed_tests {
                 br#"{"messages":[{"role":"user","content":"x"}],"tools":{}}"#,
                 "`tools` must be an array, got an object",
             ),
+            // What a tree parse refuses anywhere in the body, refused as before (invalid_json).
+            (
+                br#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"number","maximum":1e400}}}}}]}"#,
+                "the request body is not valid JSON: number out of range at line 1 column 176",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":[{"type":"text","text":"x","n":-1e400}]}]}"#,
+                "number out of range",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"session_id":1e400}"#,
+                "number out of range",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"a":1e400},"other":[1E+999]}"#,
+                "number out of range",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x","\ud800":1}]}"#,
+                "unexpected end of hex escape",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"\ud83d"}]}"#,
+                "unexpected end of hex escape",
+            ),
         ];
         for (body, message) in cases {
             let e = parse(body, &HeaderMap::new()).expect_err("must fail");

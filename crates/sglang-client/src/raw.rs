@@ -153,13 +153,34 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
-/// Whether `text` nests deeper than 100 levels or holds a `\u` escape of a UTF-16 surrogate: the
-/// raw reading skips values without building them, and so would accept what a tree parse refuses
-/// (serde_json's recursion limit, lone surrogates). Such text must be checked by a tree parse; the
-/// scan itself is one pass over the bytes.
+/// Whether `text` nests deeper than 100 levels, holds a `\u` escape of a UTF-16 surrogate or a
+/// number that may be out of range: the raw reading skips values without building them, and so
+/// would accept what a tree parse refuses (serde_json's recursion limit, lone surrogates, `1e400`).
+/// Such text must be checked by a tree parse; the scan itself is one pass over the bytes.
+///
+/// A number may be out of range when its exponent has three digits or more, or it has more than
+/// 200 characters (a long run of digits); everything else is within an `f64`'s range. The check is
+/// conservative: `1e100` with leading zeros in the exponent is sent to the tree parse, which accepts it.
 pub fn needs_tree_check(text: &[u8]) -> bool {
     let (mut depth, mut in_str, mut i) = (0usize, false, 0usize);
+    // Outside strings: the start of the current number, and where its exponent's digits start.
+    let (mut num_start, mut exp_start): (Option<usize>, Option<usize>) = (None, None);
     while let Some(&b) = text.get(i) {
+        if !in_str {
+            match (num_start, b) {
+                (None, b'-' | b'0'..=b'9') => num_start = Some(i),
+                (Some(_), b'e' | b'E') => exp_start = Some(i + 1),
+                (Some(_), b'+' | b'-') if exp_start == Some(i) => exp_start = Some(i + 1),
+                (Some(_), b'0'..=b'9' | b'.') => {}
+                (Some(start), _) => {
+                    if number_may_overflow(start, exp_start, i) {
+                        return true;
+                    }
+                    (num_start, exp_start) = (None, None);
+                }
+                (None, _) => {}
+            }
+        }
         if in_str {
             match b {
                 b'\\' => {
@@ -193,7 +214,11 @@ pub fn needs_tree_check(text: &[u8]) -> bool {
         }
         i += 1;
     }
-    false
+    num_start.is_some_and(|start| number_may_overflow(start, exp_start, text.len()))
+}
+
+fn number_may_overflow(start: usize, exp_start: Option<usize>, end: usize) -> bool {
+    end - start > 200 || exp_start.is_some_and(|e| end.saturating_sub(e) >= 3)
 }
 
 /// The elements of a raw array; `None` when it is another JSON type.
@@ -430,6 +455,24 @@ mod tests {
         assert!(needs_tree_check(br#"{"a": "\uDC00"}"#));
         assert!(needs_tree_check("[".repeat(101).as_bytes()));
         assert!(!needs_tree_check("[".repeat(100).as_bytes()));
+        for out_of_range in [
+            "1e400",
+            "-1e400",
+            "[1E+400]",
+            r#"{"a":2.5e-999}"#,
+            r#"{"a": [1, 1e308]}"#,
+        ] {
+            assert!(needs_tree_check(out_of_range.as_bytes()), "{out_of_range}");
+        }
+        let long = format!("[{}]", "9".repeat(400));
+        assert!(needs_tree_check(long.as_bytes()));
+        for in_range in [
+            r#"{"a": [1, -2.5, 1e10, 3E-7, true, false, null]}"#,
+            r#"{"a": "1e400 9999e999"}"#,
+            "12345",
+        ] {
+            assert!(!needs_tree_check(in_range.as_bytes()), "{in_range}");
+        }
     }
 
     #[test]
