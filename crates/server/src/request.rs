@@ -27,8 +27,10 @@ pub const SESSION_DONE_HEADER: &str = "x-session-done";
 pub struct ChatRequest {
     /// The client's body without our session keys, every other field as it came.
     fields: Vec<(String, Box<RawValue>)>,
-    /// The last of `messages` (validated: a non-empty array of objects).
-    last_message: Box<RawValue>,
+    /// Where `messages` is in `fields` (validated: a non-empty array of objects).
+    messages_at: usize,
+    /// The last message as a tree (the previous turn's next state; one message, as before).
+    last_message: Value,
     pub session: SessionHeaders,
     pub stream: bool,
 }
@@ -105,19 +107,26 @@ pub fn parse_limited(
     }
     let session = session_keys(&body, headers)?;
     // Validated non-empty above.
-    let last_message = messages.last().map(|m| (*m).to_owned()).ok_or_else(|| {
+    let last_message = messages.last().ok_or_else(|| {
         ApiError::invalid(
             "empty_messages",
             "`messages` must hold at least one message",
         )
     })?;
-    let fields = body
+    let last_message = serde_json::from_str(last_message.get())
+        .map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    let fields: Vec<(String, Box<RawValue>)> = body
         .entries()
         .filter(|(k, _)| ![SESSION_ID_KEY, SESSION_DONE_KEY, TURN_TYPE_KEY].contains(k))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+    let messages_at = fields
+        .iter()
+        .position(|(k, _)| k == "messages")
+        .ok_or_else(|| ApiError::invalid("missing_messages", "`messages` is required"))?;
     Ok(ChatRequest {
         fields,
+        messages_at,
         last_message,
         session,
         stream,
@@ -185,21 +194,30 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|s| !s.is_empty())
 }
 
-/// A body key's value as text: a non-blank string (trimmed), a number or a boolean.
-fn body_str(v: &RawValue) -> Option<String> {
-    match Kind::of(v) {
-        Kind::String => raw::as_str(v)
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| s.trim().to_owned()),
-        Kind::Number | Kind::Bool => Some(raw::to_value(v).to_string()),
+/// A body key's value as text: a non-blank string (trimmed), a number (as a tree would write it)
+/// or a boolean; `None` for other types. A value a tree parse refuses is the client's error.
+fn body_str(v: Option<&RawValue>) -> Result<Option<String>, ApiError> {
+    let Some(v) = v else { return Ok(None) };
+    let invalid = |e: serde_json::Error| ApiError::InvalidJson(e.to_string());
+    Ok(match Kind::of(v) {
+        Kind::String => {
+            let s: std::borrow::Cow<'_, str> = serde_json::from_str(v.get()).map_err(invalid)?;
+            Some(s.trim().to_owned()).filter(|s| !s.is_empty())
+        }
+        Kind::Number => Some(
+            serde_json::from_str::<serde_json::Number>(v.get())
+                .map_err(invalid)?
+                .to_string(),
+        ),
+        Kind::Bool => raw::as_bool(v).map(|b| b.to_string()),
         _ => None,
-    }
+    })
 }
 
 fn session_keys(body: &RawObject<'_>, headers: &HeaderMap) -> Result<SessionHeaders, ApiError> {
-    let body_id = body.get(SESSION_ID_KEY).and_then(body_str);
-    let body_done = body.get(SESSION_DONE_KEY).and_then(body_str);
-    let body_turn = body.get(TURN_TYPE_KEY).and_then(body_str);
+    let body_id = body_str(body.get(SESSION_ID_KEY))?;
+    let body_done = body_str(body.get(SESSION_DONE_KEY))?;
+    let body_turn = body_str(body.get(TURN_TYPE_KEY))?;
 
     let session_id = header_str(headers, SESSION_ID_HEADER)
         .map(str::to_owned)
@@ -242,24 +260,26 @@ impl ChatRequest {
 
     /// `messages`, as the client sent it (a validated array).
     pub fn messages_json(&self) -> &RawValue {
-        self.get("messages").unwrap_or(&self.last_message)
+        &self.fields[self.messages_at].1
     }
 
-    /// `messages` as trees (session inference; capture parses them on its own threads).
-    pub fn messages(&self) -> Vec<Value> {
-        serde_json::from_str(self.messages_json().get()).unwrap_or_default()
+    /// `messages` as trees (session inference; capture parses them on its own threads). The body
+    /// was validated as a tree parse would, so an error here is a bug the caller reports.
+    pub fn messages(&self) -> serde_json::Result<Vec<Value>> {
+        serde_json::from_str(self.messages_json().get())
     }
 
     /// The last message as a tree (the previous turn's next state).
-    pub fn last_message(&self) -> Value {
-        raw::to_value(&self.last_message)
+    pub fn last_message(&self) -> &Value {
+        &self.last_message
     }
 
-    /// The body as a tree without our session keys (the side-turn rules read it).
-    pub fn body_map(&self) -> Map<String, Value> {
+    /// The body as a tree without our session keys (the side-turn rules read it); an error as
+    /// for [`Self::messages`].
+    pub fn body_map(&self) -> serde_json::Result<Map<String, Value>> {
         self.fields
             .iter()
-            .map(|(k, v)| (k.clone(), raw::to_value(v)))
+            .map(|(k, v)| Ok((k.clone(), serde_json::from_str(v.get())?)))
             .collect()
     }
 
@@ -391,7 +411,7 @@ mod tests {
         assert_eq!(r.session.session_id.as_deref(), Some("h"));
         assert_eq!(r.session.turn_type, Some(TurnType::Main));
         assert!(r.session.done);
-        let body = r.body_map();
+        let body = r.body_map().expect("readable");
         assert!(!body.contains_key("session_id"));
         assert!(!body.contains_key("turn_type"));
         assert!(!body.contains_key("session_done"));
@@ -671,8 +691,8 @@ mod typed_tests {
         )
         .expect("valid");
         assert_eq!(r.session.session_id.as_deref(), Some("7"));
-        assert_eq!(r.last_message(), json!({"role": "user", "content": "u"}));
-        assert_eq!(r.messages().len(), 2);
+        assert_eq!(r.last_message(), &json!({"role": "user", "content": "u"}));
+        assert_eq!(r.messages().expect("readable").len(), 2);
         assert!(r.tools_json().is_none());
         assert_eq!(
             r.template_kwargs_json().map(RawValue::get),
