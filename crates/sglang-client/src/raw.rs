@@ -9,6 +9,7 @@
 //! and a key whose value is `null` is present (its value is the raw `null`).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -54,7 +55,13 @@ impl Kind {
 #[derive(Debug, Clone, Default)]
 pub struct RawObject<'a> {
     entries: Vec<(Cow<'a, str>, &'a RawValue)>,
+    /// Each key's place in `entries`, once there are more than [`INDEX_FROM`] (a linear search is
+    /// faster for the few keys objects usually have; the index keeps many keys linear overall).
+    index: Option<HashMap<Cow<'a, str>, usize>>,
 }
+
+/// From this many entries on, keys are found through a hash index.
+const INDEX_FROM: usize = 16;
 
 impl<'a> RawObject<'a> {
     /// Reads `raw` as an object; `None` when it is another JSON type.
@@ -80,14 +87,34 @@ impl<'a> RawObject<'a> {
     }
 
     fn insert(&mut self, key: Cow<'a, str>, value: &'a RawValue) {
-        match self.entries.iter_mut().find(|(k, _)| *k == key) {
-            Some(e) => e.1 = value,
-            None => self.entries.push((key, value)),
+        if let Some(i) = self.position(&key) {
+            self.entries[i].1 = value;
+            return;
+        }
+        if let Some(index) = self.index.as_mut() {
+            index.insert(key.clone(), self.entries.len());
+        }
+        self.entries.push((key, value));
+        if self.index.is_none() && self.entries.len() > INDEX_FROM {
+            self.index = Some(
+                self.entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| (k.clone(), i))
+                    .collect(),
+            );
+        }
+    }
+
+    fn position(&self, key: &str) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.entries.iter().position(|(k, _)| k == key),
         }
     }
 
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
-        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+        self.position(key).map(|i| self.entries[i].1)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -446,6 +473,36 @@ mod tests {
             String::from_utf8(out).expect("utf-8"),
             r#"{"a":"z","c":[],"d\"":1}"#
         );
+    }
+
+    /// Many keys (found through the index) keep the same semantics: first place, last value.
+    #[test]
+    fn a_large_object_keeps_map_semantics() {
+        let n = 100_000;
+        let mut text = String::from("{");
+        for i in 0..n {
+            text.push_str(&format!("\"k{i}\":{i},"));
+        }
+        // Every tenth key again, with another value; an escaped spelling of k5.
+        for i in (0..n).step_by(10) {
+            text.push_str(&format!("\"k{i}\":\"again\","));
+        }
+        text.push_str(r#""\u006b5":"escaped"}"#);
+        let o = RawObject::parse(&text).expect("object");
+        assert_eq!(o.len(), n);
+        let keys: Vec<String> = o.entries().map(|(k, _)| k.to_owned()).collect();
+        assert_eq!(keys, (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>());
+        assert_eq!(o.get("k0").map(RawValue::get), Some("\"again\""));
+        assert_eq!(o.get("k1").map(RawValue::get), Some("1"));
+        assert_eq!(o.get("k5").map(RawValue::get), Some("\"escaped\""));
+        assert_eq!(o.get("k99990").map(RawValue::get), Some("\"again\""));
+        assert!(o.get("k100000").is_none());
+        let small = RawObject::from_entries(
+            o.entries()
+                .take(3)
+                .map(|(k, v)| (Cow::Owned(k.to_owned()), v)),
+        );
+        assert_eq!(small.len(), 3);
     }
 
     #[test]
