@@ -257,11 +257,17 @@ pub fn array(raw: &RawValue) -> Option<Vec<&RawValue>> {
 }
 
 /// A string value (escapes decoded); `None` for any other type (`Value::as_str`).
+/// Borrowed from the raw text unless it has escapes (serde's `Cow<str>` always allocates).
 pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     if Kind::of(raw) != Kind::String {
         return None;
     }
-    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+    let text = raw.get();
+    match text.get(1..text.len() - 1) {
+        // A raw string value is valid JSON: without a backslash, its content is the string.
+        Some(inner) if !inner.contains('\\') => Some(Cow::Borrowed(inner)),
+        _ => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
+    }
 }
 
 /// A boolean value (`Value::as_bool`).
@@ -544,6 +550,12 @@ mod tests {
         assert_eq!(as_ids(&raw("[1,\"2\"]")), None);
         assert_eq!(as_str(&raw(r#""a\nb""#)).as_deref(), Some("a\nb"));
         assert_eq!(as_str(&raw("1")), None);
+        assert!(matches!(
+            as_str(&raw(r#""plain é""#)),
+            Some(Cow::Borrowed("plain é"))
+        ));
+        assert_eq!(as_str(&raw(r#""""#)).as_deref(), Some(""));
+        assert_eq!(as_str(&raw(r#""\u00e9\"""#)).as_deref(), Some("é\""));
         assert_eq!(as_bool(&raw("true")), Some(true));
         let l: Vec<Lax<f64>> =
             serde_json::from_str(r#"[1, -2.5, "x", null, [1], {"a": 1}]"#).expect("lenient");
