@@ -446,9 +446,157 @@ impl<'de> Deserialize<'de> for Lax<String> {
     }
 }
 
+/// JSON text with what a `Value` never writes: repeated and escaped keys, whitespace (newlines
+/// too), numbers out of range, surrogate escapes, nesting over the limits. For property tests
+/// that require the raw and the tree readers to accept, refuse and read the same inputs alike.
+#[cfg(test)]
+pub(crate) mod text_gen {
+    use proptest::prelude::*;
+
+    fn ws() -> impl Strategy<Value = &'static str> {
+        prop_oneof![Just(""), Just(""), Just(" "), Just("\n"), Just("\t\r\n ")]
+    }
+
+    /// A key from `keys`, plain or with its first character escaped; sometimes a surrogate.
+    fn key(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => prop::sample::select(keys).prop_map(|k| format!("\"{k}\"")),
+            2 => prop::sample::select(keys).prop_map(|k| {
+                let mut c = k.chars();
+                let first = c.next().map_or(0, u32::from);
+                format!("\"\\u{first:04x}{}\"", c.as_str())
+            }),
+            1 => "[a-z]{1,3}".prop_map(|k| format!("\"{k}\"")),
+            1 => prop_oneof![
+                Just(r#""\ud800""#.to_owned()),
+                Just(r#""\ud83d\ude00""#.to_owned()),
+                Just(r#""a\"\n""#.to_owned()),
+            ],
+        ]
+    }
+
+    fn leaf() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("false".to_owned()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            (0u64..5).prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f)
+                .map_or_else(|| "0.5".to_owned(), |n| n.to_string())),
+            prop::sample::select(
+                &[
+                    "1e400",
+                    "-1e400",
+                    "1E+999",
+                    "2.5e-999",
+                    "1e308",
+                    "2e308",
+                    "1.7976931348623157e308",
+                    "-0.0e-0",
+                    "12.50",
+                    "1e1",
+                ][..]
+            )
+            .prop_map(str::to_owned),
+            (150usize..400).prop_map(|n| "9".repeat(n)),
+            ".{0,8}".prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
+            prop::sample::select(
+                &[
+                    r#""a\u00e9\n\"\\""#,
+                    r#""\ud800""#,
+                    r#""\udc00x""#,
+                    r#""\ud83d\ude00""#,
+                    r#""\uD83D""#,
+                    r#""tab\t""#,
+                ][..]
+            )
+            .prop_map(str::to_owned),
+        ]
+    }
+
+    /// Any value as text, keys drawn from `keys`.
+    pub(crate) fn value(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+        let v = leaf().prop_recursive(4, 48, 5, move |inner| {
+            prop_oneof![
+                (prop::collection::vec((inner.clone(), ws()), 0..5), ws()).prop_map(
+                    |(elems, w)| {
+                        let body: Vec<String> = elems
+                            .into_iter()
+                            .map(|(e, w)| format!("{w}{e}{w}"))
+                            .collect();
+                        format!("[{w}{}]", body.join(","))
+                    }
+                ),
+                object_of(keys, inner),
+            ]
+        });
+        (
+            v,
+            prop_oneof![8 => Just(0usize), 1 => Just(99), 1 => Just(101), 1 => Just(130)],
+        )
+            .prop_map(|(v, d)| format!("{}{v}{}", "[".repeat(d), "]".repeat(d)))
+    }
+
+    /// An object of `values`, keys drawn from `keys` (often repeated).
+    pub(crate) fn object_of(
+        keys: &'static [&'static str],
+        values: impl Strategy<Value = String>,
+    ) -> impl Strategy<Value = String> {
+        (
+            prop::collection::vec((key(keys), values, ws(), ws()), 0..6),
+            ws(),
+        )
+            .prop_map(|(entries, w)| {
+                let body: Vec<String> = entries
+                    .into_iter()
+                    .map(|(k, v, a, b)| format!("{a}{k}{b}:{a}{v}{b}"))
+                    .collect();
+                format!("{{{w}{}}}", body.join(","))
+            })
+    }
+
+    /// An object as text, the top of a body.
+    pub(crate) fn object(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+        object_of(keys, value(keys))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    const KEYS: &[&str] = &["a", "b", "messages", "role", "content", "tools"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// What the raw reading accepts (with its tree check) is what a tree parse accepts, and
+        /// it reads the same entries in the same order (first place, last value).
+        #[test]
+        fn raw_and_tree_accept_and_read_alike(text in text_gen::object(KEYS)) {
+            let tree = serde_json::from_str::<serde_json::Value>(&text);
+            let raw = RawObject::parse(&text)
+                .ok()
+                .filter(|_| !needs_tree_check(text.as_bytes()) || tree.is_ok());
+            prop_assert_eq!(raw.is_some(), tree.is_ok(), "{}", text);
+            if let (Some(raw), Ok(tree)) = (raw, tree) {
+                let tree = tree.as_object().expect("an object");
+                let raw_keys: Vec<&str> = raw.entries().map(|(k, _)| k).collect();
+                let tree_keys: Vec<&str> = tree.keys().map(String::as_str).collect();
+                prop_assert_eq!(raw_keys, tree_keys, "{}", &text);
+                for (k, v) in raw.entries() {
+                    prop_assert_eq!(Some(&to_value(v)), tree.get(k), "{}", &text);
+                    prop_assert_eq!(raw.get(k).map(RawValue::get), Some(v.get()));
+                    if let Some(s) = tree.get(k).and_then(serde_json::Value::as_str) {
+                        let read = as_str(v);
+                        prop_assert_eq!(read.as_deref(), Some(s));
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn repeated_keys_keep_the_first_place_and_the_last_value() {
