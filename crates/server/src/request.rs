@@ -558,6 +558,91 @@ mod typed_tests {
     use super::*;
     use serde_json::json;
 
+    /// Values a tree parse may refuse (or not), placed where the proxy reads nothing and where
+    /// it reads: a body is refused exactly when a tree parse refuses it, with the same message.
+    #[test]
+    fn bodies_are_refused_exactly_when_a_tree_parse_refuses_them() {
+        let deep = |d: usize| format!("{}1{}", "[".repeat(d), "]".repeat(d));
+        let mut values: Vec<String> = [
+            "1e400",
+            "-1e400",
+            "1E+999",
+            "2.5e-999",
+            "1e308",
+            "2e308",
+            "1.7976931348623157e308",
+            "-0.0",
+            "12.50",
+            r#""\ud800""#,
+            r#""\uDC00x""#,
+            r#""\ud83d\ude00""#,
+            r#""a\u00e9\n\"""#,
+            "null",
+            "{\"k\":1,\n \"k\":1e999}",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        values.extend([
+            deep(98),
+            deep(101),
+            deep(126),
+            deep(130),
+            "9".repeat(250),
+            "9".repeat(330),
+        ]);
+        let places: &[fn(&str) -> String] = &[
+            |v| {
+                format!(
+                    r#"{{"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{v}}}}}]}}"#
+                )
+            },
+            |v| {
+                format!(
+                    r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":"x","v":{v}}}]}}]}}"#
+                )
+            },
+            |v| format!(r#"{{"messages":[{{"role":"user","content":"x","extra":{v}}}]}}"#),
+            |v| format!(r#"{{"messages":[{{"role":"user","content":"x"}}], "session_id" : {v}}}"#),
+            |v| {
+                format!(
+                    r#"{{"chat_template_kwargs":{{"a":{v}}},"messages":[{{"role":"user","content":"x"}}]}}"#
+                )
+            },
+            |v| {
+                format!(
+                    "{{\"unknown\":\n{v},\"messages\":[{{\"role\":\"user\",\"content\":\"x\"}}],\"unknown\":0}}"
+                )
+            },
+        ];
+        for v in &values {
+            for place in places {
+                let body = place(v);
+                let got = parse(body.as_bytes(), &HeaderMap::new());
+                match serde_json::from_str::<Value>(&body) {
+                    Ok(_) => assert!(got.is_ok(), "{body}: {:?}", got.err()),
+                    Err(e) => assert_eq!(
+                        got.err().map(|e| e.to_string()),
+                        Some(ApiError::InvalidJson(e.to_string()).to_string()),
+                        "{body}"
+                    ),
+                }
+            }
+            // As a message's key, when a string.
+            if v.starts_with('"') {
+                let body = format!(r#"{{"messages":[{{"role":"user","content":"x",{v}:1}}]}}"#);
+                let got = parse(body.as_bytes(), &HeaderMap::new());
+                match serde_json::from_str::<Value>(&body) {
+                    Ok(_) => assert!(got.is_ok(), "{body}"),
+                    Err(e) => assert_eq!(
+                        got.err().map(|e| e.to_string()),
+                        Some(ApiError::InvalidJson(e.to_string()).to_string()),
+                        "{body}"
+                    ),
+                }
+            }
+        }
+    }
+
     /// The same messages as when the body was parsed into a tree.
     #[test]
     fn bad_bodies_get_the_same_messages() {
