@@ -259,7 +259,13 @@ async fn whole_answer(
         turn.submit(app.capture(), answer.rollout());
     }
     if client_streams {
-        let mut answer = answer.to_value();
+        let mut answer =
+            answer
+                .to_value()
+                .map_err(|e| ps_sglang_client::SglangError::InvalidBody {
+                    url: app.0.policy.chat_url().to_owned(),
+                    detail: e.to_string(),
+                })?;
         t.shape.reshape(&mut answer);
         let mut out = Vec::new();
         for chunk in synthesize_chunks(&answer) {
