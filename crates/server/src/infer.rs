@@ -92,7 +92,7 @@ pub(crate) fn turn_type_by_shape(
     if rules.is_empty() {
         return default;
     }
-    let body = match req.body_map() {
+    let body = match req.shape_view() {
         Ok(body) => body,
         Err(e) => {
             // Validated as a tree parse would: not expected; the turn keeps its default type.

@@ -274,13 +274,55 @@ impl ChatRequest {
         &self.last_message
     }
 
-    /// The body as a tree without our session keys (the side-turn rules read it); an error as
-    /// for [`Self::messages`].
+    /// The body as a tree without our session keys (tests: what [`Self::shape_view`] stands for).
+    #[cfg(test)]
     pub fn body_map(&self) -> serde_json::Result<Map<String, Value>> {
         self.fields
             .iter()
             .map(|(k, v)| Ok((k.clone(), serde_json::from_str(v.get())?)))
             .collect()
+    }
+
+    /// What the side-turn shape rules read, as a small tree: `messages` as its first message and
+    /// its last user message (the only ones the rules look at, in their order), `tools` as an
+    /// empty or one-element stand-in of the same kind, `max_tokens` and `max_completion_tokens`.
+    /// The other messages are scanned for their role, never built. An error as for
+    /// [`Self::messages`].
+    pub fn shape_view(&self) -> serde_json::Result<Map<String, Value>> {
+        let elems: Vec<&RawValue> = serde_json::from_str(self.messages_json().get())?;
+        let is_user = |m: &RawValue| {
+            RawObject::parse(m.get())
+                .ok()
+                .and_then(|o| o.get("role").and_then(raw::as_str).map(|r| r == "user"))
+                .unwrap_or(false)
+        };
+        let last_user = elems.iter().rposition(|m| is_user(m));
+        let mut messages = Vec::new();
+        if let Some(first) = elems.first() {
+            messages.push(serde_json::from_str::<Value>(first.get())?);
+        }
+        if let Some(i) = last_user.filter(|&i| i > 0) {
+            messages.push(serde_json::from_str::<Value>(elems[i].get())?);
+        }
+        let mut view = Map::new();
+        view.insert("messages".into(), Value::Array(messages));
+        if let Some(tools) = self.get("tools") {
+            let stand_in = match Kind::of(tools) {
+                Kind::Array if raw::array(tools).is_some_and(|t| t.is_empty()) => {
+                    Value::Array(vec![])
+                }
+                Kind::Array => Value::Array(vec![Value::Null]),
+                Kind::Null => Value::Null,
+                _ => Value::Bool(true),
+            };
+            view.insert("tools".into(), stand_in);
+        }
+        for key in ["max_tokens", "max_completion_tokens"] {
+            if let Some(v) = self.get(key) {
+                view.insert(key.into(), serde_json::from_str(v.get())?);
+            }
+        }
+        Ok(view)
     }
 
     /// `tools`, unless absent or null.
@@ -557,6 +599,57 @@ mod limit_tests {
 mod typed_tests {
     use super::*;
     use serde_json::json;
+
+    /// The shape rules decide on the small view as on the whole body.
+    #[test]
+    fn shape_rules_see_the_same_in_the_view_as_in_the_body() {
+        use ps_session_infer::ShapeRule;
+        let rule = |f: fn(&mut ShapeRule)| {
+            let mut r = ShapeRule {
+                name: "r".into(),
+                ..ShapeRule::default()
+            };
+            f(&mut r);
+            r
+        };
+        let rules = [
+            rule(|r| r.system_prefix = Some("You are".into())),
+            rule(|r| r.last_user_prefix = Some(">> Task".into())),
+            rule(|r| r.without_tools = Some(true)),
+            rule(|r| r.max_tokens_at_most = Some(64)),
+            rule(|r| {
+                r.last_user_prefix = Some(">> Task".into());
+                r.without_tools = Some(true);
+                r.system_prefix = Some("You are".into());
+            }),
+        ];
+        let msgs = [
+            r#"[{"role":"user","content":">> Task: title"}]"#,
+            r#"[{"role":"system","content":"You are an agent"},{"role":"user","content":">> Task: x"},{"role":"assistant","content":"a"}]"#,
+            r#"[{"role":"developer","content":[{"type":"text","text":"You are"}]},{"role":"user","content":"q"},{"role":"user","content":[{"type":"text","text":">> Task"}]},{"role":"tool","content":null}]"#,
+            r#"[{"role":"assistant","content":"You are"},{"role":"tool","content":">> Task"}]"#,
+            r#"[{"role":"system","content":"  You are"},{"role":"user","content":">> Task","role":"assistant"}]"#,
+        ];
+        let extras = [
+            "",
+            r#","tools":[]"#,
+            r#","tools":[{"type":"function"}]"#,
+            r#","tools":null"#,
+            r#","max_tokens":64"#,
+            r#","max_tokens":65,"max_completion_tokens":10"#,
+            r#","max_tokens":"64""#,
+        ];
+        for m in msgs {
+            for extra in extras {
+                let body = format!(r#"{{"messages":{m}{extra}}}"#);
+                let r = parse(body.as_bytes(), &HeaderMap::new()).expect("valid");
+                let (view, whole) = (r.shape_view().expect("view"), r.body_map().expect("body"));
+                for rule in &rules {
+                    assert_eq!(rule.matches(&view), rule.matches(&whole), "{rule:?} {body}");
+                }
+            }
+        }
+    }
 
     /// Values a tree parse may refuse (or not), placed where the proxy reads nothing and where
     /// it reads: a body is refused exactly when a tree parse refuses it, with the same message.
