@@ -928,6 +928,48 @@ async fn invalid_utf8_bodies_and_headers_are_refused_or_ignored() {
     s.stop().await;
 }
 
+/// A number out of an `f64`'s range anywhere in the body is refused as the tree parse refused
+/// it (invalid_json), also where the proxy reads nothing (tools, content parts, unknown fields).
+#[tokio::test]
+async fn numbers_out_of_range_anywhere_are_invalid_json() {
+    let s = Server::start().await;
+    for (what, body) in [
+        (
+            "in tools",
+            &br#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"number","maximum":1e400}}}}}]}"#[..],
+        ),
+        (
+            "in content",
+            br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi","x":-1e400}]}]}"#,
+        ),
+        (
+            "as session_id",
+            br#"{"messages":[{"role":"user","content":"hi"}],"session_id":1e400}"#,
+        ),
+        (
+            "in chat_template_kwargs",
+            br#"{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":1E+999}}"#,
+        ),
+        (
+            "in an unknown field",
+            br#"{"messages":[{"role":"user","content":"hi"}],"extra":[0, 1e400]}"#,
+        ),
+        (
+            "a surrogate escape in a message's key",
+            br#"{"messages":[{"role":"user","content":"hi","\ud800":1}]}"#,
+        ),
+    ] {
+        let r = s.chat_raw(body.to_vec()).await;
+        assert_eq!(
+            assert_openai_error(r, 400, what).await,
+            "invalid_json",
+            "{what}"
+        );
+        s.assert_alive(what).await;
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn header_injection_attempts_never_reach_the_response_headers() {
     let s = Server::start().await;

@@ -40,14 +40,27 @@ pub struct RequestJson {
 }
 
 impl RequestJson {
-    fn fill(self, job: &mut CaptureJob) {
-        job.messages = serde_json::from_str(self.messages.get()).unwrap_or_default();
+    /// Parses the parts into `job`. The request was validated on the chat path, so this fails
+    /// only if that validation let through what a tree parse refuses; the turn is then
+    /// abandoned as `request_unreadable`, never rendered without its tools or messages.
+    fn fill(self, job: &mut CaptureJob) -> Result<(), CaptureError> {
+        let unreadable = |part: &str, e: serde_json::Error| CaptureError::Refused {
+            reason: "request_unreadable",
+            detail: format!("the request's `{part}` could not be read: {e}"),
+        };
+        job.messages =
+            serde_json::from_str(self.messages.get()).map_err(|e| unreadable("messages", e))?;
         job.tools = self
             .tools
-            .and_then(|t| serde_json::from_str::<Value>(t.get()).ok());
+            .map(|t| serde_json::from_str::<Value>(t.get()))
+            .transpose()
+            .map_err(|e| unreadable("tools", e))?;
         job.template_kwargs = self
             .template_kwargs
-            .and_then(|k| serde_json::from_str::<Map<String, Value>>(k.get()).ok());
+            .map(|k| serde_json::from_str::<Map<String, Value>>(k.get()))
+            .transpose()
+            .map_err(|e| unreadable("chat_template_kwargs", e))?;
+        Ok(())
     }
 }
 
@@ -825,10 +838,11 @@ fn worker(
             }
         };
         let started = Instant::now();
-        if let Some(request) = request {
-            request.fill(&mut job);
-        }
-        match capture_turn_with(tok, &job, policy, Some(prefixes), stats) {
+        let filled = match request {
+            Some(request) => request.fill(&mut job),
+            None => Ok(()),
+        };
+        match filled.and_then(|()| capture_turn_with(tok, &job, policy, Some(prefixes), stats)) {
             Ok(turn)
                 if turn.prompt_ids.len() + turn.response_ids.len()
                     > max_turn_tokens.load(std::sync::atomic::Ordering::Relaxed) =>
@@ -1175,5 +1189,54 @@ mod tests {
         let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
         let v = t.weight_version.unwrap();
         assert_eq!((v.version.as_str(), v.source.as_str()), ("v3", "engine"));
+    }
+
+    /// Records why turns were abandoned.
+    #[derive(Default)]
+    struct Reasons(std::sync::Mutex<Vec<String>>);
+
+    impl TurnSink for Reasons {
+        fn accept(&self, _turn: CapturedTurn) {}
+        fn abandon(&self, _session_id: &str, _turn: u64, reason: &str) {
+            self.0.lock().unwrap().push(reason.to_owned());
+        }
+    }
+
+    /// A request part that a tree parse refuses never becomes a sample rendered without it: the
+    /// turn is abandoned with a reason (counted like every other one).
+    #[test]
+    fn an_unreadable_request_abandons_the_turn_with_a_reason() {
+        let raw = |s: &str| RawValue::from_string(s.to_owned()).unwrap();
+        let sink = Arc::new(Reasons::default());
+        let queue = CaptureQueue::start(
+            Arc::new(ChatTokenizer::mini()),
+            sink.clone(),
+            policy(),
+            DriftCheck::default(),
+            8,
+            1,
+        )
+        .unwrap();
+        let good = r#"[{"role":"user","content":"q"}]"#;
+        let bad_parts = [
+            (r#"[{"role":"user","content":"q","n":1e400}]"#, None, None),
+            (good, Some(r#"[{"type":"function","x":1e400}]"#), None),
+            (good, None, Some(r#"{"enable_thinking":true,"x":-1e400}"#)),
+        ];
+        for (i, (messages, tools, kwargs)) in bad_parts.into_iter().enumerate() {
+            let mut j = job("u", i as u64 + 1, &[], false);
+            j.guard = TurnGuard::new(sink.clone(), "u".into(), i as u64 + 1);
+            let request = RequestJson {
+                messages: raw(messages),
+                tools: tools.map(raw),
+                template_kwargs: kwargs.map(raw),
+            };
+            assert!(queue.submit_json(j, request));
+        }
+        assert_eq!(queue.shutdown(), 0);
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            ["request_unreadable"; 3].map(String::from)
+        );
     }
 }

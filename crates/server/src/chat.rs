@@ -159,7 +159,7 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
     let sink = app.capture().sink().clone();
     let last_message = || req.last_message();
     let guard = if turn_type == TurnType::Main && collect {
-        let turn_no = sink.begin(&session_id, &last_message(), req.session.done);
+        let turn_no = sink.begin(&session_id, last_message(), req.session.done);
         span.record("turn", turn_no);
         let mut guard = ps_core::TurnGuard::new(sink, session_id.clone(), turn_no);
         guard.set_reason("upstream_failed");
@@ -168,7 +168,7 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
         if turn_type == TurnType::Main {
             // Served while paused: not captured, but the session still moves on, so the previous
             // turn's next state is this request's message and not one from after the resume.
-            sink.advance(&session_id, &last_message(), req.session.done);
+            sink.advance(&session_id, last_message(), req.session.done);
         } else if req.session.done {
             sink.end_session(&session_id);
         }
@@ -259,7 +259,13 @@ async fn whole_answer(
         turn.submit(app.capture(), answer.rollout());
     }
     if client_streams {
-        let mut answer = answer.to_value();
+        let mut answer =
+            answer
+                .to_value()
+                .map_err(|e| ps_sglang_client::SglangError::InvalidBody {
+                    url: app.0.policy.chat_url().to_owned(),
+                    detail: e.to_string(),
+                })?;
         t.shape.reshape(&mut answer);
         let mut out = Vec::new();
         for chunk in synthesize_chunks(&answer) {

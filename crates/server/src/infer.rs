@@ -92,7 +92,15 @@ pub(crate) fn turn_type_by_shape(
     if rules.is_empty() {
         return default;
     }
-    match ps_session_infer::side_rule(rules, &req.body_map()) {
+    let body = match req.shape_view() {
+        Ok(body) => body,
+        Err(e) => {
+            // Validated as a tree parse would: not expected; the turn keeps its default type.
+            tracing::error!(error = %e, "the request body could not be read for the shape rules");
+            return default;
+        }
+    };
+    match ps_session_infer::side_rule(rules, &body) {
         Some(rule) => {
             tracing::debug!(rule = %rule.name, "side turn by its shape");
             TurnType::Side
@@ -139,7 +147,15 @@ pub(crate) fn find_session(
     let Some(matcher) = matcher.filter(|_| turn_type == TurnType::Main) else {
         return unknown();
     };
-    let messages = req.messages();
+    let messages = match req.messages() {
+        Ok(messages) => messages,
+        Err(e) => {
+            // Validated as a tree parse would: not expected; counted, and the turn is unkeyed.
+            metrics::counter!(m::SESSION_INFERENCE_TOTAL, "outcome" => "unreadable").increment(1);
+            tracing::error!(error = %e, "the request's messages could not be read for session inference");
+            return unknown();
+        }
+    };
     let history = History::of(&messages);
     let r = matcher.resolve(&history, tokio::time::Instant::now().into_std());
     metrics::counter!(m::SESSION_INFERENCE_TOTAL, "outcome" => r.outcome.as_str()).increment(1);

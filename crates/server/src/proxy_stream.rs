@@ -20,13 +20,21 @@ use crate::plumbing::TurnContext;
 use crate::request::{ChatRequest, Forwarded};
 use crate::state::AppState;
 
-/// One server-sent event carrying `data`.
+/// One server-sent event carrying `data`: every line of it in a `data: ` line (an upstream event
+/// of several `data:` lines arrives joined with `\n`, and JSON may hold newlines between tokens).
 pub fn sse_bytes(data: &str) -> Bytes {
     let mut b = Vec::with_capacity(data.len() + 8);
-    b.extend_from_slice(b"data: ");
-    b.extend_from_slice(data.as_bytes());
-    b.extend_from_slice(b"\n\n");
+    push_event(&mut b, data.as_bytes());
     Bytes::from(b)
+}
+
+fn push_event(out: &mut Vec<u8>, data: &[u8]) {
+    for line in data.split(|&c| c == b'\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line);
+        out.push(b'\n');
+    }
+    out.push(b'\n');
 }
 
 /// What the client asked for, so that what we added for training (log-probs, top log-probs, token
@@ -301,6 +309,12 @@ impl ProxyStream {
             let mut out = Vec::with_capacity(data.len() + 8);
             out.extend_from_slice(b"data: ");
             self.shape.write(&chunk, None, None, &mut out);
+            if out.contains(&b'\n') {
+                // Kept whitespace between values holds a newline: one `data: ` per line.
+                let mut framed = Vec::with_capacity(out.len() + 16);
+                push_event(&mut framed, &out[b"data: ".len()..]);
+                return Bytes::from(framed);
+            }
             out.extend_from_slice(b"\n\n");
             return Bytes::from(out);
         }
@@ -494,16 +508,41 @@ mod tests {
                 );
                 let got: Value = serde_json::from_slice(&out).expect("JSON");
                 assert_eq!(got, expected, "{shape:?} {answer}");
-                let keys: Vec<_> = got.as_object().expect("object").keys().collect();
-                let want: Vec<_> = expected.as_object().expect("object").keys().collect();
-                // Keys the client keeps keep the upstream's order (removals do not reorder).
-                let mut sorted_got = keys.clone();
-                sorted_got.sort();
-                let mut sorted_want = want.clone();
-                sorted_want.sort();
-                assert_eq!(sorted_got, sorted_want);
+                // Keys the client keeps keep the upstream's order (removals do not reorder); an
+                // added session id comes last. Read from the written text, not from a tree.
+                let key_order = |text: &str| -> Vec<String> {
+                    RawObject::parse(text)
+                        .expect("object")
+                        .entries()
+                        .map(|(k, _)| k.to_owned())
+                        .collect()
+                };
+                let got_keys = key_order(std::str::from_utf8(&out).expect("utf-8"));
+                let kept = expected.as_object().expect("object");
+                let mut want_keys: Vec<String> = key_order(&text)
+                    .into_iter()
+                    .filter(|k| kept.contains_key(k))
+                    .collect();
+                if !want_keys.iter().any(|k| k == "session_id") {
+                    want_keys.push("session_id".into());
+                }
+                assert_eq!(got_keys, want_keys, "{shape:?} {answer}");
             }
         }
+    }
+
+    /// An event whose data has several lines (an upstream event of several `data:` lines, or JSON
+    /// with newlines between tokens) is written with `data: ` before every line.
+    #[test]
+    fn every_line_of_an_event_is_a_data_line() {
+        assert_eq!(&sse_bytes("[DONE]")[..], b"data: [DONE]\n\n");
+        assert_eq!(
+            &sse_bytes("{\"a\":\n1}")[..],
+            b"data: {\"a\":\ndata: 1}\n\n"
+        );
+        let mut framed = Vec::new();
+        push_event(&mut framed, b"x\n\ny");
+        assert_eq!(framed, b"data: x\ndata: \ndata: y\n\n");
     }
 
     /// Nothing to take out: the answer's bytes go to the client as they came.

@@ -27,8 +27,10 @@ pub const SESSION_DONE_HEADER: &str = "x-session-done";
 pub struct ChatRequest {
     /// The client's body without our session keys, every other field as it came.
     fields: Vec<(String, Box<RawValue>)>,
-    /// The last of `messages` (validated: a non-empty array of objects).
-    last_message: Box<RawValue>,
+    /// Where `messages` is in `fields` (validated: a non-empty array of objects).
+    messages_at: usize,
+    /// The last message as a tree (the previous turn's next state; one message, as before).
+    last_message: Value,
     pub session: SessionHeaders,
     pub stream: bool,
 }
@@ -105,19 +107,26 @@ pub fn parse_limited(
     }
     let session = session_keys(&body, headers)?;
     // Validated non-empty above.
-    let last_message = messages.last().map(|m| (*m).to_owned()).ok_or_else(|| {
+    let last_message = messages.last().ok_or_else(|| {
         ApiError::invalid(
             "empty_messages",
             "`messages` must hold at least one message",
         )
     })?;
-    let fields = body
+    let last_message = serde_json::from_str(last_message.get())
+        .map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    let fields: Vec<(String, Box<RawValue>)> = body
         .entries()
         .filter(|(k, _)| ![SESSION_ID_KEY, SESSION_DONE_KEY, TURN_TYPE_KEY].contains(k))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+    let messages_at = fields
+        .iter()
+        .position(|(k, _)| k == "messages")
+        .ok_or_else(|| ApiError::invalid("missing_messages", "`messages` is required"))?;
     Ok(ChatRequest {
         fields,
+        messages_at,
         last_message,
         session,
         stream,
@@ -185,21 +194,30 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|s| !s.is_empty())
 }
 
-/// A body key's value as text: a non-blank string (trimmed), a number or a boolean.
-fn body_str(v: &RawValue) -> Option<String> {
-    match Kind::of(v) {
-        Kind::String => raw::as_str(v)
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| s.trim().to_owned()),
-        Kind::Number | Kind::Bool => Some(raw::to_value(v).to_string()),
+/// A body key's value as text: a non-blank string (trimmed), a number (as a tree would write it)
+/// or a boolean; `None` for other types. A value a tree parse refuses is the client's error.
+fn body_str(v: Option<&RawValue>) -> Result<Option<String>, ApiError> {
+    let Some(v) = v else { return Ok(None) };
+    let invalid = |e: serde_json::Error| ApiError::InvalidJson(e.to_string());
+    Ok(match Kind::of(v) {
+        Kind::String => {
+            let s: std::borrow::Cow<'_, str> = serde_json::from_str(v.get()).map_err(invalid)?;
+            Some(s.trim().to_owned()).filter(|s| !s.is_empty())
+        }
+        Kind::Number => Some(
+            serde_json::from_str::<serde_json::Number>(v.get())
+                .map_err(invalid)?
+                .to_string(),
+        ),
+        Kind::Bool => raw::as_bool(v).map(|b| b.to_string()),
         _ => None,
-    }
+    })
 }
 
 fn session_keys(body: &RawObject<'_>, headers: &HeaderMap) -> Result<SessionHeaders, ApiError> {
-    let body_id = body.get(SESSION_ID_KEY).and_then(body_str);
-    let body_done = body.get(SESSION_DONE_KEY).and_then(body_str);
-    let body_turn = body.get(TURN_TYPE_KEY).and_then(body_str);
+    let body_id = body_str(body.get(SESSION_ID_KEY))?;
+    let body_done = body_str(body.get(SESSION_DONE_KEY))?;
+    let body_turn = body_str(body.get(TURN_TYPE_KEY))?;
 
     let session_id = header_str(headers, SESSION_ID_HEADER)
         .map(str::to_owned)
@@ -242,25 +260,69 @@ impl ChatRequest {
 
     /// `messages`, as the client sent it (a validated array).
     pub fn messages_json(&self) -> &RawValue {
-        self.get("messages").unwrap_or(&self.last_message)
+        &self.fields[self.messages_at].1
     }
 
-    /// `messages` as trees (session inference; capture parses them on its own threads).
-    pub fn messages(&self) -> Vec<Value> {
-        serde_json::from_str(self.messages_json().get()).unwrap_or_default()
+    /// `messages` as trees (session inference; capture parses them on its own threads). The body
+    /// was validated as a tree parse would, so an error here is a bug the caller reports.
+    pub fn messages(&self) -> serde_json::Result<Vec<Value>> {
+        serde_json::from_str(self.messages_json().get())
     }
 
     /// The last message as a tree (the previous turn's next state).
-    pub fn last_message(&self) -> Value {
-        raw::to_value(&self.last_message)
+    pub fn last_message(&self) -> &Value {
+        &self.last_message
     }
 
-    /// The body as a tree without our session keys (the side-turn rules read it).
-    pub fn body_map(&self) -> Map<String, Value> {
+    /// The body as a tree without our session keys (tests: what [`Self::shape_view`] stands for).
+    #[cfg(test)]
+    pub fn body_map(&self) -> serde_json::Result<Map<String, Value>> {
         self.fields
             .iter()
-            .map(|(k, v)| (k.clone(), raw::to_value(v)))
+            .map(|(k, v)| Ok((k.clone(), serde_json::from_str(v.get())?)))
             .collect()
+    }
+
+    /// What the side-turn shape rules read, as a small tree: `messages` as its first message and
+    /// its last user message (the only ones the rules look at, in their order), `tools` as an
+    /// empty or one-element stand-in of the same kind, `max_tokens` and `max_completion_tokens`.
+    /// The other messages are scanned for their role, never built. An error as for
+    /// [`Self::messages`].
+    pub fn shape_view(&self) -> serde_json::Result<Map<String, Value>> {
+        let elems: Vec<&RawValue> = serde_json::from_str(self.messages_json().get())?;
+        let is_user = |m: &RawValue| {
+            RawObject::parse(m.get())
+                .ok()
+                .and_then(|o| o.get("role").and_then(raw::as_str).map(|r| r == "user"))
+                .unwrap_or(false)
+        };
+        let last_user = elems.iter().rposition(|m| is_user(m));
+        let mut messages = Vec::new();
+        if let Some(first) = elems.first() {
+            messages.push(serde_json::from_str::<Value>(first.get())?);
+        }
+        if let Some(i) = last_user.filter(|&i| i > 0) {
+            messages.push(serde_json::from_str::<Value>(elems[i].get())?);
+        }
+        let mut view = Map::new();
+        view.insert("messages".into(), Value::Array(messages));
+        if let Some(tools) = self.get("tools") {
+            let stand_in = match Kind::of(tools) {
+                Kind::Array if raw::array(tools).is_some_and(|t| t.is_empty()) => {
+                    Value::Array(vec![])
+                }
+                Kind::Array => Value::Array(vec![Value::Null]),
+                Kind::Null => Value::Null,
+                _ => Value::Bool(true),
+            };
+            view.insert("tools".into(), stand_in);
+        }
+        for key in ["max_tokens", "max_completion_tokens"] {
+            if let Some(v) = self.get(key) {
+                view.insert(key.into(), serde_json::from_str(v.get())?);
+            }
+        }
+        Ok(view)
     }
 
     /// `tools`, unless absent or null.
@@ -391,7 +453,7 @@ mod tests {
         assert_eq!(r.session.session_id.as_deref(), Some("h"));
         assert_eq!(r.session.turn_type, Some(TurnType::Main));
         assert!(r.session.done);
-        let body = r.body_map();
+        let body = r.body_map().expect("readable");
         assert!(!body.contains_key("session_id"));
         assert!(!body.contains_key("turn_type"));
         assert!(!body.contains_key("session_done"));
@@ -538,6 +600,142 @@ mod typed_tests {
     use super::*;
     use serde_json::json;
 
+    /// The shape rules decide on the small view as on the whole body.
+    #[test]
+    fn shape_rules_see_the_same_in_the_view_as_in_the_body() {
+        use ps_session_infer::ShapeRule;
+        let rule = |f: fn(&mut ShapeRule)| {
+            let mut r = ShapeRule {
+                name: "r".into(),
+                ..ShapeRule::default()
+            };
+            f(&mut r);
+            r
+        };
+        let rules = [
+            rule(|r| r.system_prefix = Some("You are".into())),
+            rule(|r| r.last_user_prefix = Some(">> Task".into())),
+            rule(|r| r.without_tools = Some(true)),
+            rule(|r| r.max_tokens_at_most = Some(64)),
+            rule(|r| {
+                r.last_user_prefix = Some(">> Task".into());
+                r.without_tools = Some(true);
+                r.system_prefix = Some("You are".into());
+            }),
+        ];
+        let msgs = [
+            r#"[{"role":"user","content":">> Task: title"}]"#,
+            r#"[{"role":"system","content":"You are an agent"},{"role":"user","content":">> Task: x"},{"role":"assistant","content":"a"}]"#,
+            r#"[{"role":"developer","content":[{"type":"text","text":"You are"}]},{"role":"user","content":"q"},{"role":"user","content":[{"type":"text","text":">> Task"}]},{"role":"tool","content":null}]"#,
+            r#"[{"role":"assistant","content":"You are"},{"role":"tool","content":">> Task"}]"#,
+            r#"[{"role":"system","content":"  You are"},{"role":"user","content":">> Task","role":"assistant"}]"#,
+        ];
+        let extras = [
+            "",
+            r#","tools":[]"#,
+            r#","tools":[{"type":"function"}]"#,
+            r#","tools":null"#,
+            r#","max_tokens":64"#,
+            r#","max_tokens":65,"max_completion_tokens":10"#,
+            r#","max_tokens":"64""#,
+        ];
+        for m in msgs {
+            for extra in extras {
+                let body = format!(r#"{{"messages":{m}{extra}}}"#);
+                let r = parse(body.as_bytes(), &HeaderMap::new()).expect("valid");
+                let (view, whole) = (r.shape_view().expect("view"), r.body_map().expect("body"));
+                for rule in &rules {
+                    assert_eq!(rule.matches(&view), rule.matches(&whole), "{rule:?} {body}");
+                }
+            }
+        }
+    }
+
+    /// Values a tree parse may refuse (or not), placed where the proxy reads nothing and where
+    /// it reads: a body is refused exactly when a tree parse refuses it, with the same message.
+    #[test]
+    fn bodies_are_refused_exactly_when_a_tree_parse_refuses_them() {
+        let deep = |d: usize| format!("{}1{}", "[".repeat(d), "]".repeat(d));
+        let mut values: Vec<String> = [
+            "1e400",
+            "-1e400",
+            "1E+999",
+            "2.5e-999",
+            "1e308",
+            "2e308",
+            "1.7976931348623157e308",
+            "-0.0",
+            "12.50",
+            r#""\ud800""#,
+            r#""\uDC00x""#,
+            r#""\ud83d\ude00""#,
+            r#""a\u00e9\n\"""#,
+            "null",
+            "{\"k\":1,\n \"k\":1e999}",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        values.extend([
+            deep(98),
+            deep(101),
+            deep(126),
+            deep(130),
+            "9".repeat(250),
+            "9".repeat(330),
+        ]);
+        let places: &[fn(&str) -> String] = &[
+            |v| {
+                format!(
+                    r#"{{"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{v}}}}}]}}"#
+                )
+            },
+            |v| {
+                format!(
+                    r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":"x","v":{v}}}]}}]}}"#
+                )
+            },
+            |v| format!(r#"{{"messages":[{{"role":"user","content":"x","extra":{v}}}]}}"#),
+            |v| format!(r#"{{"messages":[{{"role":"user","content":"x"}}], "session_id" : {v}}}"#),
+            |v| {
+                format!(
+                    r#"{{"chat_template_kwargs":{{"a":{v}}},"messages":[{{"role":"user","content":"x"}}]}}"#
+                )
+            },
+            |v| {
+                format!(
+                    "{{\"unknown\":\n{v},\"messages\":[{{\"role\":\"user\",\"content\":\"x\"}}],\"unknown\":0}}"
+                )
+            },
+        ];
+        for v in &values {
+            for place in places {
+                let body = place(v);
+                let got = parse(body.as_bytes(), &HeaderMap::new());
+                match serde_json::from_str::<Value>(&body) {
+                    Ok(_) => assert!(got.is_ok(), "{body}: {:?}", got.err()),
+                    Err(e) => assert_eq!(
+                        got.err().map(|e| e.to_string()),
+                        Some(ApiError::InvalidJson(e.to_string()).to_string()),
+                        "{body}"
+                    ),
+                }
+            }
+            // As a message's key, when a string.
+            if v.starts_with('"') {
+                let body = format!(r#"{{"messages":[{{"role":"user","content":"x",{v}:1}}]}}"#);
+                let got = parse(body.as_bytes(), &HeaderMap::new());
+                match serde_json::from_str::<Value>(&body) {
+                    Ok(_) => assert!(got.is_ok(), "{body}"),
+                    Err(e) => assert_eq!(
+                        got.err().map(|e| e.to_string()),
+                        Some(ApiError::InvalidJson(e.to_string()).to_string()),
+                        "{body}"
+                    ),
+                }
+            }
+        }
+    }
+
     /// The same messages as when the body was parsed into a tree.
     #[test]
     fn bad_bodies_get_the_same_messages() {
@@ -580,6 +778,31 @@ mod typed_tests {
             (
                 br#"{"messages":[{"role":"user","content":"x"}],"tools":{}}"#,
                 "`tools` must be an array, got an object",
+            ),
+            // What a tree parse refuses anywhere in the body, refused as before (invalid_json).
+            (
+                br#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"number","maximum":1e400}}}}}]}"#,
+                "the request body is not valid JSON: number out of range at line 1 column 176",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":[{"type":"text","text":"x","n":-1e400}]}]}"#,
+                "number out of range",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"session_id":1e400}"#,
+                "number out of range",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"a":1e400},"other":[1E+999]}"#,
+                "number out of range",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x","\ud800":1}]}"#,
+                "unexpected end of hex escape",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"\ud83d"}]}"#,
+                "unexpected end of hex escape",
             ),
         ];
         for (body, message) in cases {
@@ -646,8 +869,8 @@ mod typed_tests {
         )
         .expect("valid");
         assert_eq!(r.session.session_id.as_deref(), Some("7"));
-        assert_eq!(r.last_message(), json!({"role": "user", "content": "u"}));
-        assert_eq!(r.messages().len(), 2);
+        assert_eq!(r.last_message(), &json!({"role": "user", "content": "u"}));
+        assert_eq!(r.messages().expect("readable").len(), 2);
         assert!(r.tools_json().is_none());
         assert_eq!(
             r.template_kwargs_json().map(RawValue::get),

@@ -272,10 +272,12 @@ impl<'a> Answer<'a> {
     }
 
     /// The answer as a tree (for the rare paths that reshape it as one).
-    pub fn to_value(&self) -> Value {
+    /// The parse validated the answer as a tree parse would, so an error is not expected; the
+    /// caller answers it as a body that is not the expected JSON, never as `null`.
+    pub fn to_value(&self) -> serde_json::Result<Value> {
         let mut out = Vec::new();
         raw::write_object(&mut out, &self.top, |_, _| raw::Edit::Keep, &[]);
-        serde_json::from_slice(&out).unwrap_or(Value::Null)
+        serde_json::from_slice(&out)
     }
 
     /// The answer of a non-streamed chat completion (first choice).
@@ -916,6 +918,40 @@ mod equivalence {
         })
     }
 
+    /// The keys the readers look at, for generated text.
+    const ANSWER_KEYS: &[&str] = &[
+        "choices",
+        "delta",
+        "content",
+        "reasoning_content",
+        "tool_calls",
+        "function",
+        "arguments",
+        "index",
+        "logprobs",
+        "logprob",
+        "token",
+        "top_logprobs",
+        "finish_reason",
+        "matched_stop",
+        "error",
+        "message",
+        "token_ids",
+        "response_token_ids",
+        "prompt_token_ids",
+        "sglext",
+        "output_ids",
+        "metadata",
+        "weight_version",
+    ];
+
+    /// `text` as the parts of choice 0 (message, delta, log-probs, finish), with repeated keys.
+    fn in_choice(text: &str) -> String {
+        format!(
+            "{{\"choices\" : [ {{\"index\":0,\"message\":{text},\"delta\":{text},\n\"logprobs\":{{\"content\":[{text}]}},\"finish_reason\":{text},\"sglext\":{text},\"index\":0}} ],\"metadata\":{text}}}"
+        )
+    }
+
     fn lp(token: &str, logprob: f64) -> Value {
         json!({"token": token, "bytes": token.as_bytes(), "logprob": logprob,
                "top_logprobs": [{"token": token, "logprob": logprob}]})
@@ -966,7 +1002,7 @@ mod equivalence {
             let text = a.to_string();
             let parsed = Answer::parse("u", text.as_bytes()).expect("an object");
             assert_eq!(parsed.rollout(), tree::rollout_from_response(&a), "{a}");
-            assert_eq!(parsed.to_value(), a);
+            assert_eq!(parsed.to_value().expect("a tree"), a);
         }
     }
 
@@ -1008,6 +1044,34 @@ mod equivalence {
             prop_assert_eq!(engine_ids(&v), tree::engine_ids(&v));
             let wrapped = json!({"choices": [v.clone()], "sglext": v.clone(), "metadata": v.clone()});
             prop_assert_eq!(rollout_from_response(&wrapped), tree::rollout_from_response(&wrapped));
+        }
+
+        /// Text a `Value` never writes (repeated and escaped keys, whitespace, numbers out of
+        /// range, surrogates, deep nesting): refused alike, and read alike when accepted.
+        #[test]
+        fn any_answer_text_reads_alike(text in crate::raw::text_gen::object(ANSWER_KEYS)) {
+            // Also as choice 0's parts, so that the readers' paths are reached.
+            for text in [text.clone(), in_choice(&text)] {
+                let tree = serde_json::from_str::<Value>(&text);
+                let parsed = Answer::parse("u", text.as_bytes());
+                prop_assert_eq!(parsed.is_ok(), tree.is_ok(), "{}", &text);
+                if let (Ok(parsed), Ok(tree)) = (parsed, tree) {
+                    prop_assert_eq!(parsed.rollout(), tree::rollout_from_response(&tree), "{}", &text);
+                    prop_assert_eq!(parsed.to_value().expect("a tree"), tree, "{}", &text);
+                }
+            }
+        }
+
+        #[test]
+        fn any_chunk_text_assembles_alike(
+            chunks in prop::collection::vec(crate::raw::text_gen::object(ANSWER_KEYS), 0..6)
+        ) {
+            let mut chunks = chunks;
+            chunks.extend(chunks.clone().iter().map(|c| in_choice(c)));
+            let (fed, r) = stream_of(&chunks);
+            let (tree_fed, tree_r) = tree_stream_of(&chunks);
+            prop_assert_eq!(fed, tree_fed);
+            prop_assert_eq!(r, tree_r);
         }
 
         #[test]

@@ -9,6 +9,7 @@
 //! and a key whose value is `null` is present (its value is the raw `null`).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -54,7 +55,13 @@ impl Kind {
 #[derive(Debug, Clone, Default)]
 pub struct RawObject<'a> {
     entries: Vec<(Cow<'a, str>, &'a RawValue)>,
+    /// Each key's place in `entries`, once there are more than [`INDEX_FROM`] (a linear search is
+    /// faster for the few keys objects usually have; the index keeps many keys linear overall).
+    index: Option<HashMap<Cow<'a, str>, usize>>,
 }
+
+/// From this many entries on, keys are found through a hash index.
+const INDEX_FROM: usize = 16;
 
 impl<'a> RawObject<'a> {
     /// Reads `raw` as an object; `None` when it is another JSON type.
@@ -80,14 +87,34 @@ impl<'a> RawObject<'a> {
     }
 
     fn insert(&mut self, key: Cow<'a, str>, value: &'a RawValue) {
-        match self.entries.iter_mut().find(|(k, _)| *k == key) {
-            Some(e) => e.1 = value,
-            None => self.entries.push((key, value)),
+        if let Some(i) = self.position(&key) {
+            self.entries[i].1 = value;
+            return;
+        }
+        if let Some(index) = self.index.as_mut() {
+            index.insert(key.clone(), self.entries.len());
+        }
+        self.entries.push((key, value));
+        if self.index.is_none() && self.entries.len() > INDEX_FROM {
+            self.index = Some(
+                self.entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| (k.clone(), i))
+                    .collect(),
+            );
+        }
+    }
+
+    fn position(&self, key: &str) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.entries.iter().position(|(k, _)| k == key),
         }
     }
 
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
-        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+        self.position(key).map(|i| self.entries[i].1)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -153,13 +180,34 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
-/// Whether `text` nests deeper than 100 levels or holds a `\u` escape of a UTF-16 surrogate: the
-/// raw reading skips values without building them, and so would accept what a tree parse refuses
-/// (serde_json's recursion limit, lone surrogates). Such text must be checked by a tree parse; the
-/// scan itself is one pass over the bytes.
+/// Whether `text` nests deeper than 100 levels, holds a `\u` escape of a UTF-16 surrogate or a
+/// number that may be out of range: the raw reading skips values without building them, and so
+/// would accept what a tree parse refuses (serde_json's recursion limit, lone surrogates, `1e400`).
+/// Such text must be checked by a tree parse; the scan itself is one pass over the bytes.
+///
+/// A number may be out of range when its exponent has three digits or more, or it has more than
+/// 200 characters (a long run of digits); everything else is within an `f64`'s range. The check is
+/// conservative: `1e100` with leading zeros in the exponent is sent to the tree parse, which accepts it.
 pub fn needs_tree_check(text: &[u8]) -> bool {
     let (mut depth, mut in_str, mut i) = (0usize, false, 0usize);
+    // Outside strings: the start of the current number, and where its exponent's digits start.
+    let (mut num_start, mut exp_start): (Option<usize>, Option<usize>) = (None, None);
     while let Some(&b) = text.get(i) {
+        if !in_str {
+            match (num_start, b) {
+                (None, b'-' | b'0'..=b'9') => num_start = Some(i),
+                (Some(_), b'e' | b'E') => exp_start = Some(i + 1),
+                (Some(_), b'+' | b'-') if exp_start == Some(i) => exp_start = Some(i + 1),
+                (Some(_), b'0'..=b'9' | b'.') => {}
+                (Some(start), _) => {
+                    if number_may_overflow(start, exp_start, i) {
+                        return true;
+                    }
+                    (num_start, exp_start) = (None, None);
+                }
+                (None, _) => {}
+            }
+        }
         if in_str {
             match b {
                 b'\\' => {
@@ -193,7 +241,11 @@ pub fn needs_tree_check(text: &[u8]) -> bool {
         }
         i += 1;
     }
-    false
+    num_start.is_some_and(|start| number_may_overflow(start, exp_start, text.len()))
+}
+
+fn number_may_overflow(start: usize, exp_start: Option<usize>, end: usize) -> bool {
+    end - start > 200 || exp_start.is_some_and(|e| end.saturating_sub(e) >= 3)
 }
 
 /// The elements of a raw array; `None` when it is another JSON type.
@@ -205,11 +257,17 @@ pub fn array(raw: &RawValue) -> Option<Vec<&RawValue>> {
 }
 
 /// A string value (escapes decoded); `None` for any other type (`Value::as_str`).
+/// Borrowed from the raw text unless it has escapes (serde's `Cow<str>` always allocates).
 pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     if Kind::of(raw) != Kind::String {
         return None;
     }
-    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+    let text = raw.get();
+    match text.get(1..text.len() - 1) {
+        // A raw string value is valid JSON: without a backslash, its content is the string.
+        Some(inner) if !inner.contains('\\') => Some(Cow::Borrowed(inner)),
+        _ => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
+    }
 }
 
 /// A boolean value (`Value::as_bool`).
@@ -388,9 +446,157 @@ impl<'de> Deserialize<'de> for Lax<String> {
     }
 }
 
+/// JSON text with what a `Value` never writes: repeated and escaped keys, whitespace (newlines
+/// too), numbers out of range, surrogate escapes, nesting over the limits. For property tests
+/// that require the raw and the tree readers to accept, refuse and read the same inputs alike.
+#[cfg(test)]
+pub(crate) mod text_gen {
+    use proptest::prelude::*;
+
+    fn ws() -> impl Strategy<Value = &'static str> {
+        prop_oneof![Just(""), Just(""), Just(" "), Just("\n"), Just("\t\r\n ")]
+    }
+
+    /// A key from `keys`, plain or with its first character escaped; sometimes a surrogate.
+    fn key(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => prop::sample::select(keys).prop_map(|k| format!("\"{k}\"")),
+            2 => prop::sample::select(keys).prop_map(|k| {
+                let mut c = k.chars();
+                let first = c.next().map_or(0, u32::from);
+                format!("\"\\u{first:04x}{}\"", c.as_str())
+            }),
+            1 => "[a-z]{1,3}".prop_map(|k| format!("\"{k}\"")),
+            1 => prop_oneof![
+                Just(r#""\ud800""#.to_owned()),
+                Just(r#""\ud83d\ude00""#.to_owned()),
+                Just(r#""a\"\n""#.to_owned()),
+            ],
+        ]
+    }
+
+    fn leaf() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("false".to_owned()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            (0u64..5).prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f)
+                .map_or_else(|| "0.5".to_owned(), |n| n.to_string())),
+            prop::sample::select(
+                &[
+                    "1e400",
+                    "-1e400",
+                    "1E+999",
+                    "2.5e-999",
+                    "1e308",
+                    "2e308",
+                    "1.7976931348623157e308",
+                    "-0.0e-0",
+                    "12.50",
+                    "1e1",
+                ][..]
+            )
+            .prop_map(str::to_owned),
+            (150usize..400).prop_map(|n| "9".repeat(n)),
+            ".{0,8}".prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
+            prop::sample::select(
+                &[
+                    r#""a\u00e9\n\"\\""#,
+                    r#""\ud800""#,
+                    r#""\udc00x""#,
+                    r#""\ud83d\ude00""#,
+                    r#""\uD83D""#,
+                    r#""tab\t""#,
+                ][..]
+            )
+            .prop_map(str::to_owned),
+        ]
+    }
+
+    /// Any value as text, keys drawn from `keys`.
+    pub(crate) fn value(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+        let v = leaf().prop_recursive(4, 48, 5, move |inner| {
+            prop_oneof![
+                (prop::collection::vec((inner.clone(), ws()), 0..5), ws()).prop_map(
+                    |(elems, w)| {
+                        let body: Vec<String> = elems
+                            .into_iter()
+                            .map(|(e, w)| format!("{w}{e}{w}"))
+                            .collect();
+                        format!("[{w}{}]", body.join(","))
+                    }
+                ),
+                object_of(keys, inner),
+            ]
+        });
+        (
+            v,
+            prop_oneof![8 => Just(0usize), 1 => Just(99), 1 => Just(101), 1 => Just(130)],
+        )
+            .prop_map(|(v, d)| format!("{}{v}{}", "[".repeat(d), "]".repeat(d)))
+    }
+
+    /// An object of `values`, keys drawn from `keys` (often repeated).
+    pub(crate) fn object_of(
+        keys: &'static [&'static str],
+        values: impl Strategy<Value = String>,
+    ) -> impl Strategy<Value = String> {
+        (
+            prop::collection::vec((key(keys), values, ws(), ws()), 0..6),
+            ws(),
+        )
+            .prop_map(|(entries, w)| {
+                let body: Vec<String> = entries
+                    .into_iter()
+                    .map(|(k, v, a, b)| format!("{a}{k}{b}:{a}{v}{b}"))
+                    .collect();
+                format!("{{{w}{}}}", body.join(","))
+            })
+    }
+
+    /// An object as text, the top of a body.
+    pub(crate) fn object(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+        object_of(keys, value(keys))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    const KEYS: &[&str] = &["a", "b", "messages", "role", "content", "tools"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// What the raw reading accepts (with its tree check) is what a tree parse accepts, and
+        /// it reads the same entries in the same order (first place, last value).
+        #[test]
+        fn raw_and_tree_accept_and_read_alike(text in text_gen::object(KEYS)) {
+            let tree = serde_json::from_str::<serde_json::Value>(&text);
+            let raw = RawObject::parse(&text)
+                .ok()
+                .filter(|_| !needs_tree_check(text.as_bytes()) || tree.is_ok());
+            prop_assert_eq!(raw.is_some(), tree.is_ok(), "{}", text);
+            if let (Some(raw), Ok(tree)) = (raw, tree) {
+                let tree = tree.as_object().expect("an object");
+                let raw_keys: Vec<&str> = raw.entries().map(|(k, _)| k).collect();
+                let tree_keys: Vec<&str> = tree.keys().map(String::as_str).collect();
+                prop_assert_eq!(raw_keys, tree_keys, "{}", &text);
+                for (k, v) in raw.entries() {
+                    prop_assert_eq!(Some(&to_value(v)), tree.get(k), "{}", &text);
+                    prop_assert_eq!(raw.get(k).map(RawValue::get), Some(v.get()));
+                    if let Some(s) = tree.get(k).and_then(serde_json::Value::as_str) {
+                        let read = as_str(v);
+                        prop_assert_eq!(read.as_deref(), Some(s));
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn repeated_keys_keep_the_first_place_and_the_last_value() {
@@ -423,6 +629,36 @@ mod tests {
         );
     }
 
+    /// Many keys (found through the index) keep the same semantics: first place, last value.
+    #[test]
+    fn a_large_object_keeps_map_semantics() {
+        let n = 100_000;
+        let mut text = String::from("{");
+        for i in 0..n {
+            text.push_str(&format!("\"k{i}\":{i},"));
+        }
+        // Every tenth key again, with another value; an escaped spelling of k5.
+        for i in (0..n).step_by(10) {
+            text.push_str(&format!("\"k{i}\":\"again\","));
+        }
+        text.push_str(r#""\u006b5":"escaped"}"#);
+        let o = RawObject::parse(&text).expect("object");
+        assert_eq!(o.len(), n);
+        let keys: Vec<String> = o.entries().map(|(k, _)| k.to_owned()).collect();
+        assert_eq!(keys, (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>());
+        assert_eq!(o.get("k0").map(RawValue::get), Some("\"again\""));
+        assert_eq!(o.get("k1").map(RawValue::get), Some("1"));
+        assert_eq!(o.get("k5").map(RawValue::get), Some("\"escaped\""));
+        assert_eq!(o.get("k99990").map(RawValue::get), Some("\"again\""));
+        assert!(o.get("k100000").is_none());
+        let small = RawObject::from_entries(
+            o.entries()
+                .take(3)
+                .map(|(k, v)| (Cow::Owned(k.to_owned()), v)),
+        );
+        assert_eq!(small.len(), 3);
+    }
+
     #[test]
     fn what_a_tree_parse_refuses_is_sent_to_one() {
         assert!(!needs_tree_check(br#"{"a": ["\u00e9 [[[", {"b": "\"}"}]}"#));
@@ -430,6 +666,24 @@ mod tests {
         assert!(needs_tree_check(br#"{"a": "\uDC00"}"#));
         assert!(needs_tree_check("[".repeat(101).as_bytes()));
         assert!(!needs_tree_check("[".repeat(100).as_bytes()));
+        for out_of_range in [
+            "1e400",
+            "-1e400",
+            "[1E+400]",
+            r#"{"a":2.5e-999}"#,
+            r#"{"a": [1, 1e308]}"#,
+        ] {
+            assert!(needs_tree_check(out_of_range.as_bytes()), "{out_of_range}");
+        }
+        let long = format!("[{}]", "9".repeat(400));
+        assert!(needs_tree_check(long.as_bytes()));
+        for in_range in [
+            r#"{"a": [1, -2.5, 1e10, 3E-7, true, false, null]}"#,
+            r#"{"a": "1e400 9999e999"}"#,
+            "12345",
+        ] {
+            assert!(!needs_tree_check(in_range.as_bytes()), "{in_range}");
+        }
     }
 
     #[test]
@@ -444,6 +698,12 @@ mod tests {
         assert_eq!(as_ids(&raw("[1,\"2\"]")), None);
         assert_eq!(as_str(&raw(r#""a\nb""#)).as_deref(), Some("a\nb"));
         assert_eq!(as_str(&raw("1")), None);
+        assert!(matches!(
+            as_str(&raw(r#""plain é""#)),
+            Some(Cow::Borrowed("plain é"))
+        ));
+        assert_eq!(as_str(&raw(r#""""#)).as_deref(), Some(""));
+        assert_eq!(as_str(&raw(r#""\u00e9\"""#)).as_deref(), Some("é\""));
         assert_eq!(as_bool(&raw("true")), Some(true));
         let l: Vec<Lax<f64>> =
             serde_json::from_str(r#"[1, -2.5, "x", null, [1], {"a": 1}]"#).expect("lenient");
