@@ -9,7 +9,9 @@ pub const STREAM_CANCELLED_TOTAL: &str = "policy_serving_stream_cancelled_total"
 /// Streams that broke upstream after the answer started.
 pub const STREAM_BROKEN_TOTAL: &str = "policy_serving_stream_broken_total";
 /// Main turns handed to capture, labelled `outcome` (`captured`|`queue_full`|`render_failed`|
-/// `turn_too_long`|`no_engine_ids`|`engine_logprob_count_mismatch`|`stream_logprobs_missing`).
+/// `turn_too_long`|`no_engine_ids`|`engine_logprob_count_mismatch`|`stream_logprobs_missing`|
+/// `request_unreadable`: the request's messages, tools or template kwargs did not parse on the
+/// capture thread).
 pub const CAPTURE_TOTAL: &str = "policy_serving_capture_total";
 /// Turns whose full text did not start with the prompt text (response = full text).
 pub const PROMPT_NOT_PREFIX_TOTAL: &str = "policy_serving_capture_prompt_not_prefix_total";
@@ -99,7 +101,8 @@ pub const PROXY_OVERHEAD_SECONDS: &str = "policy_serving_proxy_overhead_seconds"
 /// Main requests without a session key whose session was recognised from their history
 /// (`server.session_inference`), labelled `outcome`: `continued` (a live session), `new` (no earlier
 /// turns), `fork` (a prefix continued a second time: a new session linked to its parent) or
-/// `unmatched` (earlier turns that match no live conversation: a new session).
+/// `unmatched` (earlier turns that match no live conversation: a new session) or `unreadable` (the
+/// messages did not parse: session `unknown`).
 pub const SESSION_INFERENCE_TOTAL: &str = "policy_serving_session_inference_total";
 /// Gauge: conversations held for session inference, refreshed when `/metrics` is scraped.
 pub const INFERRED_SESSIONS_LIVE: &str = "policy_serving_inferred_sessions_live";
