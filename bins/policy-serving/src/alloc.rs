@@ -52,6 +52,10 @@ pub fn give_memory_back() -> Tuning {
 }
 
 /// The purge delay in effect, in ms.
+#[allow(
+    clippy::useless_conversion,
+    reason = "`c_long` is 64 bits here but 32 on other targets"
+)]
 fn purge_delay_ms() -> i64 {
     // SAFETY: see the extern block.
     i64::from(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) })

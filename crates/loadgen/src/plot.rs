@@ -257,6 +257,45 @@ pub fn write_all(dir: &Path, plots: &[Plot]) -> Result<Vec<PathBuf>, LoadgenErro
         .collect()
 }
 
+// The reports' plots live here, beside the drawing, so that `report` (the data) does not depend on
+// `plot` (its pictures).
+impl crate::report::Report {
+    /// The SVG plots of the run: latency percentiles per phase and the proxied phases' added
+    /// latency (`chat-<sessions>x<turns>-<upstream>ms-{latency,added}.svg`).
+    pub fn plots(&self) -> Result<Vec<Plot>, LoadgenError> {
+        let c = &self.config;
+        let what = format!("chat-{}x{}", c.sessions, c.turns);
+        let title = format!(
+            "chat, {} sessions x {} turns, {:.0} ms upstream",
+            c.sessions, c.turns, c.fake_latency_ms
+        );
+        let phases: Vec<&crate::report::PhaseReport> = self.phases.iter().collect();
+        phase_plots(&stem(&what, c.fake_latency_ms), &title, &phases)
+    }
+}
+
+impl crate::report::SoakReport {
+    /// The SVG plots of the soak: latency percentiles of its phases, the added latency, and the
+    /// proxy's RSS over the soak against its baseline (`soak-<upstream>ms-{latency,added,rss}.svg`).
+    pub fn plots(&self) -> Result<Vec<Plot>, LoadgenError> {
+        let c = &self.config;
+        let stem = stem("soak", c.fake_latency_ms);
+        let title = format!("soak, {} sessions", c.sessions);
+        let phases: Vec<&crate::report::PhaseReport> =
+            self.direct.iter().chain([&self.proxy]).collect();
+        let mut plots = phase_plots(&stem, &title, &phases)?;
+        plots.push(Plot {
+            file: format!("{stem}-rss.svg"),
+            svg: rss(
+                &format!("{title}: proxy RSS over the soak"),
+                &self.memory.series,
+                Some(self.memory.baseline_kib),
+            )?,
+        });
+        Ok(plots)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::LoadgenError;
 use crate::stats::Summary;
 
 /// Targets of `docs/benchmarks.md`.
@@ -277,23 +276,6 @@ impl Report {
             targets,
             notes,
         }
-    }
-
-    /// The SVG plots of the run: latency percentiles per phase and the proxied phases' added
-    /// latency (`chat-<sessions>x<turns>-<upstream>ms-{latency,added}.svg`).
-    pub fn plots(&self) -> Result<Vec<crate::plot::Plot>, LoadgenError> {
-        let c = &self.config;
-        let what = format!("chat-{}x{}", c.sessions, c.turns);
-        let title = format!(
-            "chat, {} sessions x {} turns, {:.0} ms upstream",
-            c.sessions, c.turns, c.fake_latency_ms
-        );
-        let phases: Vec<&PhaseReport> = self.phases.iter().collect();
-        crate::plot::phase_plots(
-            &crate::plot::stem(&what, c.fake_latency_ms),
-            &title,
-            &phases,
-        )
     }
 
     /// The human-readable table.
@@ -715,25 +697,6 @@ impl SoakReport {
             targets,
             notes,
         }
-    }
-
-    /// The SVG plots of the soak: latency percentiles of its phases, the added latency, and the
-    /// proxy's RSS over the soak against its baseline (`soak-<upstream>ms-{latency,added,rss}.svg`).
-    pub fn plots(&self) -> Result<Vec<crate::plot::Plot>, LoadgenError> {
-        let c = &self.config;
-        let stem = crate::plot::stem("soak", c.fake_latency_ms);
-        let title = format!("soak, {} sessions", c.sessions);
-        let phases: Vec<&PhaseReport> = self.direct.iter().chain([&self.proxy]).collect();
-        let mut plots = crate::plot::phase_plots(&stem, &title, &phases)?;
-        plots.push(crate::plot::Plot {
-            file: format!("{stem}-rss.svg"),
-            svg: crate::plot::rss(
-                &format!("{title}: proxy RSS over the soak"),
-                &self.memory.series,
-                Some(self.memory.baseline_kib),
-            )?,
-        });
-        Ok(plots)
     }
 
     /// The human-readable summary.
