@@ -57,9 +57,9 @@ pub struct ChatTokenizer {
     eos_token: Option<String>,
     eos_token_id: Option<u32>,
     clean_up_tokenization_spaces: bool,
-    /// The added tokens (id → text), when every one of them is split out exactly (no whitespace
-    /// stripping, not word-bound): then a text can be encoded piecewise at their boundaries.
-    /// `None` disables [`ChatTokenizer::encode_incremental`]'s reuse.
+    /// The added tokens (id → text), when a text can be encoded piecewise at their boundaries
+    /// (`splice.cuts_cleanly`, decided once at load). `None` disables every reuse of this crate:
+    /// [`ChatTokenizer::encode_incremental`]'s, the shared cache's and `splice.rs`'s.
     split_tokens: Option<std::collections::HashMap<u32, String>>,
     /// What [`ChatTokenizer::encode_around`] needs to know of the added tokens (`splice.rs`).
     splice: splice::AddedTokenFacts,
@@ -214,19 +214,16 @@ impl ChatTokenizer {
             .eos_token
             .as_deref()
             .and_then(|t| tokenizer.token_to_id(t));
-        let split_tokens = {
-            let added = tokenizer.get_added_tokens_decoder();
-            added
-                .values()
-                .all(|t| !t.lstrip && !t.rstrip && !t.single_word)
-                .then(|| {
-                    added
-                        .iter()
-                        .map(|(id, t)| (*id, t.content.clone()))
-                        .collect()
-                })
-        };
+        // The one condition for every splice: `split_tokens` is kept only when cuts at added
+        // tokens split the ids (`splice.rs`).
         let splice = splice::AddedTokenFacts::of(&tokenizer);
+        let split_tokens = splice.cuts_cleanly.then(|| {
+            tokenizer
+                .get_added_tokens_decoder()
+                .iter()
+                .map(|(id, t)| (*id, t.content.clone()))
+                .collect()
+        });
         Ok(Self {
             tokenizer,
             templates,
@@ -353,6 +350,14 @@ impl ChatTokenizer {
             }),
             reused,
         ))
+    }
+
+    /// Whether encodings are spliced at added tokens (reusing encoded prefixes, the shared cache,
+    /// [`ChatTokenizer::encode_around`]): decided once at load, and false for a tokenizer whose
+    /// texts do not encode piecewise at its added tokens. When false every text is encoded whole
+    /// and callers gain nothing from keeping encoded prefixes.
+    pub fn splices(&self) -> bool {
+        self.split_tokens.is_some()
     }
 
     /// Token ids of `text`, as `tokenizer(text, add_special_tokens=False)["input_ids"]`.
