@@ -206,6 +206,8 @@ impl TeacherTurn {
         let prompt = match &response {
             // A re-tokenized turn's prompt ids are the capture's exact encode of its prompt text.
             Response::Text(..) => Arc::new(tok.encoded_from(prompt_text, prompt_ids)),
+            // Without splicing nothing is reused, and `teacher_input_ids` does not read this.
+            Response::Engine(_) if !tok.splices() => Arc::new(EncodedPrefix::default()),
             Response::Engine(_) => {
                 let null = serde_json::Value::Null;
                 let input = TurnInput {
