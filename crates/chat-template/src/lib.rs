@@ -580,11 +580,35 @@ fn added_token_boundaries(
                 cursor += pos + content.len();
                 out.push((cursor, i + 1));
             }
-            // The text and ids disagree (should not happen): keep only the boundaries found so far.
-            None => break,
+            // The text and ids disagree (ids from an older tokenizer, say): no boundary at all,
+            // so whatever reuses this encodes the whole text.
+            None => return mismatch(),
         }
     }
+    // Every added-token id found its text; the text holds no added token past the last one.
+    if added
+        .values()
+        .any(|c| !c.is_empty() && text[cursor..].contains(c.as_str()))
+    {
+        return mismatch();
+    }
     out
+}
+
+/// Ids and text that disagree on their added tokens, for [`added_token_boundaries`]: counted
+/// (tests read it through [`boundary_mismatches`]) and logged at debug level.
+fn mismatch() -> Vec<(usize, usize)> {
+    BOUNDARY_MISMATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::debug!("ids and text disagree on their added tokens: encoding the whole text");
+    Vec::new()
+}
+
+static BOUNDARY_MISMATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times, in this process, ids given with a text disagreed with it on their added tokens
+/// (then nothing of them is reused and the whole text is encoded: the result stays exact).
+pub fn boundary_mismatches() -> u64 {
+    BOUNDARY_MISMATCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The per-request part of the template context, converted once for both renders of a turn.
