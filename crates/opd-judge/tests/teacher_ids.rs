@@ -292,3 +292,47 @@ fn without_splicing_the_encoded_prompt_is_not_read() {
         assert_eq!(ids, reference, "{name}");
     }
 }
+
+#[test]
+fn the_teacher_input_reuses_the_turns_prompt() {
+    // The prompt's ids before and after the hinted message are marked with sentinels (consistent
+    // with its added tokens): they must come out in the teacher's input, for the mini model and
+    // Qwen3 alike. Fails if teacher_input_ids encodes the whole input again.
+    for tok in tokenizers() {
+        assert!(tok.splices());
+        let added: Vec<u32> = ["<|im_start|>", "<|im_end|>"]
+            .iter()
+            .flat_map(|t| tok.encode(t).unwrap())
+            .collect();
+        let messages = vec![
+            json!({"role": "system", "content": "Be brief and exact."}),
+            json!({"role": "user", "content": "which callers use load?"}),
+        ];
+        let prompt_text = tok.render(&messages, None, true, None).unwrap();
+        let mut ids = tok.encode(&prompt_text).unwrap();
+        let head_n = tok
+            .encode("<|im_start|>system\nBe brief and exact.<|im_end|>\n")
+            .unwrap()
+            .len();
+        for (i, id) in ids.iter_mut().enumerate().take(head_n) {
+            if !added.contains(id) {
+                *id = 999_000 + i as u32;
+            }
+        }
+        let prompt = tok.encoded_from(prompt_text, ids);
+        let out = teacher_input_ids(
+            tok,
+            &messages,
+            None,
+            "look at main",
+            TeacherResponse::EngineIds(&[4, 5]),
+            None,
+            &prompt,
+        )
+        .unwrap();
+        assert!(
+            out.iter().any(|id| *id >= 999_000),
+            "the prompt was not reused"
+        );
+    }
+}
