@@ -59,9 +59,9 @@ pub struct ChatTokenizer {
     eos_token: Option<String>,
     eos_token_id: Option<u32>,
     clean_up_tokenization_spaces: bool,
-    /// The added tokens (id → text), when every one of them is split out exactly (no whitespace
-    /// stripping, not word-bound): then a text can be encoded piecewise at their boundaries.
-    /// `None` disables [`ChatTokenizer::encode_incremental`]'s reuse.
+    /// The added tokens (id → text), when a text can be encoded piecewise at their boundaries
+    /// (`splice.cuts_cleanly`, decided once at load). `None` disables every reuse of this crate:
+    /// [`ChatTokenizer::encode_incremental`]'s, the shared cache's and `splice.rs`'s.
     split_tokens: Option<std::collections::HashMap<u32, String>>,
     /// What [`ChatTokenizer::encode_around`] needs to know of the added tokens (`splice.rs`).
     splice: splice::AddedTokenFacts,
@@ -257,19 +257,16 @@ impl ChatTokenizer {
             .eos_token
             .as_deref()
             .and_then(|t| tokenizer.token_to_id(t));
-        let split_tokens = {
-            let added = tokenizer.get_added_tokens_decoder();
-            added
-                .values()
-                .all(|t| !t.lstrip && !t.rstrip && !t.single_word)
-                .then(|| {
-                    added
-                        .iter()
-                        .map(|(id, t)| (*id, t.content.clone()))
-                        .collect()
-                })
-        };
+        // The one condition for every splice: `split_tokens` is kept only when cuts at added
+        // tokens split the ids (`splice.rs`).
         let splice = splice::AddedTokenFacts::of(&tokenizer);
+        let split_tokens = splice.cuts_cleanly.then(|| {
+            tokenizer
+                .get_added_tokens_decoder()
+                .iter()
+                .map(|(id, t)| (*id, t.content.clone()))
+                .collect()
+        });
         Ok(Self {
             tokenizer,
             templates,
@@ -396,6 +393,14 @@ impl ChatTokenizer {
             }),
             reused,
         ))
+    }
+
+    /// Whether encodings are spliced at added tokens (reusing encoded prefixes, the shared cache,
+    /// [`ChatTokenizer::encode_around`]): decided once at load, and false for a tokenizer whose
+    /// texts do not encode piecewise at its added tokens. When false every text is encoded whole
+    /// and callers gain nothing from keeping encoded prefixes.
+    pub fn splices(&self) -> bool {
+        self.split_tokens.is_some()
     }
 
     /// Token ids of `text`, as `tokenizer(text, add_special_tokens=False)["input_ids"]`.
@@ -618,11 +623,35 @@ fn added_token_boundaries(
                 cursor += pos + content.len();
                 out.push((cursor, i + 1));
             }
-            // The text and ids disagree (should not happen): keep only the boundaries found so far.
-            None => break,
+            // The text and ids disagree (ids from an older tokenizer, say): no boundary at all,
+            // so whatever reuses this encodes the whole text.
+            None => return mismatch(),
         }
     }
+    // Every added-token id found its text; the text holds no added token past the last one.
+    if added
+        .values()
+        .any(|c| !c.is_empty() && text[cursor..].contains(c.as_str()))
+    {
+        return mismatch();
+    }
     out
+}
+
+/// Ids and text that disagree on their added tokens, for [`added_token_boundaries`]: counted
+/// (tests read it through [`boundary_mismatches`]) and logged at debug level.
+fn mismatch() -> Vec<(usize, usize)> {
+    BOUNDARY_MISMATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::debug!("ids and text disagree on their added tokens: encoding the whole text");
+    Vec::new()
+}
+
+static BOUNDARY_MISMATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times, in this process, ids given with a text disagreed with it on their added tokens
+/// (then nothing of them is reused and the whole text is encoded: the result stays exact).
+pub fn boundary_mismatches() -> u64 {
+    BOUNDARY_MISMATCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The per-request part of the template context, converted once for both renders of a turn.

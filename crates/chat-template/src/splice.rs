@@ -8,9 +8,12 @@
 //! concatenation of its pieces' ids. A cut right after an added token (the prefix side, as in
 //! [`ChatTokenizer::encode_incremental`]) or right before one (the suffix side) splits the ids
 //! there, provided no added token can match across the cut whatever the text holds on its other
-//! side. [`AddedTokenFacts`] checks that once per tokenizer (no added token starts with another,
-//! none contains the start of one past its first character, none is normalised, stripped or
-//! word-bound); when it does not hold, every function here encodes the whole text. The result is
+//! side, and provided the pieces between added tokens are normalised and pre-tokenized alike wherever
+//! they stand. [`AddedTokenFacts`] checks that once per tokenizer, at load (no added token starts
+//! with another, none contains the start of one past its first character, none is normalised,
+//! stripped or word-bound; no Metaspace prepending only at the text's start; no unknown-token id
+//! that is an added token; and a probe of every added token between short texts); when it does
+//! not hold, the tokenizer keeps no `split_tokens` and every function here encodes the whole text. The result is
 //! always exactly [`ChatTokenizer::encode`]'s.
 
 use std::collections::HashSet;
@@ -23,27 +26,128 @@ use crate::{
 /// What the functions of this module need to know of a tokenizer's added tokens.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AddedTokenFacts {
-    /// Cuts before and after an added token split the ids (see the module's documentation).
+    /// Cuts before and after an added token split the ids (see the module's documentation). The
+    /// one condition for every splice of this crate: without it the tokenizer keeps no
+    /// `split_tokens` and every text is encoded whole.
     pub cuts_cleanly: bool,
     /// The smallest added-token id (`u32::MAX` when there is none): ids below it are ordinary.
     pub min_id: u32,
 }
 
+/// The texts put on both sides of each added token by the load-time probe.
+const PROBES: [&str; 4] = ["x", " x", "\nx", "1"];
+
 impl AddedTokenFacts {
+    /// Decides once, at load, whether this tokenizer's encodings may be spliced at added tokens,
+    /// and logs (info) why not when they may not.
     pub fn of(tokenizer: &tokenizers::Tokenizer) -> Self {
         let added = tokenizer.get_added_tokens_decoder();
-        let plain = added
-            .values()
-            .all(|t| !t.lstrip && !t.rstrip && !t.single_word && !t.normalized);
-        let contents: Vec<&str> = added
-            .values()
-            .map(|t| t.content.as_str())
-            .filter(|c| !c.is_empty())
-            .collect();
+        let why_not = why_not_splice(tokenizer);
+        if let Some(reason) = &why_not {
+            tracing::info!(
+                reason = reason.as_str(),
+                "tokenizer: encodings are not spliced at added tokens, every text is encoded whole"
+            );
+        }
         Self {
-            cuts_cleanly: plain && no_added_token_overlaps(&contents),
+            cuts_cleanly: why_not.is_none(),
             min_id: added.keys().copied().min().unwrap_or(u32::MAX),
         }
+    }
+}
+
+/// Why cuts at this tokenizer's added tokens would not split its ids, or `None` when they do:
+/// an added token that is normalised, stripped or word-bound; added tokens that overlap; a
+/// Metaspace pre-tokenizer that prepends its replacement only at the start of the whole text
+/// (`prepend_scheme: "first"`); an unknown-token id that is an added token (an unknown character
+/// would then read as that token's text); or a failed probe: for each added token `c` and probes
+/// `a`, `b`, `encode(a+c+b) == encode(a+c) ++ encode(b) == encode(a) ++ encode(c+b)`.
+fn why_not_splice(tokenizer: &tokenizers::Tokenizer) -> Option<String> {
+    let added = tokenizer.get_added_tokens_decoder();
+    if let Some(t) = added
+        .values()
+        .find(|t| t.lstrip || t.rstrip || t.single_word || t.normalized)
+    {
+        return Some(format!(
+            "added token {:?} is stripped, word-bound or normalized",
+            t.content
+        ));
+    }
+    let contents: Vec<&str> = added
+        .values()
+        .map(|t| t.content.as_str())
+        .filter(|c| !c.is_empty())
+        .collect();
+    if !no_added_token_overlaps(&contents) {
+        return Some("added tokens overlap".to_owned());
+    }
+    let json: serde_json::Value = match tokenizer.to_string(false).map(|s| serde_json::from_str(&s))
+    {
+        Ok(Ok(json)) => json,
+        _ => return Some("the tokenizer could not be inspected".to_owned()),
+    };
+    if json
+        .get("pre_tokenizer")
+        .is_some_and(has_metaspace_prepending_first)
+    {
+        return Some("a Metaspace pre-tokenizer with prepend_scheme \"first\"".to_owned());
+    }
+    let model = json.get("model");
+    let unk_id = model
+        .and_then(|m| m.get("unk_token"))
+        .and_then(serde_json::Value::as_str)
+        .and_then(|t| tokenizer.token_to_id(t))
+        .or_else(|| {
+            model
+                .and_then(|m| m.get("unk_id"))
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|id| u32::try_from(id).ok())
+        });
+    if let Some(t) = unk_id.and_then(|id| added.get(&id)) {
+        return Some(format!(
+            "the unknown token {:?} is an added token",
+            t.content
+        ));
+    }
+    let encode = |text: &str| {
+        tokenizer
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .ok()
+    };
+    let joined = |a: &str, b: &str| Some([encode(a)?, encode(b)?].concat());
+    for c in &contents {
+        for a in PROBES {
+            for b in PROBES {
+                let whole = encode(&format!("{a}{c}{b}"));
+                if whole.is_none()
+                    || whole != joined(&format!("{a}{c}"), b)
+                    || whole != joined(a, &format!("{c}{b}"))
+                {
+                    return Some(format!(
+                        "the probe {a:?} + {c:?} + {b:?} does not encode piecewise"
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Whether a serialized pre-tokenizer is, or holds (in a `Sequence`), a Metaspace that prepends
+/// its replacement only at the start of the whole text.
+fn has_metaspace_prepending_first(pre: &serde_json::Value) -> bool {
+    match pre {
+        serde_json::Value::Object(map) => {
+            (map.get("type").and_then(serde_json::Value::as_str) == Some("Metaspace")
+                && map
+                    .get("prepend_scheme")
+                    .and_then(serde_json::Value::as_str)
+                    == Some("first"))
+                || map.values().any(has_metaspace_prepending_first)
+        }
+        serde_json::Value::Array(items) => items.iter().any(has_metaspace_prepending_first),
+        _ => false,
     }
 }
 
@@ -109,11 +213,7 @@ impl ChatTokenizer {
         text: &str,
         base: &EncodedPrefix,
     ) -> Result<EncodedPrefix, ChatTemplateError> {
-        let Some(added) = self
-            .split_tokens
-            .as_ref()
-            .filter(|_| self.splice.cuts_cleanly)
-        else {
+        let Some(added) = &self.split_tokens else {
             return Ok(self.encoded_from(text.to_owned(), self.encode(text)?));
         };
         let common = common_prefix(&base.text, text);
@@ -145,11 +245,7 @@ impl ChatTokenizer {
         head: &EncodedPrefix,
         tail: &EncodedPrefix,
     ) -> Result<Vec<u32>, ChatTemplateError> {
-        let Some(added) = self
-            .split_tokens
-            .as_ref()
-            .filter(|_| self.splice.cuts_cleanly)
-        else {
+        let Some(added) = &self.split_tokens else {
             return self.encode(&format!("{}{}", head.text, tail.text));
         };
         let (head_end, head_ids) = head.boundaries.last().copied().unwrap_or((0, 0));

@@ -152,40 +152,70 @@ fn a_hinted_user_message_in_an_agent_conversation_encodes_exactly() {
     }
 }
 
-/// The mini model's added tokens have ids from here on; the ids below are ordinary tokens.
-const MINI_FIRST_ADDED_ID: u32 = 978;
-
 #[test]
 fn the_reuse_covers_both_ends() {
     // Only the changed message and its neighbourhood up to the nearest added tokens is encoded:
     // the ids before and after it are the base's (checked through what encode_around returns
-    // for a base whose ends are deliberately wrong but consistent with the cut points).
-    let tok = ChatTokenizer::mini();
-    let head = "<|im_start|>system\nsys<|im_end|>\n";
-    let tail = "<|im_end|>\n<|im_start|>assistant\n";
-    let base_text = format!("{head}<|im_start|>user\nq{tail}");
-    let mut base = exact(&tok, &base_text);
-    // Mark the reused ends: replace the head's and tail's ordinary ids by sentinels.
-    let head_n = tok.encode(head).unwrap().len();
-    let tail_n = tok.encode(tail).unwrap().len();
-    let len = base.ids.len();
-    for i in 0..head_n {
-        if base.ids[i] < MINI_FIRST_ADDED_ID {
-            base.ids[i] = 999_000 + i as u32;
+    // for a base whose ends are deliberately wrong but consistent with the cut points). Fails if
+    // the reuse is removed, for the mini model and Qwen3 alike.
+    for tok in tokenizers() {
+        assert!(tok.splices());
+        let added: Vec<u32> = ["<|im_start|>", "<|im_end|>"]
+            .iter()
+            .flat_map(|t| tok.encode(t).unwrap())
+            .collect();
+        let head = "<|im_start|>system\nsys<|im_end|>\n";
+        let tail = "<|im_end|>\n<|im_start|>assistant\n";
+        let base_text = format!("{head}<|im_start|>user\nq{tail}");
+        let mut base = exact(tok, &base_text);
+        // Mark the reused ends: replace the head's and tail's ordinary ids by sentinels.
+        let head_n = tok.encode(head).unwrap().len();
+        let tail_n = tok.encode(tail).unwrap().len();
+        let len = base.ids.len();
+        for i in 0..head_n {
+            if !added.contains(&base.ids[i]) {
+                base.ids[i] = 999_000 + i as u32;
+            }
+        }
+        for i in len - tail_n..len {
+            if !added.contains(&base.ids[i]) {
+                base.ids[i] = 998_000 + i as u32;
+            }
+        }
+        let changed = format!("{head}<|im_start|>user\nq\n\nhint text{tail}");
+        let ids = tok.encode_around(&changed, &base).unwrap().ids;
+        assert!(ids.iter().any(|id| *id >= 999_000), "the head was reused");
+        assert!(
+            ids.iter().any(|id| (998_000..999_000).contains(id)),
+            "the tail was reused"
+        );
+    }
+}
+
+#[test]
+fn ids_that_disagree_with_their_text_are_not_reused() {
+    // Ids from elsewhere (an older tokenizer, say) with fewer or more added tokens than the text:
+    // nothing of them is reused, the result is the full encode, and the mismatch is counted.
+    for tok in tokenizers() {
+        let text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+        let changed = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n";
+        for ids in [
+            tok.encode("hi").unwrap(),
+            tok.encode("<|im_start|>user\nhi").unwrap(),
+            tok.encode(&format!("{text}<|im_end|>")).unwrap(),
+        ] {
+            let before = ps_chat_template::boundary_mismatches();
+            let base = tok.encoded_from(text.to_owned(), ids);
+            assert!(base.boundaries.is_empty(), "{:?}", base.boundaries);
+            assert!(ps_chat_template::boundary_mismatches() > before);
+            let around = tok.encode_around(changed, &base).unwrap();
+            assert_eq!(around.ids, tok.encode(changed).unwrap());
+            let joined = tok
+                .encode_concat(&base, &exact(tok, "x<|im_end|>"))
+                .unwrap();
+            assert_eq!(joined, tok.encode(&format!("{text}x<|im_end|>")).unwrap());
         }
     }
-    for i in len - tail_n..len {
-        if base.ids[i] < MINI_FIRST_ADDED_ID {
-            base.ids[i] = 998_000 + i as u32;
-        }
-    }
-    let changed = format!("{head}<|im_start|>user\nq\n\nhint text{tail}");
-    let ids = tok.encode_around(&changed, &base).unwrap().ids;
-    assert!(ids.iter().any(|id| *id >= 999_000), "the head was reused");
-    assert!(
-        ids.iter().any(|id| (998_000..999_000).contains(id)),
-        "the tail was reused"
-    );
 }
 
 #[test]

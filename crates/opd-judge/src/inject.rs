@@ -78,7 +78,8 @@ pub enum TeacherResponse<'a> {
 /// own prompt (`messages` rendered with the generation prompt) with exactly its own ids, and
 /// everything before the hinted message and after it is taken from there
 /// ([`ChatTokenizer::encode_around`]); a re-tokenized response is joined at its first added token
-/// ([`ChatTokenizer::encode_concat`]).
+/// ([`ChatTokenizer::encode_concat`]). For a tokenizer that does not splice
+/// ([`ChatTokenizer::splices`]) the whole input is encoded once and `prompt` is not read.
 ///
 /// Rendering is CPU-bound: async callers run this on the blocking pool.
 pub fn teacher_input_ids(
@@ -90,6 +91,25 @@ pub fn teacher_input_ids(
     template_kwargs: Option<&Map<String, Value>>,
     prompt: &EncodedPrefix,
 ) -> Result<Vec<u32>, ChatTemplateError> {
+    if !tok.splices() {
+        // Nothing can be reused (`prompt` is not read): one encode of the whole input, as before.
+        return match response {
+            TeacherResponse::Text(response) => tok.encode(&teacher_input_text(
+                tok,
+                messages,
+                tools,
+                hint,
+                &response.text,
+                template_kwargs,
+            )?),
+            TeacherResponse::EngineIds(ids) => {
+                let text = teacher_input_text(tok, messages, tools, hint, "", template_kwargs)?;
+                let mut out = tok.encode(&text)?;
+                out.extend_from_slice(ids);
+                Ok(out)
+            }
+        };
+    }
     let hinted = teacher_input_text(tok, messages, tools, hint, "", template_kwargs)?;
     let hinted = tok.encode_around(&hinted, prompt)?;
     match response {

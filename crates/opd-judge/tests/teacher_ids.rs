@@ -229,3 +229,110 @@ proptest! {
         }
     }
 }
+
+/// The self-made tokenizers of `ps-chat-template` whose encodings cannot be spliced at added
+/// tokens (`crates/chat-template/tests/fixtures`).
+fn unspliceable() -> Vec<(&'static str, ChatTokenizer)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../chat-template");
+    let config =
+        std::fs::read_to_string(dir.join("../../config/mini-model/tokenizer_config.json")).unwrap();
+    [
+        "metaspace_first.json",
+        "unk_added.json",
+        "normalized_added.json",
+    ]
+    .into_iter()
+    .map(|name| {
+        let json = std::fs::read_to_string(dir.join("tests/fixtures").join(name)).unwrap();
+        (name, ChatTokenizer::from_json_strs(&json, &config).unwrap())
+    })
+    .collect()
+}
+
+#[test]
+fn a_tokenizer_that_does_not_splice_gets_exactly_the_full_encode() {
+    for (name, tok) in unspliceable() {
+        assert!(!tok.splices(), "{name} splices");
+        let messages = vec![
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "user", "content": "hi é, which user calls <unk>?"}),
+            json!({"role": "assistant", "content": "user hi"}),
+            json!({"role": "user", "content": "hi there"}),
+        ];
+        let response = json!({"role": "assistant", "content": "é user <unk> hi"});
+        for hint in ["user hi é", "<unk> <|im_start|>user", " hi "] {
+            check(&tok, &messages, None, &response, None, hint);
+        }
+    }
+}
+
+#[test]
+fn without_splicing_the_encoded_prompt_is_not_read() {
+    // Not even a wrong one changes the ids: the whole input is encoded once.
+    let wrong = ps_chat_template::EncodedPrefix {
+        text: "<|im_start|>user\nsomething else<|im_end|>\n".to_owned(),
+        ids: vec![1, 2, 3],
+        boundaries: vec![(12, 1)],
+    };
+    for (name, tok) in unspliceable() {
+        let messages = vec![json!({"role": "user", "content": "hi é user"})];
+        let text = teacher_input_text(&tok, &messages, None, "hint", "", None).unwrap();
+        let mut reference = tok.encode(&text).unwrap();
+        reference.extend_from_slice(&[4, 5]);
+        let ids = teacher_input_ids(
+            &tok,
+            &messages,
+            None,
+            "hint",
+            TeacherResponse::EngineIds(&[4, 5]),
+            None,
+            &wrong,
+        )
+        .unwrap();
+        assert_eq!(ids, reference, "{name}");
+    }
+}
+
+#[test]
+fn the_teacher_input_reuses_the_turns_prompt() {
+    // The prompt's ids before and after the hinted message are marked with sentinels (consistent
+    // with its added tokens): they must come out in the teacher's input, for the mini model and
+    // Qwen3 alike. Fails if teacher_input_ids encodes the whole input again.
+    for tok in tokenizers() {
+        assert!(tok.splices());
+        let added: Vec<u32> = ["<|im_start|>", "<|im_end|>"]
+            .iter()
+            .flat_map(|t| tok.encode(t).unwrap())
+            .collect();
+        let messages = vec![
+            json!({"role": "system", "content": "Be brief and exact."}),
+            json!({"role": "user", "content": "which callers use load?"}),
+        ];
+        let prompt_text = tok.render(&messages, None, true, None).unwrap();
+        let mut ids = tok.encode(&prompt_text).unwrap();
+        let head_n = tok
+            .encode("<|im_start|>system\nBe brief and exact.<|im_end|>\n")
+            .unwrap()
+            .len();
+        for (i, id) in ids.iter_mut().enumerate().take(head_n) {
+            if !added.contains(id) {
+                *id = 999_000 + i as u32;
+            }
+        }
+        let prompt = tok.encoded_from(prompt_text, ids);
+        let out = teacher_input_ids(
+            tok,
+            &messages,
+            None,
+            "look at main",
+            TeacherResponse::EngineIds(&[4, 5]),
+            None,
+            &prompt,
+        )
+        .unwrap();
+        assert!(
+            out.iter().any(|id| *id >= 999_000),
+            "the prompt was not reused"
+        );
+    }
+}

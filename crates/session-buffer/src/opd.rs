@@ -58,16 +58,39 @@ impl std::fmt::Debug for OpdParts {
 /// turn. Shared by the session and its turns being judged; it goes when they do. Costs, per
 /// session that had an engine-id turn taught, its latest prompt: the text (~4 bytes per token), 4
 /// bytes per id and 16 per added token (a 20,000-token agent prompt: ~165 kB); nothing per turn.
+/// Emptied when the session closes ([`SessionPrompt::close`]); a turn still being judged then
+/// cannot refill it. Not used at all for a tokenizer that does not splice.
 #[derive(Clone, Default)]
-pub(crate) struct SessionPrompt(Arc<Mutex<Option<Arc<EncodedPrefix>>>>);
+pub(crate) struct SessionPrompt(Arc<Mutex<LatestPrompt>>);
+
+#[derive(Default)]
+struct LatestPrompt {
+    prompt: Option<Arc<EncodedPrefix>>,
+    closed: bool,
+}
 
 impl SessionPrompt {
-    fn get(&self) -> Option<Arc<EncodedPrefix>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    pub(crate) fn get(&self) -> Option<Arc<EncodedPrefix>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .prompt
+            .clone()
     }
 
-    fn set(&self, prompt: Arc<EncodedPrefix>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(prompt);
+    /// Keeps `prompt` as the latest, unless this was closed.
+    pub(crate) fn set(&self, prompt: Arc<EncodedPrefix>) {
+        let mut latest = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !latest.closed {
+            latest.prompt = Some(prompt);
+        }
+    }
+
+    /// Drops the kept prompt for good: later [`SessionPrompt::set`]s are ignored.
+    pub(crate) fn close(&self) {
+        let mut latest = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        latest.closed = true;
+        latest.prompt = None;
     }
 }
 
@@ -206,6 +229,8 @@ impl TeacherTurn {
         let prompt = match &response {
             // A re-tokenized turn's prompt ids are the capture's exact encode of its prompt text.
             Response::Text(..) => Arc::new(tok.encoded_from(prompt_text, prompt_ids)),
+            // Without splicing nothing is reused, and `teacher_input_ids` does not read this.
+            Response::Engine(_) if !tok.splices() => Arc::new(EncodedPrefix::default()),
             Response::Engine(_) => {
                 let null = serde_json::Value::Null;
                 let input = TurnInput {

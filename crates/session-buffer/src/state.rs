@@ -84,7 +84,8 @@ pub(crate) struct Session {
     /// `has_effective` starts afresh.
     pub conversation_starts: BTreeSet<u64>,
     /// The latest prompt the teacher path encoded for this session (OPD/Combine, engine-id turns):
-    /// the next teacher call encodes only what the conversation added since. Goes with the session.
+    /// the next teacher call encodes only what the conversation added since. Emptied (and
+    /// replaced by a fresh one) when the session closes.
     pub prompt: SessionPrompt,
 }
 
@@ -115,6 +116,9 @@ impl Session {
     /// then collects the turns this made ready.
     pub fn close(&mut self) {
         self.closing = true;
+        // The kept prompt goes now, not when the last job of the session does; jobs still holding
+        // it cannot refill it, and a continued session starts a fresh one.
+        std::mem::take(&mut self.prompt).close();
         for slot in self.slots.values_mut() {
             if matches!(slot.next, Next::Pending) {
                 slot.next = Next::Missing;
@@ -245,5 +249,43 @@ impl Session {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ps_chat_template::EncodedPrefix;
+
+    use super::*;
+
+    fn prompt(text: &str) -> Arc<EncodedPrefix> {
+        Arc::new(EncodedPrefix {
+            text: text.to_owned(),
+            ids: vec![1, 2, 3],
+            boundaries: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn closing_a_session_drops_its_prompt_and_a_late_job_cannot_refill_it() {
+        let mut session = Session::new(Instant::now());
+        let held_by_job = session.prompt.clone();
+        held_by_job.set(prompt("first"));
+        assert!(session.prompt.get().is_some());
+        session.close();
+        assert!(held_by_job.get().is_none(), "not cleared on close");
+        assert!(session.prompt.get().is_none());
+        // A job still judging a turn of the closed session sets its prompt: ignored.
+        held_by_job.set(prompt("late"));
+        assert!(held_by_job.get().is_none(), "refilled after close");
+        assert!(
+            session.prompt.get().is_none(),
+            "the session got the late prompt"
+        );
+        // The session, continued, keeps its new prompts again.
+        session.prompt.set(prompt("continued"));
+        assert_eq!(session.prompt.get().unwrap().text, "continued");
     }
 }
