@@ -31,6 +31,7 @@ pub mod opd;
 mod persist;
 pub mod records;
 pub mod rules;
+mod session_prompt;
 mod state;
 mod status;
 mod submit;

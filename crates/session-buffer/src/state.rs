@@ -13,7 +13,7 @@ use ps_prm_client::PrmScore;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::opd::SessionPrompt;
+use crate::session_prompt::SessionPrompt;
 
 /// What a captured turn knows of its next state.
 pub(crate) enum Next {
