@@ -63,6 +63,9 @@ pub struct ChatTokenizer {
     /// (`splice.cuts_cleanly`, decided once at load). `None` disables every reuse of this crate:
     /// [`ChatTokenizer::encode_incremental`]'s, the shared cache's and `splice.rs`'s.
     split_tokens: Option<std::collections::HashMap<u32, String>>,
+    /// The added tokens' texts as the tokenizer finds them in a text (leftmost-longest, as
+    /// `tokenizers`' own added-token matcher), kept with `split_tokens`.
+    added_matcher: Option<aho_corasick::AhoCorasick>,
     /// What [`ChatTokenizer::encode_around`] needs to know of the added tokens (`splice.rs`).
     splice: splice::AddedTokenFacts,
 }
@@ -260,13 +263,23 @@ impl ChatTokenizer {
         // The one condition for every splice: `split_tokens` is kept only when cuts at added
         // tokens split the ids (`splice.rs`).
         let splice = splice::AddedTokenFacts::of(&tokenizer);
-        let split_tokens = splice.cuts_cleanly.then(|| {
-            tokenizer
-                .get_added_tokens_decoder()
-                .iter()
-                .map(|(id, t)| (*id, t.content.clone()))
-                .collect()
+        let split_tokens: Option<std::collections::HashMap<u32, String>> =
+            splice.cuts_cleanly.then(|| {
+                tokenizer
+                    .get_added_tokens_decoder()
+                    .iter()
+                    .map(|(id, t)| (*id, t.content.clone()))
+                    .collect()
+            });
+        // The matcher cannot fail to build for a tokenizer's few added tokens; if it did, the
+        // tokenizer would simply not splice.
+        let added_matcher = split_tokens.as_ref().and_then(|added| {
+            aho_corasick::AhoCorasick::builder()
+                .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                .build(added.values().filter(|c| !c.is_empty()))
+                .ok()
         });
+        let split_tokens = split_tokens.filter(|_| added_matcher.is_some());
         Ok(Self {
             tokenizer,
             templates,
@@ -275,6 +288,7 @@ impl ChatTokenizer {
             eos_token_id,
             clean_up_tokenization_spaces: cfg.clean_up_tokenization_spaces,
             split_tokens,
+            added_matcher,
             splice,
         })
     }
@@ -356,7 +370,7 @@ impl ChatTokenizer {
         prev: Option<&EncodedPrefix>,
         shared: Option<&SharedPrefixCache>,
     ) -> Result<(Vec<u32>, Option<EncodedPrefix>, Reused), ChatTemplateError> {
-        let Some(added) = &self.split_tokens else {
+        let (Some(added), Some(matcher)) = (&self.split_tokens, &self.added_matcher) else {
             return Ok((self.encode(text)?, None, Reused::Nothing));
         };
         let (ids, reused) = match prev.and_then(|p| p.reusable(text).map(|r| (p, r))) {
@@ -383,7 +397,7 @@ impl ChatTokenizer {
                 }
             }
         };
-        let boundaries = added_token_boundaries(text, &ids, added, self.splice.min_id);
+        let boundaries = added_token_boundaries(text, &ids, added, matcher, self.splice.min_id);
         Ok((
             ids.clone(),
             Some(EncodedPrefix {
@@ -601,15 +615,19 @@ impl EncodedPrefix {
 }
 
 /// Where each added token of `ids` ends in `text`: the k-th added-token id is the k-th added-token
-/// match of the text (the tokenizer extracts them left to right).
+/// match of the text (the tokenizer extracts them left to right, leftmost-longest, as `matcher`
+/// does). Any disagreement (an added id whose text is not the next match, a match skipped or left
+/// over) means no boundary at all: the ids are not this text's encoding (ids from an older
+/// tokenizer, say), and whatever reuses this encodes the whole text. Linear in the text.
 fn added_token_boundaries(
     text: &str,
     ids: &[u32],
     added: &std::collections::HashMap<u32, String>,
+    matcher: &aho_corasick::AhoCorasick,
     min_added_id: u32,
 ) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
-    let mut cursor = 0;
+    let mut matches = matcher.find_iter(text);
     for (i, id) in ids.iter().enumerate() {
         // Most ids are ordinary tokens below every added one: no lookup for them.
         if *id < min_added_id {
@@ -618,21 +636,12 @@ fn added_token_boundaries(
         let Some(content) = added.get(id).filter(|c| !c.is_empty()) else {
             continue;
         };
-        match text[cursor..].find(content.as_str()) {
-            Some(pos) => {
-                cursor += pos + content.len();
-                out.push((cursor, i + 1));
-            }
-            // The text and ids disagree (ids from an older tokenizer, say): no boundary at all,
-            // so whatever reuses this encodes the whole text.
-            None => return mismatch(),
+        match matches.next() {
+            Some(m) if text[m.range()] == *content => out.push((m.end(), i + 1)),
+            _ => return mismatch(),
         }
     }
-    // Every added-token id found its text; the text holds no added token past the last one.
-    if added
-        .values()
-        .any(|c| !c.is_empty() && text[cursor..].contains(c.as_str()))
-    {
+    if matches.next().is_some() {
         return mismatch();
     }
     out
@@ -641,8 +650,16 @@ fn added_token_boundaries(
 /// Ids and text that disagree on their added tokens, for [`added_token_boundaries`]: counted
 /// (tests read it through [`boundary_mismatches`]) and logged at debug level.
 fn mismatch() -> Vec<(usize, usize)> {
-    BOUNDARY_MISMATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    tracing::debug!("ids and text disagree on their added tokens: encoding the whole text");
+    // Said once at warn (an operator sees that some ids disagree with their texts, e.g. turns
+    // kept from before a tokenizer change), then at debug.
+    if BOUNDARY_MISMATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+        tracing::warn!(
+            "token ids disagree with their text on added tokens (ids from another tokenizer?): \
+             encoding such texts whole; later cases are logged at debug"
+        );
+    } else {
+        tracing::debug!("ids and text disagree on their added tokens: encoding the whole text");
+    }
     Vec::new()
 }
 

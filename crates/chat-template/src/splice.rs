@@ -17,6 +17,7 @@
 //! always exactly [`ChatTokenizer::encode`]'s.
 
 use std::collections::HashSet;
+use tokenizers::ModelWrapper;
 
 use crate::{
     ChatTemplateError, ChatTokenizer, EncodedPrefix, Reused, SharedPrefixCache, TurnInput,
@@ -81,28 +82,35 @@ fn why_not_splice(tokenizer: &tokenizers::Tokenizer) -> Option<String> {
     if !no_added_token_overlaps(&contents) {
         return Some("added tokens overlap".to_owned());
     }
-    let json: serde_json::Value = match tokenizer.to_string(false).map(|s| serde_json::from_str(&s))
-    {
-        Ok(Ok(json)) => json,
-        _ => return Some("the tokenizer could not be inspected".to_owned()),
-    };
-    if json
-        .get("pre_tokenizer")
-        .is_some_and(has_metaspace_prepending_first)
-    {
+    // Only the pre-tokenizer is serialized (small); the model's unknown token is read from the
+    // model itself: serializing a BPE model would build its whole vocabulary as a JSON tree,
+    // the start-up peak `load.rs` exists to avoid.
+    let pre: Option<serde_json::Value> =
+        match tokenizer.get_pre_tokenizer().map(serde_json::to_value) {
+            None => None,
+            Some(Ok(pre)) => Some(pre),
+            Some(Err(_)) => return Some("the pre-tokenizer could not be inspected".to_owned()),
+        };
+    if pre.as_ref().is_some_and(has_metaspace_prepending_first) {
         return Some("a Metaspace pre-tokenizer with prepend_scheme \"first\"".to_owned());
     }
-    let model = json.get("model");
-    let unk_id = model
-        .and_then(|m| m.get("unk_token"))
-        .and_then(serde_json::Value::as_str)
-        .and_then(|t| tokenizer.token_to_id(t))
-        .or_else(|| {
-            model
-                .and_then(|m| m.get("unk_id"))
+    let unk_id = match tokenizer.get_model() {
+        ModelWrapper::BPE(bpe) => bpe
+            .get_unk_token()
+            .as_deref()
+            .and_then(|t| tokenizer.token_to_id(t)),
+        ModelWrapper::WordPiece(wp) => tokenizer.token_to_id(&wp.unk_token),
+        ModelWrapper::WordLevel(wl) => tokenizer.token_to_id(&wl.unk_token),
+        // Unigram keeps its unknown id private: read it from its serialized form (Unigram
+        // vocabularies are not what the streaming loader is for).
+        unigram @ ModelWrapper::Unigram(_) => match serde_json::to_value(unigram) {
+            Ok(model) => model
+                .get("unk_id")
                 .and_then(serde_json::Value::as_u64)
-                .and_then(|id| u32::try_from(id).ok())
-        });
+                .and_then(|id| u32::try_from(id).ok()),
+            Err(_) => return Some("the model could not be inspected".to_owned()),
+        },
+    };
     if let Some(t) = unk_id.and_then(|id| added.get(&id)) {
         return Some(format!(
             "the unknown token {:?} is an added token",
@@ -194,7 +202,12 @@ impl ChatTokenizer {
     /// engine's, say): reusing them would give other ids than a full encode.
     pub fn encoded_from(&self, text: String, ids: Vec<u32>) -> EncodedPrefix {
         let boundaries = match &self.split_tokens {
-            Some(added) => added_token_boundaries(&text, &ids, added, self.splice.min_id),
+            Some(added) => match &self.added_matcher {
+                Some(matcher) => {
+                    added_token_boundaries(&text, &ids, added, matcher, self.splice.min_id)
+                }
+                None => Vec::new(),
+            },
             None => Vec::new(),
         };
         EncodedPrefix {

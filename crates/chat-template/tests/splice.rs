@@ -203,6 +203,14 @@ fn ids_that_disagree_with_their_text_are_not_reused() {
             tok.encode("hi").unwrap(),
             tok.encode("<|im_start|>user\nhi").unwrap(),
             tok.encode(&format!("{text}<|im_end|>")).unwrap(),
+            // The middle `<|im_end|>` read as ordinary text: the first and last added tokens
+            // agree, one in between is missing from the ids.
+            [
+                tok.encode("<|im_start|>user\nhi").unwrap(),
+                tok.encode("<|im_end").unwrap(),
+                tok.encode("|>\n<|im_start|>assistant\n").unwrap(),
+            ]
+            .concat(),
         ] {
             let before = ps_chat_template::boundary_mismatches();
             let base = tok.encoded_from(text.to_owned(), ids);

@@ -211,14 +211,17 @@ pub fn needs_tree_check(text: &[u8]) -> bool {
         if in_str {
             match b {
                 b'\\' => {
-                    if text.get(i + 1) == Some(&b'u')
-                        && matches!(text.get(i + 2), Some(b'd' | b'D'))
-                        && matches!(
-                            text.get(i + 3),
-                            Some(b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F')
-                        )
-                    {
-                        return true;
+                    match surrogate_at(text, i) {
+                        // A high surrogate directly followed by a low one is a valid pair (an
+                        // emoji from an `ensure_ascii` client): nothing for the tree to refuse.
+                        Some(Surrogate::High)
+                            if surrogate_at(text, i + 6) == Some(Surrogate::Low) =>
+                        {
+                            i += 12;
+                            continue;
+                        }
+                        Some(_) => return true,
+                        None => {}
                     }
                     i += 2;
                     continue;
@@ -242,6 +245,27 @@ pub fn needs_tree_check(text: &[u8]) -> bool {
         i += 1;
     }
     num_start.is_some_and(|start| number_may_overflow(start, exp_start, text.len()))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Surrogate {
+    High,
+    Low,
+}
+
+/// The surrogate escape (`\uD800`–`\uDBFF` high, `\uDC00`–`\uDFFF` low) starting at `i`, if any.
+fn surrogate_at(text: &[u8], i: usize) -> Option<Surrogate> {
+    if text.get(i) != Some(&b'\\')
+        || text.get(i + 1) != Some(&b'u')
+        || !matches!(text.get(i + 2), Some(b'd' | b'D'))
+    {
+        return None;
+    }
+    match text.get(i + 3) {
+        Some(b'8'..=b'9' | b'a' | b'b' | b'A' | b'B') => Some(Surrogate::High),
+        Some(b'c'..=b'f' | b'C'..=b'F') => Some(Surrogate::Low),
+        _ => None,
+    }
 }
 
 fn number_may_overflow(start: usize, exp_start: Option<usize>, end: usize) -> bool {
@@ -664,6 +688,18 @@ mod tests {
         assert!(!needs_tree_check(br#"{"a": ["\u00e9 [[[", {"b": "\"}"}]}"#));
         assert!(needs_tree_check(br#"{"a": "\ud800"}"#));
         assert!(needs_tree_check(br#"{"a": "\uDC00"}"#));
+        // A valid pair (an emoji escaped by an `ensure_ascii` client) needs no tree; a high
+        // surrogate not followed by a low one, or a low one first, does.
+        assert!(!needs_tree_check(
+            br#"{"a": "\ud83d\ude00 and \uD83D\uDE01"}"#
+        ));
+        assert!(needs_tree_check(br#"{"a": "\ud83d\ud83d"}"#));
+        assert!(needs_tree_check(br#"{"a": "\ud83d x"}"#));
+        assert!(needs_tree_check(br#"{"a": "\ud83d"}"#));
+        assert!(needs_tree_check(br#"{"a": "\ude00\ud83d"}"#));
+        assert!(needs_tree_check(br#"{"a": "\ud83d\ude00\ude00"}"#));
+        // An escaped backslash before `ud800` is text, not an escape.
+        assert!(!needs_tree_check(br#"{"a": "\\ud800"}"#));
         assert!(needs_tree_check("[".repeat(101).as_bytes()));
         assert!(!needs_tree_check("[".repeat(100).as_bytes()));
         for out_of_range in [
