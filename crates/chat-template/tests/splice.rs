@@ -7,38 +7,12 @@
 //! (added-token text, combining characters that NFC composes, think tags).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
 use proptest::prelude::*;
 use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
 use serde_json::{Value, json};
 
-fn qwen3() -> Vec<ChatTokenizer> {
-    let shared = std::env::var_os("POLICY_SERVING_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/qwen3");
-    if !dir.join("tokenizer.json").is_file() {
-        let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
-            dir.display()
-        );
-        eprintln!(
-            "SKIPPED (Qwen3 part): fixtures not found at {}",
-            dir.display()
-        );
-        return Vec::new();
-    }
-    [
-        "tokenizer_config.json",
-        "tokenizer_config.qwen3-4b-thinking-2507.json",
-    ]
-    .iter()
-    .map(|c| ChatTokenizer::from_files(&dir.join("tokenizer.json"), &dir.join(c)).unwrap())
-    .collect()
-}
+mod common;
+use common::qwen3;
 
 /// Loaded once for every test and property case of this file.
 fn tokenizers() -> &'static [ChatTokenizer] {

@@ -8,7 +8,10 @@
 use std::path::PathBuf;
 
 use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
+
 use serde_json::{Value, json};
+
+mod common;
 
 const CONFIG: &str = include_str!("../../../config/mini-model/tokenizer_config.json");
 
@@ -159,27 +162,8 @@ fn every_encoding_function_equals_the_full_encode_without_splicing() {
 #[test]
 fn the_mini_model_and_qwen3_splice() {
     assert!(ChatTokenizer::mini().splices());
-    let shared = std::env::var_os("POLICY_SERVING_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/qwen3");
-    if !dir.join("tokenizer.json").is_file() {
-        let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
-            dir.display()
-        );
-        eprintln!(
-            "SKIPPED (Qwen3 part): fixtures not found at {}",
-            dir.display()
-        );
-        return;
+    // Both Qwen3 configurations, when the fixtures are there (required in CI).
+    for tok in common::qwen3() {
+        assert!(tok.splices(), "Qwen3 does not splice");
     }
-    let tok = ChatTokenizer::from_files(
-        &dir.join("tokenizer.json"),
-        &dir.join("tokenizer_config.json"),
-    )
-    .unwrap();
-    assert!(tok.splices(), "Qwen3 does not splice");
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::PathBuf;
+
 use ps_chat_template::{ChatTemplateError, ChatTokenizer};
 use serde_json::{Value, json};
 
@@ -22,4 +24,34 @@ pub fn with_template(template: &str) -> Result<ChatTokenizer, ChatTemplateError>
 pub fn render_kwargs(template: &str, kwargs: Value) -> Result<String, ChatTemplateError> {
     let tok = with_template(template).unwrap();
     tok.render(&[], None, false, kwargs.as_object())
+}
+
+/// The real Qwen3 tokenizer with both of its configurations, from `../shared/fixtures/qwen3` (or
+/// `$POLICY_SERVING_SHARED`); none when the fixtures are missing, unless
+/// `POLICY_SERVING_REQUIRE_FIXTURES=1`, which makes that a failure.
+pub fn qwen3() -> Vec<ChatTokenizer> {
+    let shared = std::env::var_os("POLICY_SERVING_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let dir = shared.join("fixtures/qwen3");
+    if !dir.join("tokenizer.json").is_file() {
+        let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
+            dir.display()
+        );
+        eprintln!(
+            "SKIPPED (Qwen3 part): fixtures not found at {}",
+            dir.display()
+        );
+        return Vec::new();
+    }
+    [
+        "tokenizer_config.json",
+        "tokenizer_config.qwen3-4b-thinking-2507.json",
+    ]
+    .iter()
+    .map(|c| ChatTokenizer::from_files(&dir.join("tokenizer.json"), &dir.join(c)).unwrap())
+    .collect()
 }
