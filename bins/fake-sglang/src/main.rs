@@ -6,7 +6,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::Parser;
 use ps_chat_template::ChatTokenizer;
-use ps_fake_sglang::{FakeSglang, Fault};
+use ps_fake_sglang::{DEFAULT_PREFIX_CACHE_BYTES, FakeSglang, Fault};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,6 +43,13 @@ struct Args {
     /// Keep only this many recorded requests (memory stays flat over long benchmark runs).
     #[arg(long, default_value_t = 1000)]
     record_limit: usize,
+    /// Bound of the cache of encoded prompt prefixes, in MiB: a conversation's next prompt encodes
+    /// only what is new, as a real server's prefix cache (the ids are the same). 0 turns it off.
+    #[arg(long, default_value_t = DEFAULT_PREFIX_CACHE_BYTES >> 20)]
+    prefix_cache_mib: usize,
+    /// Encode every prompt whole (the same as `--prefix-cache-mib 0`).
+    #[arg(long)]
+    no_prefix_cache: bool,
     /// Fault applied to every request: refuse, delay:MS, status:CODE[:BODY], garbage, cut:N, error:N.
     #[arg(long)]
     fault: Option<Fault>,
@@ -78,6 +85,11 @@ async fn main() -> anyhow::Result<()> {
         .api_key(args.api_key)
         .reasoning(!args.no_reasoning)
         .record_limit(args.record_limit)
+        .prefix_cache_bytes(if args.no_prefix_cache {
+            0
+        } else {
+            args.prefix_cache_mib << 20
+        })
         .serve(listener)
         .await
         .context("cannot start the server")?;

@@ -36,6 +36,7 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
         .map_err(|m| flat_error(StatusCode::BAD_REQUEST, "BadRequestError", &m))?;
 
     let tok = state.tokenizer().clone();
+    let st = state.clone();
     let reasoning = state.config().reasoning;
     let quirks = state.config().quirks.clone();
     let id = hex_id(mix(state.next_seq(), 0x6368_6174), 32);
@@ -46,7 +47,7 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
 
     if params.stream {
         let events = blocking(Route::OpenAi, move || {
-            let sample = sample_chat(&tok, &params, reasoning)?;
+            let sample = sample_chat(&tok, &st.config().prompts, &params, reasoning)?;
             Ok::<_, SampleError>(stream_events(&tok, &params, &sample, &id, created, &quirks))
         })
         .await?
@@ -67,7 +68,7 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
         ))
     } else {
         let body = blocking(Route::OpenAi, move || {
-            let sample = sample_chat(&tok, &params, reasoning)?;
+            let sample = sample_chat(&tok, &st.config().prompts, &params, reasoning)?;
             Ok::<_, SampleError>(completion_json(
                 &tok, &params, &sample, &id, created, started, &quirks,
             ))

@@ -241,12 +241,12 @@ fn run(state: &FakeState, body: &Value) -> Result<Output, String> {
         (None, None) => {
             return Err("Either text, input_ids or input_embeds should be provided.".into());
         }
-        (Some(Value::String(s)), None) => (vec![(s.clone(), encode(tok, s)?)], false),
+        (Some(Value::String(s)), None) => (vec![(s.clone(), encode_prompt(state, s)?)], false),
         (Some(Value::Array(list)), None) => {
             let mut v = Vec::with_capacity(list.len());
             for t in list {
                 let s = t.as_str().ok_or("text: every item must be a string")?;
-                v.push((s.to_owned(), encode(tok, s)?));
+                v.push((s.to_owned(), encode_prompt(state, s)?));
             }
             (v, true)
         }
@@ -392,6 +392,15 @@ fn sample_judge(
         eos_at,
         json!({"type": "stop", "matched": eos}),
     ))
+}
+
+/// A text prompt's ids, through the prefix cache (a judge's votes on one turn send the same prompt).
+fn encode_prompt(state: &FakeState, text: &str) -> Result<Vec<u32>, String> {
+    state
+        .config()
+        .prompts
+        .encode(state.tokenizer(), text, None)
+        .map_err(|e| format!("tokenization failed: {e}"))
 }
 
 fn encode(tok: &ChatTokenizer, text: &str) -> Result<Vec<u32>, String> {

@@ -16,7 +16,10 @@
 //!   characters of the echoed text are dropped so the text tokenizes cleanly. A `[reply_words=N]`
 //!   directive in the last message lengthens the reasoning (the content when reasoning is off) by N
 //!   words of that message, for benchmarks that need long replies. The sampled ids are the
-//!   tokenizer's encoding of each part in turn (markers, whitespace, reasoning, content, eos).
+//!   tokenizer's encoding of each part in turn (markers, whitespace, reasoning, content, eos). The
+//!   prompt's ids are its full encoding; a bounded cache of encoded prefixes (`encoder.rs`,
+//!   [`FakeBuilder::prefix_cache_bytes`]) makes a conversation's next prompt encode only what is
+//!   new, as a real server's prefix cache, without changing any id.
 //! - **Tool calls** when `tools` is non-empty and `tool_choice` is `"required"` or names a function, or
 //!   (with `tool_choice` auto/absent) the *last message* is a user message containing `[call_tool]`.
 //!   The sampled text then holds `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` instead of
@@ -46,6 +49,7 @@
 mod chat;
 mod completions;
 mod det;
+mod encoder;
 mod fault;
 mod generate;
 mod http;
@@ -74,6 +78,7 @@ use serde_json::json;
 use tokio::{net::TcpListener, sync::oneshot};
 
 pub use det::{policy_logprob, teacher_logprob};
+pub use encoder::DEFAULT_PREFIX_CACHE_BYTES;
 pub use fault::{Fault, FaultParseError};
 pub use generate::teacher_top_logprobs;
 pub use provider::{
@@ -112,6 +117,7 @@ pub struct FakeBuilder {
     model_path: Option<String>,
     vocab_size: Option<u64>,
     model_info_route: bool,
+    prefix_cache_bytes: usize,
 }
 
 /// The mini model's directory in this source tree: what the fake reports as its model and
@@ -132,6 +138,7 @@ impl Default for FakeBuilder {
             model_path: Some(MINI_MODEL_DIR.to_owned()),
             vocab_size: None,
             model_info_route: true,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
         }
     }
 }
@@ -220,6 +227,15 @@ impl FakeBuilder {
         self
     }
 
+    /// Bound of the cache of encoded prompt prefixes, in bytes (default
+    /// [`DEFAULT_PREFIX_CACHE_BYTES`]; 0 turns it off and every prompt is encoded whole). The ids
+    /// are the same either way; the cache only saves the fake's CPU, as a real server's prefix
+    /// cache saves its GPU.
+    pub fn prefix_cache_bytes(mut self, bytes: usize) -> Self {
+        self.prefix_cache_bytes = bytes;
+        self
+    }
+
     /// The state to serve with [`router`].
     pub fn build(self) -> FakeState {
         FakeState::new(Config {
@@ -236,6 +252,7 @@ impl FakeBuilder {
             model_path: self.model_path,
             vocab_size: self.vocab_size,
             model_info_route: self.model_info_route,
+            prompts: encoder::PromptEncoder::new(self.prefix_cache_bytes),
         })
     }
 

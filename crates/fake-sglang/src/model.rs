@@ -9,6 +9,7 @@ use ps_chat_template::{ChatTemplateError, ChatTokenizer};
 use serde_json::{Map, Value, json};
 
 use crate::det::{alternatives, hash_str, hex_id, mix, policy_logprob};
+use crate::encoder::PromptEncoder;
 
 /// What a sampled token belongs to, as the simulated reasoning and tool-call parsers see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -417,21 +418,34 @@ fn push_eos(tok: &ChatTokenizer, out: &mut Vec<SampledToken>) {
 }
 
 /// Samples the fake answer to a chat request.
+/// The prompt is encoded through `prompts`, which reuses encoded prefixes of earlier prompts (the
+/// ids are those of a full encode either way).
 pub(crate) fn sample_chat(
     tok: &ChatTokenizer,
+    prompts: &PromptEncoder,
     p: &ChatParams,
     reasoning_default: bool,
 ) -> Result<ChatSample, SampleError> {
     let kwargs = p.template_kwargs.as_ref();
+    let templated = template_messages(&p.messages);
     let prompt_text = tok
-        .render(
-            &template_messages(&p.messages),
-            p.tools.as_ref(),
-            true,
-            kwargs,
-        )
+        .render(&templated, p.tools.as_ref(), true, kwargs)
         .map_err(SampleError::Template)?;
-    let prompt_ids = tok.encode(&prompt_text).map_err(SampleError::Tokenize)?;
+    // The first message after the system prompt: what is before it is shared by every session
+    // with the same system prompt and tools.
+    let first_turn = templated
+        .iter()
+        .find(|m| {
+            !matches!(
+                m.get("role").and_then(Value::as_str),
+                Some("system" | "developer")
+            )
+        })
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str);
+    let prompt_ids = prompts
+        .encode(tok, &prompt_text, first_turn)
+        .map_err(SampleError::Tokenize)?;
 
     let last = p.messages.last();
     let last_role = last
@@ -696,9 +710,10 @@ mod tests {
         let ask = |text: &str| {
             parse_chat(&json!({"messages": [{"role": "user", "content": text}]})).expect("valid")
         };
-        let short = sample_chat(&tok, &ask("tell me more"), true).expect("sampled");
-        let long =
-            sample_chat(&tok, &ask("tell me more [reply_words=200]"), true).expect("sampled");
+        let prompts = PromptEncoder::new(0);
+        let short = sample_chat(&tok, &prompts, &ask("tell me more"), true).expect("sampled");
+        let long = sample_chat(&tok, &prompts, &ask("tell me more [reply_words=200]"), true)
+            .expect("sampled");
         assert!(long.tokens.len() > short.tokens.len() + 200);
         let reasoning = long.reasoning.expect("reasoning on");
         assert!(reasoning.ends_with(" more tell me."), "{reasoning}");

@@ -45,6 +45,8 @@ pub(crate) struct Config {
     pub vocab_size: Option<u64>,
     /// Whether `/get_model_info` exists.
     pub model_info_route: bool,
+    /// Prompt encoding with the prefix cache.
+    pub prompts: crate::encoder::PromptEncoder,
 }
 
 #[derive(Default)]
@@ -232,6 +234,11 @@ impl FakeState {
         let n = *c;
         *c += 1;
         n
+    }
+
+    /// What the prefix cache of prompt encodings holds and has done (`None`: the cache is off).
+    pub fn prefix_cache_stats(&self) -> Option<ps_chat_template::SharedPrefixStats> {
+        self.inner.config.prompts.stats()
     }
 
     /// A fresh sequence number for response ids.
