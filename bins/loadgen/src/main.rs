@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
-use ps_loadgen::{BenchConfig, SessionClose, SoakConfig};
-use ps_loadgen::{agent, soak};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ps_loadgen::{BenchConfig, ProxyMode, SessionClose, SoakConfig};
+use ps_loadgen::{agent, runs, soak};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,6 +77,34 @@ struct AgentArgs {
     /// answers) instead of taking the engine's ids.
     #[arg(long)]
     retokenize: bool,
+    /// The proxy's mode: `rl` (3 PRM votes per turn), `opd` (3 hint votes per turn, the fake's
+    /// /generate as the teacher) or `combine` (both).
+    #[arg(long, value_enum, default_value_t = ModeArg::Rl)]
+    mode: ModeArg,
+    /// Make the whole measurement this many times (fresh children each time) and print each run
+    /// and the median of each figure.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Start the fake with `--no-prefix-cache` (every prompt encoded whole, as before).
+    #[arg(long)]
+    fake_no_prefix_cache: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Rl,
+    Opd,
+    Combine,
+}
+
+impl From<ModeArg> for ProxyMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Rl => ProxyMode::Rl,
+            ModeArg::Opd => ProxyMode::Opd,
+            ModeArg::Combine => ProxyMode::Combine,
+        }
+    }
 }
 
 /// What both commands start and where the report goes.
@@ -292,8 +320,8 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
 
 fn agent(args: AgentArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.sessions > 0 && args.min_turns > 0 && args.rounds > 0,
-        "--sessions, --min-turns and --rounds must be at least 1"
+        args.sessions > 0 && args.min_turns > 0 && args.rounds > 0 && args.runs > 0,
+        "--sessions, --min-turns, --rounds and --runs must be at least 1"
     );
     anyhow::ensure!(
         args.min_turns <= args.max_turns,
@@ -322,11 +350,36 @@ fn agent(args: AgentArgs) -> anyhow::Result<()> {
         rss_every: Duration::from_millis(args.rss_every_ms),
         max_duration: Duration::from_secs(args.max_seconds),
         retokenize: args.retokenize,
+        mode: args.mode.into(),
+        fake_prefix_cache: !args.fake_no_prefix_cache,
     };
-    let report = runtime()?.block_on(agent::run(&config, |line| eprintln!("loadgen: {line}")))?;
-    print!("{}", report.render());
-    write_svg(c.svg.as_deref(), || report.plots())?;
-    write_json(c.json.as_deref(), &report)
+    let rt = runtime()?;
+    if args.runs == 1 {
+        let report = rt.block_on(agent::run(&config, |line| eprintln!("loadgen: {line}")))?;
+        print!("{}", report.render());
+        write_svg(c.svg.as_deref(), || report.plots())?;
+        return write_json(c.json.as_deref(), &report);
+    }
+    let mut reports = Vec::with_capacity(args.runs);
+    for run in 1..=args.runs {
+        let report = rt.block_on(agent::run(&config, |line| {
+            eprintln!("loadgen: run {run}/{}: {line}", args.runs)
+        }))?;
+        println!("=== run {run}/{} ===", args.runs);
+        print!("{}", report.render());
+        reports.push(report);
+    }
+    let all = runs::AgentRuns::new(reports);
+    println!(
+        "\n=== {} runs: each run's figures and the median of each ===",
+        args.runs
+    );
+    print!("{}", all.render());
+    // The plots of the last run (their file names name no run).
+    if let Some(last) = all.runs.last() {
+        write_svg(c.svg.as_deref(), || last.plots())?;
+    }
+    write_json(c.json.as_deref(), &all)
 }
 
 fn main() -> anyhow::Result<()> {

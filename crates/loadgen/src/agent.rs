@@ -31,7 +31,8 @@ use crate::soak::{JUDGE_SLOTS_PER_SESSION, Sampler, wait_flushed};
 use crate::trainer::{Coverage, TrainerTally};
 use crate::workload::{self, PhaseSpec, Sample, SessionRun, Shape, TurnError, Turns, splitmix64};
 use crate::{
-    IDLE_BOUND, IDLE_POLL, LoadgenError, Phase, ProxyOptions, Rig, TrainedRig, phase_report,
+    FakeOptions, IDLE_BOUND, IDLE_POLL, LoadgenError, Phase, ProxyMode, ProxyOptions, Rig,
+    TrainedRig, phase_report,
 };
 
 /// Defaults of the `agent` command (see `docs/benchmarks.md`).
@@ -85,6 +86,10 @@ pub struct AgentConfig {
     /// The proxy re-tokenizes every turn (`sglang.token_ids = "retokenize"`) instead of taking the
     /// engine's ids.
     pub retokenize: bool,
+    /// The proxy's mode: RL (PRM votes), OPD (hint votes and the fake as teacher) or Combine.
+    pub mode: ProxyMode,
+    /// The fake's cache of encoded prompt prefixes (off: every prompt encoded whole).
+    pub fake_prefix_cache: bool,
 }
 
 impl AgentConfig {
@@ -822,6 +827,12 @@ pub struct AgentConfigReport {
     pub ramp_ms: f64,
     pub prm_votes: usize,
     pub prm_max_concurrency: usize,
+    /// `server.mode`: `rl`, `opd` or `combine`.
+    pub mode: ProxyMode,
+    /// `teacher.max_concurrency` (OPD and Combine).
+    pub teacher_max_concurrency: Option<usize>,
+    /// Whether the fake kept encoded prompt prefixes.
+    pub fake_prefix_cache: bool,
     /// `engine` (the answers' ids) or `retokenize`.
     pub token_ids: String,
     pub system_prompt_chars: usize,
@@ -849,9 +860,58 @@ pub struct AgentReport {
     pub throughput_ratio: Option<f64>,
     pub trainer: TrainerTally,
     pub coverage: Coverage,
+    /// Answered main turns against samples and the turns the proxy counted as giving none.
+    pub accounting: Accounting,
     pub memory: MemoryReport,
     pub proxy_process: ProxyReport,
     pub targets: Vec<TargetCheck>,
+}
+
+/// Where the measured rounds' answered main turns went: each is one sample, or a turn the proxy
+/// counted in `/v1/rollout/status` as giving none (`turns_dropped`: OPD/Combine without a next
+/// state or a hint, a teacher failure or mismatch, the judge backlog; `turns_abandoned`: the
+/// upstream failed, no ids). Anything else is a lost or unexpected sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Accounting {
+    pub answered_main_turns: usize,
+    pub samples: usize,
+    pub dropped: u64,
+    pub abandoned: u64,
+}
+
+impl Accounting {
+    /// Balances `coverage` (answered turns and the samples received for them) against the
+    /// counters' growth over the rounds; an error says what does not add up.
+    pub fn check(coverage: &Coverage, dropped: u64, abandoned: u64) -> Result<Self, String> {
+        let a = Self {
+            answered_main_turns: coverage.turns,
+            samples: coverage.received,
+            dropped,
+            abandoned,
+        };
+        let accounted = a.samples as u64 + dropped + abandoned;
+        if accounted != a.answered_main_turns as u64 || coverage.unexpected > 0 {
+            return Err(format!(
+                "{} answered main turns, but {} samples + {} dropped + {} abandoned = {accounted} \
+                 ({} unexpected samples; first missing: {})",
+                a.answered_main_turns,
+                a.samples,
+                dropped,
+                abandoned,
+                coverage.unexpected,
+                coverage.first_missing.join(", ")
+            ));
+        }
+        Ok(a)
+    }
+}
+
+/// `turns_dropped` and `turns_abandoned` of a `/v1/rollout/status` answer.
+fn counted_drops(status: &Value) -> (u64, u64) {
+    (
+        status["turns_dropped"].as_u64().unwrap_or(0),
+        status["turns_abandoned"].as_u64().unwrap_or(0),
+    )
 }
 
 /// Runs the agent scenario; `progress` receives one line per step. Ctrl-C or SIGTERM stops it.
@@ -883,6 +943,8 @@ async fn run_to_end(
     let prm_slots = cfg
         .prm_max_concurrency
         .unwrap_or(JUDGE_SLOTS_PER_SESSION * cfg.sessions);
+    // OPD and Combine: one teacher call per hinted turn, as many in flight as sessions.
+    let teacher_slots = (cfg.mode != ProxyMode::Rl).then_some(cfg.sessions);
     let options = ProxyOptions {
         prm: true,
         prm_max_concurrency: Some(prm_slots),
@@ -891,6 +953,8 @@ async fn run_to_end(
         retokenize: cfg.retokenize,
         admin_key: false,
         sglang_max_concurrency: None,
+        mode: cfg.mode,
+        teacher_max_concurrency: teacher_slots,
     };
     let TrainedRig {
         mut rig,
@@ -902,7 +966,10 @@ async fn run_to_end(
     } = Rig::start(
         (&cfg.fake_bin, &cfg.proxy_bin),
         &cfg.model_dir,
-        cfg.fake_latency,
+        FakeOptions {
+            latency: cfg.fake_latency,
+            prefix_cache: cfg.fake_prefix_cache,
+        },
         &options,
         cfg.sessions + WARMUP_SESSIONS,
         deadline,
@@ -946,6 +1013,8 @@ async fn run_to_end(
     let mut series_sampler = None::<Sampler>;
     let mut coverage = Coverage::default();
     let mut received_check: Vec<(String, Vec<usize>)> = Vec::new();
+    // Growth of the proxy's `turns_dropped` and `turns_abandoned` over the proxied phases.
+    let (mut dropped, mut abandoned) = (0u64, 0u64);
     for round in 1..=cfg.rounds {
         if Instant::now() >= deadline {
             progress("stopped: the time bound is reached");
@@ -963,7 +1032,7 @@ async fn run_to_end(
         ));
         // Phase B: through the proxy, from idle (everything flushed) to idle.
         let spec = agent_spec(&proxy, &prefix, cfg.sessions, turns, cfg.ramp);
-        wait_flushed(
+        let status_before = wait_flushed(
             &mut rig,
             None,
             deadline,
@@ -990,13 +1059,17 @@ async fn run_to_end(
                 }
             }
         };
-        wait_flushed(
+        let status_after = wait_flushed(
             &mut rig,
             Some(sampler),
             deadline,
             "waiting for the round to be judged and stored",
         )
         .await?;
+        let (d0, a0) = counted_drops(&status_before);
+        let (d1, a1) = counted_drops(&status_after);
+        dropped += d1.saturating_sub(d0);
+        abandoned += a1.saturating_sub(a0);
         let (proxy_after, settle) = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?;
         proxy.proxy_ticks += proxy_after.saturating_sub(proxy_before);
         proxy.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
@@ -1024,6 +1097,12 @@ async fn run_to_end(
         coverage.first_missing.extend(c.first_missing);
     }
     coverage.first_missing.truncate(5);
+    let accounting = Accounting::check(&coverage, dropped, abandoned).map_err(|detail| {
+        LoadgenError::Rollout {
+            what: "samples do not account for the answered main turns",
+            detail,
+        }
+    })?;
     let proxy_process = rig.proxy_report()?;
     let machine = rig.machine();
     drop(rig);
@@ -1043,6 +1122,9 @@ async fn run_to_end(
         ramp_ms: cfg.ramp.as_secs_f64() * 1e3,
         prm_votes: crate::soak::PRM_VOTES,
         prm_max_concurrency: prm_slots,
+        mode: cfg.mode,
+        teacher_max_concurrency: teacher_slots,
+        fake_prefix_cache: cfg.fake_prefix_cache,
         token_ids: if cfg.retokenize {
             "retokenize"
         } else {
@@ -1061,7 +1143,7 @@ async fn run_to_end(
         proxy,
         workload,
         tally,
-        coverage,
+        (coverage, accounting),
         memory,
         proxy_process,
     ))
@@ -1076,7 +1158,7 @@ impl AgentReport {
         proxy: PhaseReport,
         workload: AgentWorkload,
         trainer: TrainerTally,
-        coverage: Coverage,
+        (coverage, accounting): (Coverage, Accounting),
         memory: MemoryReport,
         proxy_process: ProxyReport,
     ) -> Self {
@@ -1147,6 +1229,7 @@ impl AgentReport {
             throughput_ratio,
             trainer,
             coverage,
+            accounting,
             memory,
             proxy_process,
             targets,
@@ -1182,8 +1265,9 @@ impl AgentReport {
         let _ = writeln!(
             out,
             "policy-serving agent scenario: {} sessions of {}..={} main turns (seed {}), {} round(s); \
-             system prompt {} chars + {} tools ({} chars of JSON); RL mode, {} PRM votes ({} judge \
-             slots); token ids: {}; fake latency {} ms; ramp {} ms; {} CPUs; model {}",
+             system prompt {} chars + {} tools ({} chars of JSON); {} mode, {} votes per judged \
+             turn ({} judge slots{}); token ids: {}; fake latency {} ms (prefix cache {}); ramp {} \
+             ms; {} CPUs; model {}",
             c.sessions,
             c.min_turns,
             c.max_turns,
@@ -1192,10 +1276,15 @@ impl AgentReport {
             c.system_prompt_chars,
             c.tools,
             c.tools_json_chars,
+            c.mode.as_str().to_uppercase(),
             c.prm_votes,
             c.prm_max_concurrency,
+            c.teacher_max_concurrency
+                .map(|n| format!(", {n} teacher slots"))
+                .unwrap_or_default(),
             c.token_ids,
             c.fake_latency_ms,
+            if c.fake_prefix_cache { "on" } else { "off" },
             c.ramp_ms,
             self.machine.cpus,
             c.model_dir
@@ -1257,7 +1346,7 @@ impl AgentReport {
         let _ = writeln!(
             out,
             "\nproxy CPU: {} ms per request, {} ms per main turn, {} ms per 1,000 captured tokens \
-             (fake: {} ms per request direct, {} proxied with 3 judge votes per main turn); \
+             (fake: {} ms per request direct, {} proxied with the judge votes per main turn); \
              throughput proxy/direct {}",
             opt(self.proxy_cpu_ms_per_request),
             opt(self.proxy_cpu_ms_per_main_turn),
@@ -1292,6 +1381,13 @@ impl AgentReport {
             cv.unexpected,
             t.duplicates,
             self.proxy_process.log_lines
+        );
+        let a = &self.accounting;
+        let _ = writeln!(
+            out,
+            "accounting: {} answered main turns = {} samples + {} dropped + {} abandoned (as the \
+             proxy counts them in /v1/rollout/status)",
+            a.answered_main_turns, a.samples, a.dropped, a.abandoned
         );
         for e in self
             .direct
@@ -1398,5 +1494,35 @@ mod tests {
         assert_eq!((w.main_turns, w.side_turns, w.captured_tokens), (2, 1, 460));
         assert_eq!(w.mean_prompt_tokens, Some(200.0));
         assert_eq!((w.min_completion_tokens, w.max_completion_tokens), (20, 40));
+    }
+
+    #[test]
+    fn accounting_balances_samples_and_counted_drops() {
+        let coverage = |turns: usize, received: usize, unexpected: usize| Coverage {
+            sessions: 2,
+            turns,
+            received,
+            missing: turns - received,
+            unexpected,
+            first_missing: vec!["r1-0#3".into()],
+        };
+        // RL: every answered turn is a sample.
+        let rl = Accounting::check(&coverage(10, 10, 0), 0, 0).expect("balanced");
+        assert_eq!((rl.answered_main_turns, rl.samples), (10, 10));
+        // OPD: two turns without a next state and one without a hint, counted as dropped; one
+        // abandoned upstream.
+        let opd = Accounting::check(&coverage(10, 6, 0), 3, 1).expect("balanced");
+        assert_eq!((opd.dropped, opd.abandoned), (3, 1));
+        // A sample lost without being counted, one counted twice, an unexpected sample.
+        let lost = Accounting::check(&coverage(10, 6, 0), 3, 0).expect_err("one lost");
+        assert!(
+            lost.contains("10 answered main turns") && lost.contains("r1-0#3"),
+            "{lost}"
+        );
+        assert!(Accounting::check(&coverage(10, 10, 0), 1, 0).is_err());
+        assert!(Accounting::check(&coverage(10, 10, 1), 0, 0).is_err());
+        let status = json!({"turns_dropped": 4, "turns_abandoned": 2, "lag": 0});
+        assert_eq!(counted_drops(&status), (4, 2));
+        assert_eq!(counted_drops(&json!({})), (0, 0));
     }
 }

@@ -138,6 +138,50 @@ pub fn free_port() -> Result<u16, LoadgenError> {
         })
 }
 
+/// How the fake is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FakeOptions {
+    /// It waits this long before each answer.
+    pub latency: Duration,
+    /// Its cache of encoded prompt prefixes (on by default; off: `--no-prefix-cache`, every prompt
+    /// encoded whole, as before issue 14's second round).
+    pub prefix_cache: bool,
+}
+
+impl FakeOptions {
+    /// `latency`, prefix cache on.
+    pub fn new(latency: Duration) -> Self {
+        Self {
+            latency,
+            prefix_cache: true,
+        }
+    }
+}
+
+/// The proxy's `server.mode` when the judges are on ([`ProxyOptions::prm`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// PRM-rewarded samples.
+    #[default]
+    Rl,
+    /// On-policy distillation: hint votes from the fake's `/generate`, the fake's `/generate` as
+    /// the teacher.
+    Opd,
+    /// Both: hint and PRM eval votes, the teacher as in OPD.
+    Combine,
+}
+
+impl ProxyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Rl => "rl",
+            ProxyMode::Opd => "opd",
+            ProxyMode::Combine => "combine",
+        }
+    }
+}
+
 /// What the proxy's settings change beyond the benchmark's fixed ones.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProxyOptions {
@@ -160,6 +204,12 @@ pub struct ProxyOptions {
     /// `sglang.max_concurrency` (upstream chat requests in flight; beyond it the proxy answers
     /// 429); `None` keeps the default (256).
     pub sglang_max_concurrency: Option<usize>,
+    /// With `prm`: `server.mode`. OPD and Combine get the hint judge from `prm.router_url` (the
+    /// fake's `/generate`, `opd.hint_backend` at its default `sglang`) and the fake's `/generate`
+    /// as `teacher.url` (`teacher.backend` at its default `sglang`).
+    pub mode: ProxyMode,
+    /// `teacher.max_concurrency` (OPD and Combine); `None` keeps the default.
+    pub teacher_max_concurrency: Option<usize>,
 }
 
 /// The proxy's settings for the benchmark: upstream = the fake, every turn main, warnings only, the
@@ -196,7 +246,7 @@ pub fn proxy_settings_toml(
     };
     let (server_mode, prm) = if options.prm {
         (
-            "mode = \"rl\"\n".to_owned(),
+            format!("mode = \"{}\"\n", options.mode.as_str()),
             format!(
                 "enabled = true\nrouter_url = \"http://127.0.0.1:{fake_port}/generate\"\n{}",
                 options
@@ -207,6 +257,16 @@ pub fn proxy_settings_toml(
         )
     } else {
         (String::new(), "enabled = false\n".to_owned())
+    };
+    let teacher = match options.mode {
+        ProxyMode::Opd | ProxyMode::Combine if options.prm => format!(
+            "\n[teacher]\nurl = \"http://127.0.0.1:{fake_port}/generate\"\n{}",
+            options
+                .teacher_max_concurrency
+                .map(|n| format!("max_concurrency = {n}\n"))
+                .unwrap_or_default()
+        ),
+        _ => String::new(),
     };
     format!(
         r#"# Written by ps-loadgen for one benchmark run.
@@ -219,7 +279,7 @@ default_turn_type = "main"
 chat_url = "http://127.0.0.1:{fake_port}/v1/chat/completions"
 {token_ids}{upstream_cap}
 [prm]
-{prm}
+{prm}{teacher}
 [logging]
 level = "warn"
 
@@ -283,7 +343,7 @@ fn spawn(
 pub fn spawn_fake(
     bin: &Path,
     model_dir: &Path,
-    latency: Duration,
+    options: FakeOptions,
     dir: &Path,
 ) -> Result<ChildGuard, LoadgenError> {
     check_binary(bin)?;
@@ -296,8 +356,11 @@ pub fn spawn_fake(
         .arg("--model-dir")
         .arg(model_dir)
         .arg("--latency-ms")
-        .arg(latency.as_millis().to_string())
+        .arg(options.latency.as_millis().to_string())
         .env("RUST_LOG", "warn");
+    if !options.prefix_cache {
+        cmd.arg("--no-prefix-cache");
+    }
     spawn("fake-sglang", cmd, port, dir.join("fake-sglang.log"))
 }
 
@@ -383,6 +446,7 @@ mod tests {
             retokenize: true,
             admin_key: true,
             sglang_max_concurrency: Some(1024),
+            ..ProxyOptions::default()
         };
         let toml = proxy_settings_toml(4000, 5000, Path::new("/s"), &options);
         assert!(
@@ -398,6 +462,29 @@ mod tests {
                  max_concurrency = 192\n"
         ));
         assert!(toml.ends_with("path = \"/s\"\nretain_committed = 0\n"));
+    }
+
+    #[test]
+    fn opd_and_combine_settings_take_the_fake_as_teacher() {
+        for mode in [ProxyMode::Opd, ProxyMode::Combine] {
+            let options = ProxyOptions {
+                prm: true,
+                mode,
+                teacher_max_concurrency: Some(64),
+                ..ProxyOptions::default()
+            };
+            let toml = proxy_settings_toml(4000, 5000, Path::new("/s"), &options);
+            assert!(toml.contains(&format!("mode = \"{}\"\n", mode.as_str())));
+            assert!(toml.contains("router_url = \"http://127.0.0.1:5000/generate\"\n"));
+            assert!(toml.contains(
+                "\n[teacher]\nurl = \"http://127.0.0.1:5000/generate\"\nmax_concurrency = 64\n"
+            ));
+        }
+        let rl = ProxyOptions {
+            prm: true,
+            ..ProxyOptions::default()
+        };
+        assert!(!proxy_settings_toml(4000, 5000, Path::new("/s"), &rl).contains("[teacher]"));
     }
 
     #[test]

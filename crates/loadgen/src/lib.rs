@@ -23,6 +23,7 @@ pub mod page;
 pub mod plot;
 pub mod procfs;
 mod report;
+pub mod runs;
 pub mod soak;
 pub mod stats;
 pub mod trainer;
@@ -31,7 +32,7 @@ pub mod workload;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use children::ProxyOptions;
+pub use children::{FakeOptions, ProxyMode, ProxyOptions};
 pub use report::{
     Config, CpuPerRequest, Machine, MemoryReport, PhaseReport, ProxyReport, Report, RssPoint,
     SoakReport, TargetCheck,
@@ -249,7 +250,7 @@ impl Rig {
     pub(crate) async fn start(
         bins: (&std::path::Path, &std::path::Path),
         model_dir: &std::path::Path,
-        fake_latency: Duration,
+        fake_options: FakeOptions,
         options: &ProxyOptions,
         idle_connections: usize,
         deadline: Instant,
@@ -277,7 +278,7 @@ impl Rig {
             .map_err(LoadgenError::Client)?;
 
         let startup_deadline = deadline.min(Instant::now() + STARTUP_BOUND);
-        let mut fake = children::spawn_fake(fake_bin, model_dir, fake_latency, dir.path())?;
+        let mut fake = children::spawn_fake(fake_bin, model_dir, fake_options, dir.path())?;
         let waited = fake.wait_healthy(&client, startup_deadline).await?;
         progress(&format!(
             "fake-sglang healthy on {} after {waited:.1?}",
@@ -432,7 +433,7 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
     let mut rig = Rig::start(
         (&cfg.fake_bin, &cfg.proxy_bin),
         &cfg.model_dir,
-        cfg.fake_latency,
+        FakeOptions::new(cfg.fake_latency),
         &ProxyOptions {
             admin_key: cfg.open_pages > 0,
             sglang_max_concurrency: (cfg.sessions > PROXY_UPSTREAM_CAP).then_some(cfg.sessions),

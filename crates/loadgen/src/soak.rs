@@ -215,6 +215,7 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         retokenize: false,
         admin_key: false,
         sglang_max_concurrency: None,
+        ..ProxyOptions::default()
     };
     let idle = cfg.concurrency.max(cfg.warmup_sessions) + WARMUP_SESSIONS;
     let TrainedRig {
@@ -227,7 +228,7 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
     } = Rig::start(
         (&cfg.fake_bin, &cfg.proxy_bin),
         &cfg.model_dir,
-        cfg.fake_latency,
+        crate::FakeOptions::new(cfg.fake_latency),
         &options,
         idle,
         deadline,
