@@ -144,7 +144,10 @@ fn entry(tok: &ChatTokenizer, t: &SampledToken, pos: usize, top: usize, q: &Quir
 
 /// `sglext` with the engine's ids (one list per choice for the outputs).
 fn sglext_json(sample: &ChatSample) -> Value {
-    json!({"input_ids": sample.prompt_ids, "output_ids": [sample.sampled_ids()]})
+    let mut ext = json!({"input_ids": null, "output_ids": null});
+    ext["input_ids"] = Value::from(sample.prompt_ids.clone());
+    ext["output_ids"] = Value::Array(vec![Value::from(sample.sampled_ids())]);
+    ext
 }
 
 fn completion_json(
@@ -172,6 +175,7 @@ fn completion_json(
     } else {
         json!(sample.matched_stop)
     };
+    // Large values are moved into their (already ordered) places: `json!` would copy them.
     let mut choice = json!({
         "index": 0,
         "message": {
@@ -180,10 +184,11 @@ fn completion_json(
             "reasoning_content": sample.reasoning,
             "tool_calls": tool_calls_json(sample),
         },
-        "logprobs": logprobs,
+        "logprobs": null,
         "finish_reason": sample.finish.as_str(),
         "matched_stop": matched_stop,
     });
+    choice["logprobs"] = logprobs;
     let mut top_level = Map::new();
     if let Some(c) = choice.as_object_mut() {
         let ids = |v: &[u32]| Value::from(v.to_vec());
@@ -240,9 +245,10 @@ fn completion_json(
         "object": "chat.completion",
         "created": created,
         "model": p.model,
-        "choices": [choice],
+        "choices": null,
         "usage": usage_json(sample),
     });
+    answer["choices"] = Value::Array(vec![choice]);
     if let Some(o) = answer.as_object_mut() {
         if let Some(v) = &q.weight_version {
             o.insert("metadata".into(), json!({"weight_version": v}));

@@ -11,6 +11,9 @@
 //! the ids are always exactly those of a full encode ([`ChatTokenizer::encode`]); with the cache off
 //! (a bound of 0) or a tokenizer that does not split at added tokens, every prompt is encoded whole.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
 use ps_chat_template::{ChatTemplateError, ChatTokenizer, SharedPrefixCache, SharedPrefixStats};
 
 /// Default bound of the fake's prefix cache: a few hundred agent prompts of ~10,000 tokens
@@ -20,13 +23,54 @@ pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 64 << 20;
 /// Encodes prompts, reusing kept prefixes (see the module docs).
 pub(crate) struct PromptEncoder {
     cache: Option<SharedPrefixCache>,
+    /// Texts being encoded now ([`PromptEncoder::encode_shared`]), so that concurrent requests
+    /// with the same text (a judge's votes on one turn) wait for one encode instead of each
+    /// missing the cache. Empty between requests.
+    in_flight: Mutex<HashMap<Arc<str>, Arc<Encoding>>>,
 }
+
+/// One encode in progress: the ids, or `None` when it failed (each waiter then encodes again to get
+/// its own error).
+type Encoding = OnceLock<Option<Arc<[u32]>>>;
 
 impl PromptEncoder {
     /// A bound of 0 turns the cache off.
     pub(crate) fn new(max_bytes: usize) -> Self {
         Self {
             cache: (max_bytes > 0).then(|| SharedPrefixCache::new(max_bytes)),
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// [`PromptEncoder::encode`] for a text that other requests may be sending at the same time
+    /// (`/generate` prompts: a judge sends its votes on one turn together): one of them encodes,
+    /// the others wait for its ids. Without the cache every text is encoded whole, as before.
+    pub(crate) fn encode_shared(
+        &self,
+        tok: &ChatTokenizer,
+        text: &str,
+    ) -> Result<Vec<u32>, ChatTemplateError> {
+        if self.cache.is_none() || !tok.splices() {
+            return tok.encode(text);
+        }
+        let lock = || {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        };
+        let cell = lock().entry(Arc::from(text)).or_default().clone();
+        let ids = cell
+            .get_or_init(|| self.encode(tok, text, None).ok().map(Arc::from))
+            .clone();
+        {
+            let mut map = lock();
+            if map.get(text).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                map.remove(text);
+            }
+        }
+        match ids {
+            Some(ids) => Ok(ids.to_vec()),
+            None => self.encode(tok, text, None),
         }
     }
 

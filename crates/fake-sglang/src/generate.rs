@@ -399,7 +399,7 @@ fn encode_prompt(state: &FakeState, text: &str) -> Result<Vec<u32>, String> {
     state
         .config()
         .prompts
-        .encode(state.tokenizer(), text, None)
+        .encode_shared(state.tokenizer(), text)
         .map_err(|e| format!("tokenization failed: {e}"))
 }
 

@@ -34,12 +34,9 @@ pub(crate) enum Route {
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    // The same bytes as `to_string`, without the `fmt::Write` adapter (a `Value` always serializes).
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| body.to_string().into_bytes());
+    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }
 
 /// SGLang's flat OpenAI-route error body.

@@ -175,6 +175,29 @@ async fn cached_uncached_and_evicting_fakes_give_the_same_ids() {
             assert_eq!(answers[1], answers[0], "{name}: /generate");
             assert_eq!(answers[2], answers[0], "{name}: /generate");
         }
+        // A judge sends its votes on one turn together: concurrent requests with one new text
+        // wait for one encode, and get the same answers as the uncached fake.
+        let hinted = json!({"text": format!("{}<|im_start|>user\nA new turn to judge [HINT_START]?<|im_end|>\n<|im_start|>assistant\n", system_prompt()),
+            "return_logprob": true, "logprob_start_len": 0, "rid": "same"});
+        let send = |f: &FakeHandle| {
+            let (url, body) = (f.generate_url(), hinted.clone());
+            async move {
+                let a: Value = reqwest::Client::new()
+                    .post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("send")
+                    .json()
+                    .await
+                    .expect("json");
+                a["meta_info"]["input_token_logprobs"].clone()
+            }
+        };
+        let (a, b, c) = tokio::join!(send(&fakes[0]), send(&fakes[0]), send(&fakes[0]));
+        let reference = send(&fakes[1]).await;
+        assert!(reference.as_array().is_some_and(|r| r.len() > 10), "{name}");
+        assert!(a == reference && b == reference && c == reference, "{name}");
         let stats = |f: &FakeHandle| f.state().prefix_cache_stats();
         assert_eq!(stats(&fakes[1]), None, "a bound of 0 turns the cache off");
         if tok.splices() {
