@@ -21,7 +21,7 @@ lint:
 
 # The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang (the chat workload,
 # its proxied phase also with the inspection page open; 1,000 concurrent sessions with a 200 ms
-# upstream; the agent scenario with a 0 ms and a 200 ms upstream), then the store, the pull API
+# upstream; the agent scenario with a 0 ms and a 200 ms upstream, and in OPD mode), then the store, the pull API
 # and OPD end to end. Their plots go to docs/img. Extra arguments go to the chat workload.
 bench *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
@@ -29,6 +29,7 @@ bench *ARGS:
     cargo run --release -p loadgen -- --sessions 1000 --fake-latency-ms 200 --ramp-ms 2000 --max-seconds 300 --json target/bench-1000.json --svg docs/img
     cargo run --release -p loadgen -- agent --json target/bench-agent.json --svg docs/img
     cargo run --release -p loadgen -- agent --fake-latency-ms 200 --ramp-ms 200 --json target/bench-agent-200ms.json --svg docs/img
+    cargo run --release -p loadgen -- agent --mode opd --json target/bench-agent-opd.json
     cargo bench -p ps-sample-store --bench store
     cargo bench -p ps-app --bench pull
     cargo bench -p ps-app --bench opd
@@ -44,7 +45,7 @@ soak *ARGS:
 
 # The agent scenario alone (docs/benchmarks.md, "The agent scenario"): 64 sessions of 10-30 turns
 # with a shared system prompt and tools, RL mode, a trainer. Extra arguments go to `loadgen agent`
-# (`just agent --fake-latency-ms 200 --ramp-ms 200`).
+# (`just agent --fake-latency-ms 200 --ramp-ms 200`, `just agent --mode opd --runs 3`).
 agent *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
     cargo run --release -p loadgen -- agent {{ARGS}}

@@ -1,6 +1,7 @@
 //! The agent scenario: traffic shaped like an OpenClaw deployment rather than a chat demo, through
-//! the proxy in RL mode (3 PRM votes per turn from the fake's `/generate`) with a trainer pulling
-//! and committing the samples, against the same sessions straight to the fake in the same run.
+//! the proxy in RL mode (3 PRM votes per turn from the fake's `/generate`; or OPD / Combine, with
+//! hint votes and the fake as teacher) with a trainer pulling and committing the samples, against
+//! the same sessions straight to the fake in the same run.
 //!
 //! Every session sends the same long system prompt (~2,700 tokens of instructions) and the same
 //! 20 tool schemas. A session has a seeded number of main turns (10–30 by default): a user asks,
