@@ -417,9 +417,8 @@ fn push_eos(tok: &ChatTokenizer, out: &mut Vec<SampledToken>) {
     }
 }
 
-/// Samples the fake answer to a chat request.
-/// The prompt is encoded through `prompts`, which reuses encoded prefixes of earlier prompts (the
-/// ids are those of a full encode either way).
+/// Samples the fake answer to a chat request. The prompt is encoded through `prompts`, which
+/// reuses encoded prefixes of earlier prompts (the ids are those of a full encode either way).
 pub(crate) fn sample_chat(
     tok: &ChatTokenizer,
     prompts: &PromptEncoder,
