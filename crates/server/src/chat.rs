@@ -254,26 +254,21 @@ async fn whole_answer(
     {
         crate::infer::complete(t.reply, &message);
     }
-    if let Some(turn) = t.turn {
-        let rollout = answer
-            .rollout()
-            .map_err(|e| ps_sglang_client::SglangError::InvalidBody {
-                url: app.0.policy.chat_url().to_owned(),
-                detail: e.to_string(),
-            })?;
-        turn.submit(app.capture(), rollout);
-    }
     if client_streams {
-        let mut answer =
+        let mut tree =
             answer
                 .to_value()
                 .map_err(|e| ps_sglang_client::SglangError::InvalidBody {
                     url: app.0.policy.chat_url().to_owned(),
                     detail: e.to_string(),
                 })?;
-        t.shape.reshape(&mut answer);
+        // The rollout (tokens, log-probs, the engine's ids) is read on the capture thread.
+        if let Some(turn) = t.turn {
+            turn.submit_answer(app.capture(), answer);
+        }
+        t.shape.reshape(&mut tree);
         let mut out = Vec::new();
-        for chunk in synthesize_chunks(&answer) {
+        for chunk in synthesize_chunks(&tree) {
             out.extend_from_slice(&sse_bytes(&chunk.to_string()));
         }
         out.extend_from_slice(&sse_bytes("[DONE]"));
@@ -283,6 +278,11 @@ async fn whole_answer(
     let mut out = Vec::with_capacity(answer.bytes().len() + session_id.len() + 16);
     t.shape
         .write_answer(&answer, Some(("session_id", &session_id)), &mut out);
+    // The rollout (tokens, log-probs, the engine's ids) is read on the capture thread, from the
+    // same bytes.
+    if let Some(turn) = t.turn {
+        turn.submit_answer(app.capture(), answer);
+    }
     let mut resp = Response::new(Body::from(out));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
