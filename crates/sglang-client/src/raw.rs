@@ -193,59 +193,57 @@ impl<'de> Deserialize<'de> for Key<'de> {
 /// A number may be out of range when its exponent has three digits or more, or it has more than
 /// 200 characters (a long run of digits); everything else is within an `f64`'s range. The check is
 /// conservative: `1e100` with leading zeros in the exponent is sent to the tree parse, which accepts it.
+/// Inside strings it jumps from one quote or backslash to the next (`memchr2`).
 pub fn needs_tree_check(text: &[u8]) -> bool {
     let (mut depth, mut in_str, mut i) = (0usize, false, 0usize);
     // Outside strings: the start of the current number, and where its exponent's digits start.
     let (mut num_start, mut exp_start): (Option<usize>, Option<usize>) = (None, None);
     while let Some(&b) = text.get(i) {
-        if !in_str {
-            match (num_start, b) {
-                (None, b'-' | b'0'..=b'9') => num_start = Some(i),
-                (Some(_), b'e' | b'E') => exp_start = Some(i + 1),
-                (Some(_), b'+' | b'-') if exp_start == Some(i) => exp_start = Some(i + 1),
-                (Some(_), b'0'..=b'9' | b'.') => {}
-                (Some(start), _) => {
-                    if number_may_overflow(start, exp_start, i) {
-                        return true;
-                    }
-                    (num_start, exp_start) = (None, None);
-                }
-                (None, _) => {}
-            }
-        }
         if in_str {
-            match b {
-                b'\\' => {
-                    match surrogate_at(text, i) {
-                        // A high surrogate directly followed by a low one is a valid pair (an
-                        // emoji from an `ensure_ascii` client): nothing for the tree to refuse.
-                        Some(Surrogate::High)
-                            if surrogate_at(text, i + 6) == Some(Surrogate::Low) =>
-                        {
-                            i += 12;
-                            continue;
-                        }
-                        Some(_) => return true,
-                        None => {}
-                    }
-                    i += 2;
-                    continue;
-                }
-                b'"' => in_str = false,
-                _ => {}
+            // Inside a string only a quote or an escape matters: jump to the next one.
+            let Some(n) = memchr::memchr2(b'"', b'\\', &text[i..]) else {
+                break;
+            };
+            i += n;
+            if text[i] == b'"' {
+                in_str = false;
+                i += 1;
+                continue;
             }
-        } else {
-            match b {
-                b'"' => in_str = true,
-                b'[' | b'{' => {
-                    depth += 1;
-                    if depth > 100 {
-                        return true;
-                    }
+            match surrogate_at(text, i) {
+                // A high surrogate directly followed by a low one is a valid pair (an emoji
+                // from an `ensure_ascii` client): nothing for the tree to refuse.
+                Some(Surrogate::High) if surrogate_at(text, i + 6) == Some(Surrogate::Low) => {
+                    i += 12;
                 }
-                b']' | b'}' => depth = depth.saturating_sub(1),
-                _ => {}
+                Some(_) => return true,
+                None => i += 2,
             }
+            continue;
+        }
+        match (num_start, b) {
+            (None, b'-' | b'0'..=b'9') => num_start = Some(i),
+            (Some(_), b'e' | b'E') => exp_start = Some(i + 1),
+            (Some(_), b'+' | b'-') if exp_start == Some(i) => exp_start = Some(i + 1),
+            (Some(_), b'0'..=b'9' | b'.') => {}
+            (Some(start), _) => {
+                if number_may_overflow(start, exp_start, i) {
+                    return true;
+                }
+                (num_start, exp_start) = (None, None);
+            }
+            (None, _) => {}
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > 100 {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
         }
         i += 1;
     }
