@@ -28,7 +28,9 @@ use crate::metrics as m;
 
 /// The parts of a request that capture needs, as the client sent them: parsed into a job's
 /// `messages`, `tools` and `template_kwargs` on the capture thread that takes the job, so that the
-/// chat path builds no tree of them.
+/// chat path builds no tree of them. With a non-streamed answer, the answer too: its rollout
+/// (message, sampled tokens, log-probs, the engine's ids, finish, weight version) is read into
+/// the job's `rollout` there, not on the chat path.
 #[derive(Debug)]
 pub struct RequestJson {
     /// `messages` (an array).
@@ -37,6 +39,9 @@ pub struct RequestJson {
     pub tools: Option<Box<RawValue>>,
     /// `chat_template_kwargs`, when an object.
     pub template_kwargs: Option<Box<RawValue>>,
+    /// The upstream's whole answer (its bytes, shared), when the job's `rollout` is still to be
+    /// read from it.
+    pub answer: Option<ps_sglang_client::Answer>,
 }
 
 impl RequestJson {
@@ -60,6 +65,14 @@ impl RequestJson {
             .map(|k| serde_json::from_str::<Map<String, Value>>(k.get()))
             .transpose()
             .map_err(|e| unreadable("chat_template_kwargs", e))?;
+        if let Some(answer) = self.answer {
+            // The chat path refused what a tree parse refuses, so this is not expected either; a
+            // part that cannot be read abandons the turn rather than leave it out of the sample.
+            job.rollout = answer.rollout().map_err(|e| CaptureError::Refused {
+                reason: "answer_unreadable",
+                detail: format!("the upstream's answer could not be read: {e}"),
+            })?;
+        }
         Ok(())
     }
 }
@@ -1230,6 +1243,7 @@ mod tests {
                 messages: raw(messages),
                 tools: tools.map(raw),
                 template_kwargs: kwargs.map(raw),
+                answer: None,
             };
             assert!(queue.submit_json(j, request));
         }
@@ -1238,5 +1252,72 @@ mod tests {
             *sink.0.lock().unwrap(),
             ["request_unreadable"; 3].map(String::from)
         );
+    }
+
+    /// An answer whose rollout cannot be read on the capture thread (here a log-prob out of
+    /// range and a lone surrogate in the message, which the chat path's parse would have
+    /// refused) never becomes a sample: the turn is abandoned as `answer_unreadable`.
+    #[test]
+    fn an_unreadable_answer_abandons_the_turn_with_a_reason() {
+        let sink = Arc::new(Reasons::default());
+        let queue = CaptureQueue::start(
+            Arc::new(ChatTokenizer::mini()),
+            sink.clone(),
+            policy(),
+            DriftCheck::default(),
+            8,
+            1,
+        )
+        .unwrap();
+        let answers = [
+            r#"{"choices":[{"message":{"role":"assistant","content":"Hi"},"logprobs":{"content":[{"token":"Hi","logprob":-1e400}]},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"message":{"role":"assistant","content":"\ud800"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop","matched_stop":1e999}]}"#,
+        ];
+        for (i, text) in answers.into_iter().enumerate() {
+            let bytes = bytes::Bytes::from_static(text.as_bytes());
+            assert!(ps_sglang_client::Answer::parse("u", bytes.clone()).is_err());
+            let answer = ps_sglang_client::Answer::parse_unchecked(bytes).unwrap();
+            let turn = i as u64 + 1;
+            let mut j = job("a", turn, &[], false);
+            j.guard = TurnGuard::new(sink.clone(), "a".into(), turn);
+            let request = RequestJson {
+                messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into())
+                    .unwrap(),
+                tools: None,
+                template_kwargs: None,
+                answer: Some(answer),
+            };
+            assert!(queue.submit_json(j, request));
+        }
+        assert_eq!(queue.shutdown(), 0);
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            ["answer_unreadable"; 3].map(String::from)
+        );
+    }
+
+    /// A readable answer handed over as bytes is captured as its rollout read on the chat path
+    /// would have been.
+    #[test]
+    fn an_answer_handed_over_as_bytes_is_captured() {
+        let tok = ChatTokenizer::mini();
+        let text = r#"{"choices":[{"message":{"role":"assistant","content":"Answer 1."},"finish_reason":"stop"}],"metadata":{"weight_version":"v9"}}"#;
+        let answer =
+            ps_sglang_client::Answer::parse("u", bytes::Bytes::from_static(text.as_bytes()))
+                .unwrap();
+        let mut j = job("b", 1, &[], false);
+        j.rollout = RolloutResponse::default();
+        let request = RequestJson {
+            messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into()).unwrap(),
+            tools: None,
+            template_kwargs: None,
+            answer: Some(answer.clone()),
+        };
+        request.fill(&mut j).unwrap();
+        assert_eq!(j.rollout, answer.rollout().unwrap());
+        assert_eq!(j.rollout.weight_version.as_deref(), Some("v9"));
+        let turn = capture_turn(&tok, &j, policy()).unwrap();
+        assert_eq!(turn.response_message["content"], "Answer 1.");
     }
 }

@@ -247,41 +247,42 @@ async fn whole_answer(
     drop(permit);
     let upstream = started.elapsed();
     metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());
-    // Read without a tree: the message and sampled tokens are taken from it, the client's copy is
-    // written from its bytes.
-    let answer = Answer::parse(app.0.policy.chat_url(), &bytes)?;
+    // Read once, without a tree: where its parts are; the client's copy is written from its bytes.
+    let answer = Answer::parse(app.0.policy.chat_url(), bytes)?;
     if t.reply.is_some()
         && let Some(message) = answer.message()
     {
         crate::infer::complete(t.reply, &message);
     }
-    if let Some(turn) = t.turn {
-        turn.submit(app.capture(), answer.rollout());
-    }
     if client_streams {
-        let mut answer =
+        let mut tree =
             answer
                 .to_value()
                 .map_err(|e| ps_sglang_client::SglangError::InvalidBody {
                     url: app.0.policy.chat_url().to_owned(),
                     detail: e.to_string(),
                 })?;
-        t.shape.reshape(&mut answer);
+        // The rollout (tokens, log-probs, the engine's ids) is read on the capture thread.
+        if let Some(turn) = t.turn {
+            turn.submit_answer(app.capture(), answer);
+        }
+        t.shape.reshape(&mut tree);
         let mut out = Vec::new();
-        for chunk in synthesize_chunks(&answer) {
+        for chunk in synthesize_chunks(&tree) {
             out.extend_from_slice(&sse_bytes(&chunk.to_string()));
         }
         out.extend_from_slice(&sse_bytes("[DONE]"));
         return Ok((sse_response(Body::from(out)), upstream));
     }
     let session_id = serde_json::to_vec(&t.session_id).unwrap_or_else(|_| b"null".to_vec());
-    let mut out = Vec::with_capacity(bytes.len() + session_id.len() + 16);
-    t.shape.write(
-        answer.object(),
-        answer.choices(),
-        Some(("session_id", &session_id)),
-        &mut out,
-    );
+    let mut out = Vec::with_capacity(answer.bytes().len() + session_id.len() + 16);
+    t.shape
+        .write_answer(&answer, Some(("session_id", &session_id)), &mut out);
+    // The rollout (tokens, log-probs, the engine's ids) is read on the capture thread, from the
+    // same bytes.
+    if let Some(turn) = t.turn {
+        turn.submit_answer(app.capture(), answer);
+    }
     let mut resp = Response::new(Body::from(out));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -28,12 +28,29 @@ pub(crate) struct TurnContext {
 }
 
 impl TurnContext {
-    /// Queues the turn for capture with the upstream's answer (see [`CaptureQueue::submit_json`]).
+    /// Queues the turn for capture with the upstream's answer, assembled (a stream: see
+    /// [`CaptureQueue::submit_json`]).
     pub fn submit(self, capture: &CaptureQueue, rollout: ps_core::RolloutResponse) -> bool {
+        self.queue(capture, rollout, None)
+    }
+
+    /// Queues the turn for capture with the upstream's whole answer, whose rollout the capture
+    /// thread reads.
+    pub fn submit_answer(self, capture: &CaptureQueue, answer: ps_sglang_client::Answer) -> bool {
+        self.queue(capture, ps_core::RolloutResponse::default(), Some(answer))
+    }
+
+    fn queue(
+        self,
+        capture: &CaptureQueue,
+        rollout: ps_core::RolloutResponse,
+        answer: Option<ps_sglang_client::Answer>,
+    ) -> bool {
         let request = RequestJson {
             messages: self.messages,
             tools: self.tools,
             template_kwargs: self.template_kwargs,
+            answer,
         };
         let job = CaptureJob {
             guard: self.guard,

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use ps_sglang_client::raw::{self, Edit, RawObject};
 use ps_sglang_client::{
-    ChatEventStream, Choice, SglangError, StreamAssembler, StreamEvent, choices_of,
+    Answer, ChatEventStream, Choice, SglangError, StreamAssembler, StreamEvent, choices_of,
 };
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -66,7 +66,7 @@ impl ClientShape {
     /// Writes an answer or chunk (an object read raw) as [`Self::reshape`] would leave it, without
     /// building a tree: every part the client gets unchanged is copied as the upstream's bytes.
     /// `extra` is a field set on the top-level object (in place when present, else last).
-    /// `choices` are the object's choices when already read ([`ps_sglang_client::Answer::choices`]).
+    /// `choices` are the object's choices when already read.
     pub fn write(
         &self,
         obj: &RawObject<'_>,
@@ -117,6 +117,50 @@ impl ClientShape {
             },
             &append,
         );
+    }
+
+    /// Writes a non-streamed answer as [`Self::write`] writes an object read raw, from the
+    /// entries the answer's single pass recorded (no part of it is read again, except the
+    /// log-probs of a client that wants them without top lists).
+    pub fn write_answer(&self, answer: &Answer, extra: Option<(&str, &[u8])>, out: &mut Vec<u8>) {
+        let reshape = self.needs_reshape();
+        let drop_prompt_ids = reshape && self.injected_token_ids && !self.client_prompt_ids;
+        let append: Vec<(&str, &[u8])> = extra
+            .filter(|(k, _)| !answer.contains_key(k))
+            .into_iter()
+            .collect();
+        let choice = reshape.then_some(|k: &str, v: &[u8]| self.choice_edit(k, v));
+        answer.write(
+            out,
+            |k, _| match k {
+                "prompt_token_ids" if drop_prompt_ids => Edit::Drop,
+                _ => match extra {
+                    Some((key, v)) if key == k => Edit::Replace(v.into()),
+                    _ => Edit::Keep,
+                },
+            },
+            choice,
+            &append,
+        );
+    }
+
+    /// What [`Self::write_answer`] does with one entry of a choice.
+    fn choice_edit(&self, key: &str, value: &[u8]) -> Edit<'static> {
+        match key {
+            "token_ids" | "response_token_ids" if self.injected_token_ids => Edit::Drop,
+            "prompt_token_ids" if self.injected_token_ids && !self.client_prompt_ids => Edit::Drop,
+            "logprobs" if !self.logprobs => Edit::Replace(b"null".as_slice().into()),
+            "logprobs" if self.top_logprobs == 0 => {
+                match serde_json::from_slice::<&RawValue>(value)
+                    .ok()
+                    .and_then(without_top_logprobs)
+                {
+                    Some(b) => Edit::Replace(b.into()),
+                    None => Edit::Keep,
+                }
+            }
+            _ => Edit::Keep,
+        }
     }
 
     fn write_choice(&self, choice: &RawValue, obj: Option<&RawObject<'_>>, out: &mut Vec<u8>) {
@@ -527,6 +571,11 @@ mod tests {
                     want_keys.push("session_id".into());
                 }
                 assert_eq!(got_keys, want_keys, "{shape:?} {answer}");
+                // A whole answer, read in one pass, is written alike.
+                let whole = Answer::parse("u", Bytes::from(text.clone())).expect("an answer");
+                let mut written = Vec::new();
+                shape.write_answer(&whole, Some(("session_id", br#""s\"1""#)), &mut written);
+                assert_eq!(written, out, "{shape:?} {answer}");
             }
         }
     }
@@ -562,5 +611,9 @@ mod tests {
             std::str::from_utf8(&out).expect("utf-8"),
             &format!("{},\"session_id\":\"s\"}}", &text[..text.len() - 1])
         );
+        let whole = Answer::parse("u", Bytes::from_static(text.as_bytes())).expect("an answer");
+        let mut written = Vec::new();
+        shape.write_answer(&whole, Some(("session_id", b"\"s\"")), &mut written);
+        assert_eq!(written, out);
     }
 }

@@ -4,6 +4,7 @@
 //! Longer than ~600 lines because of its unit tests (from line ~400): one case per response shape the
 //! real builds send (docs/upstream-protocols.md), kept beside the code they pin.
 
+use bytes::Bytes;
 use ps_core::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 use serde::Deserialize;
 use serde::de::{IgnoredAny, MapAccess, Visitor};
@@ -11,7 +12,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::SglangError;
-use crate::raw::{self, Kind, Lax, RawObject};
+use crate::raw::{self, Edit, Kind, Lax, RawObject};
+use crate::scan;
 
 /// How much of an unparsable body an error message quotes.
 const SNIPPET_BYTES: usize = 80;
@@ -80,18 +82,94 @@ fn object<'a>(obj: &RawObject<'a>, key: &str) -> Option<RawObject<'a>> {
     RawObject::of(obj.get(key)?)
 }
 
-/// Reads `logprobs.content[]` entries into sampled tokens (entries without a numeric log-prob are
-/// skipped: they carry nothing to align). The entries are read in one pass, without a tree.
-fn push_logprob_entries(logprobs: Option<&RawValue>, out: &mut Vec<SampledToken>) {
-    let Some(content) = logprobs
-        .and_then(RawObject::of)
-        .and_then(|l| l.get("content"))
-        .filter(|c| Kind::of(c) == Kind::Array)
-    else {
-        return;
+/// `logprobs` read in one pass: the entries of its `content` when that is an array (the last
+/// `content` wins, as in a tree); anything else reads as no entries.
+struct Logprobs(Option<Vec<LogprobEntry>>);
+
+impl<'de> Deserialize<'de> for Logprobs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Content(Option<Vec<LogprobEntry>>);
+        impl<'de> Deserialize<'de> for Content {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = Content;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("any JSON value")
+                    }
+                    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<Self::Value, A::Error> {
+                        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                        while let Some(e) = seq.next_element::<LogprobEntry>()? {
+                            out.push(e);
+                        }
+                        Ok(Content(Some(out)))
+                    }
+                    fn visit_map<A: MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<Self::Value, A::Error> {
+                        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                        Ok(Content(None))
+                    }
+                    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                        Ok(Content(None))
+                    }
+                    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                        Ok(Content(None))
+                    }
+                    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                        Ok(Content(None))
+                    }
+                    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                        Ok(Content(None))
+                    }
+                    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                        Ok(Content(None))
+                    }
+                    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                        Ok(Content(None))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Logprobs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("log-probs")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut content = None;
+                while let Some(key) = map.next_key::<raw::Key<'de>>()? {
+                    if key.0 == "content" {
+                        content = map.next_value::<Content>()?.0;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(Logprobs(content))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Reads `logprobs.content[]` entries (the text of `logprobs`) into sampled tokens (entries
+/// without a numeric log-prob are skipped: they carry nothing to align), in one pass without a
+/// tree. An error is text a tree parse refuses (which the caller decides how to treat).
+fn push_logprob_entries(
+    logprobs: Option<&str>,
+    out: &mut Vec<SampledToken>,
+) -> serde_json::Result<()> {
+    let Some(logprobs) = logprobs.filter(|l| Kind::of_text(l) == Kind::Object) else {
+        return Ok(());
     };
-    let Ok(entries) = serde_json::from_str::<Vec<LogprobEntry>>(content.get()) else {
-        return;
+    let Some(entries) = serde_json::from_str::<Logprobs>(logprobs)?.0 else {
+        return Ok(());
     };
     out.reserve(entries.len());
     for e in entries {
@@ -104,11 +182,48 @@ fn push_logprob_entries(logprobs: Option<&RawValue>, out: &mut Vec<SampledToken>
             logprob,
         });
     }
+    Ok(())
+}
+
+/// An object's entries as the text of their values: a [`RawObject`], or an object the answer's
+/// single pass recorded.
+trait Fields<'t> {
+    fn field(&self, key: &str) -> Option<&'t str>;
+
+    /// The object under `key`, when it is one.
+    fn object(&self, key: &str) -> Option<RawObject<'t>> {
+        let text = self.field(key)?;
+        (Kind::of_text(text) == Kind::Object)
+            .then(|| RawObject::parse(text).ok())
+            .flatten()
+    }
+}
+
+impl<'t> Fields<'t> for RawObject<'t> {
+    fn field(&self, key: &str) -> Option<&'t str> {
+        self.get(key).map(RawValue::get)
+    }
+}
+
+/// An object of the answer, as the single pass recorded it.
+#[derive(Clone, Copy)]
+struct Scanned<'t> {
+    bytes: &'t [u8],
+    obj: &'t scan::Obj,
+}
+
+impl<'t> Fields<'t> for Scanned<'t> {
+    fn field(&self, key: &str) -> Option<&'t str> {
+        let node = self.obj.get(key)?;
+        // The pass checked the whole answer as UTF-8; a part of it is too.
+        std::str::from_utf8(self.bytes.get(node.span.clone())?).ok()
+    }
 }
 
 /// `sglext.<key>` ids of the first choice: a flat list, or one list per choice.
-fn sglext_ids(sglext: Option<&RawValue>, key: &str) -> Option<Vec<u32>> {
-    let v = RawObject::of(sglext?)?.get(key)?;
+fn sglext_ids(sglext: Option<&str>, key: &str) -> Option<Vec<u32>> {
+    let sglext = sglext.filter(|s| Kind::of_text(s) == Kind::Object)?;
+    let v = RawObject::parse(sglext).ok()?.get(key)?;
     match raw::array(v)?.first() {
         Some(first) if Kind::of(first) == Kind::Array => raw::as_ids(first),
         _ => raw::as_ids(v),
@@ -119,19 +234,25 @@ fn sglext_ids(sglext: Option<&RawValue>, key: &str) -> Option<Vec<u32>> {
 /// its August 2026 rename `choices[].response_token_ids`, earlier SGLang and vLLM
 /// `choices[].token_ids`, `sglext.output_ids` (per choice or response-level), and the ids of
 /// `meta_info.output_token_logprobs` (`return_meta_info`). Returns the ids and the field's name.
-fn response_ids(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<(Vec<u32>, &'static str)> {
-    if let Some(ids) = choice.get("response_token_ids").and_then(raw::as_ids) {
+fn response_ids<'t>(
+    resp: &impl Fields<'t>,
+    choice: &impl Fields<'t>,
+) -> Option<(Vec<u32>, &'static str)> {
+    if let Some(ids) = choice
+        .field("response_token_ids")
+        .and_then(raw::as_ids_text)
+    {
         return Some((ids, "response_token_ids"));
     }
-    if let Some(ids) = choice.get("token_ids").and_then(raw::as_ids) {
+    if let Some(ids) = choice.field("token_ids").and_then(raw::as_ids_text) {
         return Some((ids, "token_ids"));
     }
-    if let Some(ids) = sglext_ids(choice.get("sglext"), "output_ids")
-        .or_else(|| sglext_ids(resp.get("sglext"), "output_ids"))
+    if let Some(ids) = sglext_ids(choice.field("sglext"), "output_ids")
+        .or_else(|| sglext_ids(resp.field("sglext"), "output_ids"))
     {
         return Some((ids, "sglext.output_ids"));
     }
-    let triples = raw::array(object(choice, "meta_info")?.get("output_token_logprobs")?)?;
+    let triples = raw::array(choice.object("meta_info")?.get("output_token_logprobs")?)?;
     let ids: Option<Vec<u32>> = triples
         .iter()
         .map(|t| {
@@ -146,16 +267,16 @@ fn response_ids(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<(Vec<u32
 
 /// The engine's prompt ids: `choices[].prompt_token_ids` (SGLang), the response-level
 /// `prompt_token_ids` (vLLM), or `sglext.input_ids`.
-fn prompt_ids(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<Vec<u32>> {
+fn prompt_ids<'t>(resp: &impl Fields<'t>, choice: &impl Fields<'t>) -> Option<Vec<u32>> {
     choice
-        .get("prompt_token_ids")
-        .and_then(raw::as_ids)
-        .or_else(|| resp.get("prompt_token_ids").and_then(raw::as_ids))
-        .or_else(|| sglext_ids(choice.get("sglext"), "input_ids"))
-        .or_else(|| sglext_ids(resp.get("sglext"), "input_ids"))
+        .field("prompt_token_ids")
+        .and_then(raw::as_ids_text)
+        .or_else(|| resp.field("prompt_token_ids").and_then(raw::as_ids_text))
+        .or_else(|| sglext_ids(choice.field("sglext"), "input_ids"))
+        .or_else(|| sglext_ids(resp.field("sglext"), "input_ids"))
 }
 
-fn engine_ids_of(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<EngineIds> {
+fn engine_ids_of<'t>(resp: &impl Fields<'t>, choice: &impl Fields<'t>) -> Option<EngineIds> {
     let (response, field) = response_ids(resp, choice)?;
     let prompt = prompt_ids(resp, choice)?;
     Some(EngineIds {
@@ -167,43 +288,56 @@ fn engine_ids_of(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<EngineI
 
 /// Both the engine's prompt and response ids, when it returned both.
 pub fn engine_ids(resp: &Value) -> Option<EngineIds> {
-    Answer::with_value(resp, |a| a.engine_ids()).flatten()
+    Answer::with_value(resp, Answer::engine_ids).flatten()
 }
 
 /// The policy version of a non-streamed answer: `metadata.weight_version` (chat), or
-/// `meta_info.weight_version` of the first choice.
-fn weight_version(resp: &RawObject<'_>, choice: &RawObject<'_>) -> Option<String> {
-    let v = object(resp, "metadata")
+/// `meta_info.weight_version` of the first choice. An error is a value a tree parse refuses.
+fn weight_version<'t>(
+    resp: &impl Fields<'t>,
+    choice: &impl Fields<'t>,
+) -> serde_json::Result<Option<String>> {
+    let Some(v) = resp
+        .object("metadata")
         .and_then(|m| m.get("weight_version"))
-        .or_else(|| object(choice, "meta_info")?.get("weight_version"))?;
-    match raw::to_value(v) {
+        .or_else(|| choice.object("meta_info")?.get("weight_version"))
+    else {
+        return Ok(None);
+    };
+    Ok(match serde_json::from_str::<Value>(v.get())? {
         Value::String(s) => Some(s),
         Value::Number(n) => Some(n.to_string()),
         _ => None,
-    }
+    })
 }
 
-fn finish_of(choice: &RawObject<'_>) -> FinishReason {
-    FinishReason {
-        reason: choice
-            .get("finish_reason")
-            .and_then(raw::as_str)
-            .map(std::borrow::Cow::into_owned),
-        matched_stop: choice
-            .get("matched_stop")
-            .map_or(Value::Null, raw::to_value),
-    }
+/// The finish reason and matched stop of a choice. An error is a value a tree parse refuses.
+fn finish_of<'t>(choice: &impl Fields<'t>) -> serde_json::Result<FinishReason> {
+    let reason = match choice.field("finish_reason") {
+        Some(text) if Kind::of_text(text) == Kind::String => {
+            Some(serde_json::from_str::<String>(text)?)
+        }
+        _ => None,
+    };
+    let matched_stop = match choice.field("matched_stop") {
+        Some(text) => serde_json::from_str(text)?,
+        None => Value::Null,
+    };
+    Ok(FinishReason {
+        reason,
+        matched_stop,
+    })
 }
 
-/// A non-streamed chat answer, read without building a tree: the top-level object's entries with
-/// their values unparsed. What the proxy needs (the message, the sampled tokens, the ids) is read
-/// from it on demand; the client's copy is written from its raw bytes.
+/// A non-streamed chat answer: its bytes (shared, not copied) and where its parts are, found in
+/// one pass over them ([`Answer::parse`]): the top-level entries, the elements of `choices` and
+/// each object choice's entries. The client's copy is written from the bytes
+/// ([`Answer::write`]); the rollout (sampled tokens, log-probs, the engine's ids) is read from
+/// them only when asked ([`Answer::rollout`], on a capture thread).
 #[derive(Debug, Clone)]
-pub struct Answer<'a> {
-    top: RawObject<'a>,
-    /// `choices` when it is an array: each element, and the element as an object when it is one
-    /// (read once, for both the rollout and the client's copy).
-    choices: Option<Vec<Choice<'a>>>,
+pub struct Answer {
+    bytes: Bytes,
+    top: scan::Obj,
 }
 
 /// One element of `choices`: its text, and its entries when it is an object.
@@ -215,21 +349,33 @@ pub fn choices_of(choices: Option<&RawValue>) -> Option<Vec<Choice<'_>>> {
     Some(elems.into_iter().map(|c| (c, RawObject::of(c))).collect())
 }
 
-impl<'a> Answer<'a> {
-    /// Reads the upstream's answer body. Not JSON, or JSON but not an object: the error the
-    /// proxy answers 502 with (`url` is the chat URL it came from).
-    pub fn parse(url: &str, body: &'a [u8]) -> Result<Self, SglangError> {
-        if let Ok(text) = std::str::from_utf8(body)
-            && let Ok(top) = RawObject::parse(text)
-            && (!raw::needs_tree_check(body) || serde_json::from_slice::<Value>(body).is_ok())
-        {
-            return Ok(Self::of(top));
+impl Answer {
+    /// Reads the upstream's answer body in one pass. Not JSON, or JSON but not an object: the error
+    /// the proxy answers 502 with (`url` is the chat URL it came from). What that pass cannot decide
+    /// alone (see [`scan`]) is decided by a tree parse, so that what a tree parse refuses is refused.
+    pub fn parse(url: &str, body: Bytes) -> Result<Self, SglangError> {
+        if std::str::from_utf8(&body).is_ok() {
+            let tree_accepts = |b: &[u8]| serde_json::from_slice::<Value>(b).is_ok();
+            let top = match scan::answer(&body, scan::DEPTH) {
+                Ok((top, false)) => Some(top),
+                Ok((top, true)) => tree_accepts(&body).then_some(top),
+                // Accepted by the tree parse, the nesting is within its limit (128).
+                Err(scan::Fail::Deep) if tree_accepts(&body) => {
+                    scan::answer(&body, 2 * scan::DEPTH)
+                        .ok()
+                        .map(|(top, _)| top)
+                }
+                Err(_) => None,
+            };
+            if let Some(top) = top {
+                return Ok(Self { bytes: body, top });
+            }
         }
         // Not an object: the same errors as when the body was parsed into a tree.
-        let detail = match serde_json::from_slice::<Value>(body) {
+        let detail = match serde_json::from_slice::<Value>(&body) {
             Err(e) => format!(
                 "{e} (body starts with {:?})",
-                ps_http::head(body, SNIPPET_BYTES)
+                ps_http::head(&body, SNIPPET_BYTES)
             ),
             Ok(_) => "the answer is not a JSON object".to_owned(),
         };
@@ -239,56 +385,120 @@ impl<'a> Answer<'a> {
         })
     }
 
-    fn of(top: RawObject<'a>) -> Self {
-        let choices = choices_of(top.get("choices"));
-        Self { top, choices }
+    /// Reads an answer's parts without refusing what only a tree parse refuses (a number out of
+    /// range, a lone surrogate, deep nesting), for tests of what a rollout that cannot be read
+    /// does. `None` when the pass itself refuses the body.
+    #[doc(hidden)]
+    pub fn parse_unchecked(body: Bytes) -> Option<Self> {
+        let (top, _) = scan::answer(&body, 2 * scan::DEPTH).ok()?;
+        Some(Self { bytes: body, top })
     }
 
-    /// The answer's top-level object.
-    pub fn object(&self) -> &RawObject<'a> {
-        &self.top
+    /// The answer's bytes, as the upstream sent them.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
     }
 
-    /// `choices`, when it is an array, each element with its entries when it is an object.
-    pub fn choices(&self) -> Option<&[Choice<'a>]> {
-        self.choices.as_deref()
+    fn scanned<'t>(&'t self, obj: &'t scan::Obj) -> Scanned<'t> {
+        Scanned {
+            bytes: &self.bytes,
+            obj,
+        }
+    }
+
+    /// Whether the top-level object has `key`.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.top.get(key).is_some()
     }
 
     /// The first choice: `None` when `choices` is missing, not an array or empty; a choice that
     /// is not an object reads as an empty one (none of its fields exist).
-    fn first_choice(&self) -> Option<RawObject<'a>> {
-        let (_, first) = self.choices.as_ref()?.first()?;
-        Some(first.clone().unwrap_or_default())
+    fn first_choice(&self) -> Option<Scanned<'_>> {
+        let scan::Sub::Array(elems) = &self.top.get("choices")?.sub else {
+            return None;
+        };
+        let obj = match &elems.first()?.sub {
+            scan::Sub::Object(obj) => obj,
+            _ => &scan::EMPTY,
+        };
+        Some(self.scanned(obj))
     }
 
     /// `choices[0].message`, when there is one.
     pub fn message(&self) -> Option<Value> {
-        self.first_choice()?.get("message").map(raw::to_value)
+        self.first_choice()?
+            .field("message")
+            .map(raw::to_value_text)
     }
 
     /// Both the engine's prompt and response ids, when it returned both.
     pub fn engine_ids(&self) -> Option<EngineIds> {
-        engine_ids_of(&self.top, &self.first_choice()?)
+        engine_ids_of(&self.scanned(&self.top), &self.first_choice()?)
     }
 
     /// The answer as a tree (for the rare paths that reshape it as one).
     /// The parse validated the answer as a tree parse would, so an error is not expected; the
     /// caller answers it as a body that is not the expected JSON, never as `null`.
     pub fn to_value(&self) -> serde_json::Result<Value> {
-        let mut out = Vec::new();
-        raw::write_object(&mut out, &self.top, |_, _| raw::Edit::Keep, &[]);
-        serde_json::from_slice(&out)
+        serde_json::from_slice(&self.bytes)
     }
 
-    /// The answer of a non-streamed chat completion (first choice).
-    pub fn rollout(&self) -> RolloutResponse {
-        let resp = &self.top;
+    /// Writes the answer: its top-level entries in order, `top` deciding per entry (key and value
+    /// bytes) whether it is kept, left out or replaced, then the `append`ed entries. With
+    /// `choice`, a `choices` array is written element by element, `choice` deciding for each entry
+    /// of an object element (elements that are not objects are kept); without it, `choices` goes
+    /// through `top` like any entry.
+    pub fn write<'v>(
+        &self,
+        out: &mut Vec<u8>,
+        mut top: impl FnMut(&str, &[u8]) -> Edit<'v>,
+        mut choice: Option<impl FnMut(&str, &[u8]) -> Edit<'v>>,
+        append: &[(&str, &[u8])],
+    ) {
+        let text = |n: &scan::Node| self.bytes.get(n.span.clone()).unwrap_or_default();
+        out.push(b'{');
+        let mut first = true;
+        for (k, node) in self.top.entries() {
+            let edit = match (&node.sub, choice.as_mut()) {
+                (scan::Sub::Array(elems), Some(choice)) if k == "choices" => {
+                    let mut b = Vec::with_capacity(node.span.len());
+                    b.push(b'[');
+                    for (i, elem) in elems.iter().enumerate() {
+                        if i > 0 {
+                            b.push(b',');
+                        }
+                        match &elem.sub {
+                            scan::Sub::Object(obj) => {
+                                write_entries(&mut b, obj, &self.bytes, &mut *choice, &[]);
+                            }
+                            _ => b.extend_from_slice(text(elem)),
+                        }
+                    }
+                    b.push(b']');
+                    Edit::Replace(b.into())
+                }
+                _ => top(k, text(node)),
+            };
+            push_entry(out, &mut first, k, text(node), edit);
+        }
+        for (k, v) in append {
+            push_entry(out, &mut first, k, v, Edit::Replace((*v).into()));
+        }
+        out.push(b'}');
+    }
+
+    /// The answer of a non-streamed chat completion (first choice): the message, the sampled
+    /// tokens with their log-probs, the engine's ids, the finish reason and the policy version,
+    /// read from the bytes now. An error is a part that a tree parse refuses: [`Answer::parse`]
+    /// refuses such answers, so it is not expected; the caller must not make a sample of it.
+    pub fn rollout(&self) -> serde_json::Result<RolloutResponse> {
+        let resp = self.scanned(&self.top);
         let Some(choice) = self.first_choice() else {
-            return RolloutResponse::default();
+            return Ok(RolloutResponse::default());
         };
         let mut tokens = Vec::new();
-        push_logprob_entries(choice.get("logprobs"), &mut tokens);
-        let response = response_ids(resp, &choice);
+        push_logprob_entries(choice.field("logprobs"), &mut tokens)?;
+        let response = response_ids(&resp, &choice);
         if let Some((ids, _)) = &response {
             // Ids are only trusted when they cover the reported tokens one for one.
             if ids.len() == tokens.len() {
@@ -299,36 +509,76 @@ impl<'a> Answer<'a> {
         }
         let engine_ids = response.and_then(|(response, field)| {
             Some(EngineIds {
-                prompt: prompt_ids(resp, &choice)?,
+                prompt: prompt_ids(&resp, &choice)?,
                 response,
                 field: field.to_owned(),
             })
         });
-        RolloutResponse {
-            message: choice.get("message").map_or(Value::Null, raw::to_value),
+        let message = match choice.field("message") {
+            Some(text) => serde_json::from_str(text)?,
+            None => Value::Null,
+        };
+        Ok(RolloutResponse {
+            message,
             tokens,
-            finish: finish_of(&choice),
+            finish: finish_of(&choice)?,
             streamed: false,
             engine_ids,
-            weight_version: weight_version(resp, &choice),
+            weight_version: weight_version(&resp, &choice)?,
             unexplained_chars: 0,
-        }
+        })
     }
 
     /// Reads a tree (an object; `None` otherwise) the same way, through its text.
-    fn with_value<T>(resp: &Value, f: impl FnOnce(&Answer<'_>) -> T) -> Option<T> {
+    fn with_value<T>(resp: &Value, f: impl FnOnce(&Answer) -> T) -> Option<T> {
         if !resp.is_object() {
             return None;
         }
-        let text = resp.to_string();
-        let top = RawObject::parse(&text).ok()?;
-        Some(f(&Answer::of(top)))
+        let answer = Answer::parse("", Bytes::from(resp.to_string())).ok()?;
+        Some(f(&answer))
     }
+}
+
+/// Writes one `"key":value` entry of an object being written, as `edit` says.
+fn push_entry(out: &mut Vec<u8>, first: &mut bool, key: &str, value: &[u8], edit: Edit<'_>) {
+    let bytes: std::borrow::Cow<'_, [u8]> = match edit {
+        Edit::Keep => value.into(),
+        Edit::Drop => return,
+        Edit::Replace(b) => b,
+    };
+    if !std::mem::take(first) {
+        out.push(b',');
+    }
+    // A string always serializes.
+    let _ = serde_json::to_writer(&mut *out, key);
+    out.push(b':');
+    out.extend_from_slice(&bytes);
+}
+
+/// Writes an object the pass recorded, each entry through `edit`, then `append`.
+fn write_entries<'v>(
+    out: &mut Vec<u8>,
+    obj: &scan::Obj,
+    bytes: &[u8],
+    edit: &mut impl FnMut(&str, &[u8]) -> Edit<'v>,
+    append: &[(&str, &[u8])],
+) {
+    out.push(b'{');
+    let mut first = true;
+    for (k, node) in obj.entries() {
+        let value = bytes.get(node.span.clone()).unwrap_or_default();
+        let e = edit(k, value);
+        push_entry(out, &mut first, k, value, e);
+    }
+    for (k, v) in append {
+        push_entry(out, &mut first, k, v, Edit::Replace((*v).into()));
+    }
+    out.push(b'}');
 }
 
 /// The answer of a non-streamed chat completion (first choice), from a tree.
 pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
-    Answer::with_value(resp, |a| a.rollout()).unwrap_or_default()
+    Answer::with_value(resp, |a| a.rollout().unwrap_or_default()).unwrap_or_default()
 }
 
 #[derive(Debug, Default)]
@@ -424,10 +674,11 @@ impl StreamAssembler {
     /// Feeds one chunk read as a raw object.
     pub fn feed_raw(&mut self, chunk: &RawObject<'_>) {
         self.chunks += 1;
-        if let Some(ids) = sglext_ids(chunk.get("sglext"), "output_ids") {
+        let sglext = chunk.get("sglext").map(RawValue::get);
+        if let Some(ids) = sglext_ids(sglext, "output_ids") {
             self.sglext_response = Some(ids);
         }
-        if let Some(ids) = sglext_ids(chunk.get("sglext"), "input_ids") {
+        if let Some(ids) = sglext_ids(sglext, "input_ids") {
             self.sglext_prompt = Some(ids);
         }
         let Some(choice) = chunk.get("choices").and_then(raw::array).and_then(|cs| {
@@ -440,7 +691,7 @@ impl StreamAssembler {
         }) else {
             return; // usage chunk or another choice
         };
-        if let Some(ids) = sglext_ids(choice.get("sglext"), "output_ids") {
+        if let Some(ids) = sglext_ids(choice.field("sglext"), "output_ids") {
             self.sglext_response = Some(ids);
         }
         if choice.contains_key("delta") {
@@ -477,7 +728,8 @@ impl StreamAssembler {
             }
         }
         let before = self.tokens.len();
-        push_logprob_entries(choice.get("logprobs"), &mut self.tokens);
+        // A chunk a tree parse refuses was not read raw: no error here.
+        let _ = push_logprob_entries(choice.field("logprobs"), &mut self.tokens);
         self.token_chars += self.tokens[before..]
             .iter()
             .map(|t| t.token.chars().count())
@@ -1000,27 +1252,35 @@ mod equivalence {
             );
             assert_eq!(engine_ids(&a), tree::engine_ids(&a), "{a}");
             let text = a.to_string();
-            let parsed = Answer::parse("u", text.as_bytes()).expect("an object");
-            assert_eq!(parsed.rollout(), tree::rollout_from_response(&a), "{a}");
+            let parsed = Answer::parse("u", Bytes::from(text)).expect("an object");
+            assert_eq!(
+                parsed.rollout().expect("readable"),
+                tree::rollout_from_response(&a),
+                "{a}"
+            );
             assert_eq!(parsed.to_value().expect("a tree"), a);
         }
     }
 
     #[test]
     fn a_malformed_answer_gives_the_error_it_gave() {
-        let e = Answer::parse("http://u/v1/chat/completions", b"<html>oops").expect_err("not JSON");
+        let e = Answer::parse(
+            "http://u/v1/chat/completions",
+            Bytes::from_static(b"<html>oops"),
+        )
+        .expect_err("not JSON");
         assert_eq!(
             e.to_string(),
             "the policy upstream at http://u/v1/chat/completions sent a body that is not the expected JSON: expected value at line 1 column 1 (body starts with \"<html>oops\")"
         );
         for body in [&b"[1, 2]"[..], b"null", b"\"x\""] {
-            let e = Answer::parse("http://u", body).expect_err("not an object");
+            let e = Answer::parse("http://u", Bytes::from_static(body)).expect_err("not an object");
             assert_eq!(
                 e.to_string(),
                 "the policy upstream at http://u sent a body that is not the expected JSON: the answer is not a JSON object"
             );
         }
-        assert!(Answer::parse("u", b"{\"choices\": [}").is_err());
+        assert!(Answer::parse("u", Bytes::from_static(b"{\"choices\": [}")).is_err());
     }
 
     fn stream_of(chunks: &[String]) -> (Vec<Result<(), String>>, RolloutResponse) {
@@ -1053,12 +1313,37 @@ mod equivalence {
             // Also as choice 0's parts, so that the readers' paths are reached.
             for text in [text.clone(), in_choice(&text)] {
                 let tree = serde_json::from_str::<Value>(&text);
-                let parsed = Answer::parse("u", text.as_bytes());
+                let parsed = Answer::parse("u", Bytes::from(text.clone()));
                 prop_assert_eq!(parsed.is_ok(), tree.is_ok(), "{}", &text);
                 if let (Ok(parsed), Ok(tree)) = (parsed, tree) {
-                    prop_assert_eq!(parsed.rollout(), tree::rollout_from_response(&tree), "{}", &text);
+                    prop_assert_eq!(parsed.rollout().ok(), Some(tree::rollout_from_response(&tree)), "{}", &text);
                     prop_assert_eq!(parsed.to_value().expect("a tree"), tree, "{}", &text);
                 }
+            }
+        }
+
+        /// Cut or damaged answers (the single pass reads every byte itself) are refused exactly
+        /// when a tree parse refuses them, with its error.
+        #[test]
+        fn damaged_answer_text_is_refused_alike(
+            text in crate::raw::text_gen::object(ANSWER_KEYS),
+            at in any::<prop::sample::Index>(),
+            byte in prop::sample::select(&b"{}[],:\"\\0-.eE+ \x01\x1ftnf\xff9u"[..]),
+            cut in any::<bool>(),
+        ) {
+            let mut b = in_choice(&text).into_bytes();
+            let i = at.index(b.len());
+            if cut {
+                b.truncate(i);
+            } else {
+                b[i] = byte;
+            }
+            let tree = serde_json::from_slice::<Value>(&b);
+            let parsed = Answer::parse("u", Bytes::from(b.clone()));
+            prop_assert_eq!(parsed.is_ok(), tree.as_ref().is_ok_and(Value::is_object));
+            if let (Err(e), Err(tree_e)) = (parsed, tree) {
+                let (e, tree_e) = (e.to_string(), tree_e.to_string());
+                prop_assert!(e.contains(&tree_e), "{} / {}", e, tree_e);
             }
         }
 

@@ -28,7 +28,12 @@ pub enum Kind {
 
 impl Kind {
     pub fn of(raw: &RawValue) -> Self {
-        match raw.get().as_bytes().first() {
+        Self::of_text(raw.get())
+    }
+
+    /// The type of a value's text (valid JSON without surrounding whitespace).
+    pub fn of_text(text: &str) -> Self {
+        match text.as_bytes().first() {
             Some(b'{') => Self::Object,
             Some(b'[') => Self::Array,
             Some(b'"') => Self::String,
@@ -188,59 +193,57 @@ impl<'de> Deserialize<'de> for Key<'de> {
 /// A number may be out of range when its exponent has three digits or more, or it has more than
 /// 200 characters (a long run of digits); everything else is within an `f64`'s range. The check is
 /// conservative: `1e100` with leading zeros in the exponent is sent to the tree parse, which accepts it.
+/// Inside strings it jumps from one quote or backslash to the next (`memchr2`).
 pub fn needs_tree_check(text: &[u8]) -> bool {
     let (mut depth, mut in_str, mut i) = (0usize, false, 0usize);
     // Outside strings: the start of the current number, and where its exponent's digits start.
     let (mut num_start, mut exp_start): (Option<usize>, Option<usize>) = (None, None);
     while let Some(&b) = text.get(i) {
-        if !in_str {
-            match (num_start, b) {
-                (None, b'-' | b'0'..=b'9') => num_start = Some(i),
-                (Some(_), b'e' | b'E') => exp_start = Some(i + 1),
-                (Some(_), b'+' | b'-') if exp_start == Some(i) => exp_start = Some(i + 1),
-                (Some(_), b'0'..=b'9' | b'.') => {}
-                (Some(start), _) => {
-                    if number_may_overflow(start, exp_start, i) {
-                        return true;
-                    }
-                    (num_start, exp_start) = (None, None);
-                }
-                (None, _) => {}
-            }
-        }
         if in_str {
-            match b {
-                b'\\' => {
-                    match surrogate_at(text, i) {
-                        // A high surrogate directly followed by a low one is a valid pair (an
-                        // emoji from an `ensure_ascii` client): nothing for the tree to refuse.
-                        Some(Surrogate::High)
-                            if surrogate_at(text, i + 6) == Some(Surrogate::Low) =>
-                        {
-                            i += 12;
-                            continue;
-                        }
-                        Some(_) => return true,
-                        None => {}
-                    }
-                    i += 2;
-                    continue;
-                }
-                b'"' => in_str = false,
-                _ => {}
+            // Inside a string only a quote or an escape matters: jump to the next one.
+            let Some(n) = memchr::memchr2(b'"', b'\\', &text[i..]) else {
+                break;
+            };
+            i += n;
+            if text[i] == b'"' {
+                in_str = false;
+                i += 1;
+                continue;
             }
-        } else {
-            match b {
-                b'"' => in_str = true,
-                b'[' | b'{' => {
-                    depth += 1;
-                    if depth > 100 {
-                        return true;
-                    }
+            match surrogate_at(text, i) {
+                // A high surrogate directly followed by a low one is a valid pair (an emoji
+                // from an `ensure_ascii` client): nothing for the tree to refuse.
+                Some(Surrogate::High) if surrogate_at(text, i + 6) == Some(Surrogate::Low) => {
+                    i += 12;
                 }
-                b']' | b'}' => depth = depth.saturating_sub(1),
-                _ => {}
+                Some(_) => return true,
+                None => i += 2,
             }
+            continue;
+        }
+        match (num_start, b) {
+            (None, b'-' | b'0'..=b'9') => num_start = Some(i),
+            (Some(_), b'e' | b'E') => exp_start = Some(i + 1),
+            (Some(_), b'+' | b'-') if exp_start == Some(i) => exp_start = Some(i + 1),
+            (Some(_), b'0'..=b'9' | b'.') => {}
+            (Some(start), _) => {
+                if number_may_overflow(start, exp_start, i) {
+                    return true;
+                }
+                (num_start, exp_start) = (None, None);
+            }
+            (None, _) => {}
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > 100 {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
         }
         i += 1;
     }
@@ -274,19 +277,28 @@ fn number_may_overflow(start: usize, exp_start: Option<usize>, end: usize) -> bo
 
 /// The elements of a raw array; `None` when it is another JSON type.
 pub fn array(raw: &RawValue) -> Option<Vec<&RawValue>> {
-    if Kind::of(raw) != Kind::Array {
+    array_text(raw.get())
+}
+
+/// [`array`] of a value's text.
+pub fn array_text(text: &str) -> Option<Vec<&RawValue>> {
+    if Kind::of_text(text) != Kind::Array {
         return None;
     }
-    serde_json::from_str(raw.get()).ok()
+    serde_json::from_str(text).ok()
 }
 
 /// A string value (escapes decoded); `None` for any other type (`Value::as_str`).
 /// Borrowed from the raw text unless it has escapes (serde's `Cow<str>` always allocates).
 pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    if Kind::of(raw) != Kind::String {
+    as_str_text(raw.get())
+}
+
+/// [`as_str`] of a value's text.
+pub fn as_str_text(text: &str) -> Option<Cow<'_, str>> {
+    if Kind::of_text(text) != Kind::String {
         return None;
     }
-    let text = raw.get();
     match text.get(1..text.len() - 1) {
         // A raw string value is valid JSON: without a backslash, its content is the string.
         Some(inner) if !inner.contains('\\') => Some(Cow::Borrowed(inner)),
@@ -313,15 +325,72 @@ pub fn as_u64(raw: &RawValue) -> Option<u64> {
 
 /// A list of token ids: every element a non-negative integer that fits in a `u32`.
 pub fn as_ids(raw: &RawValue) -> Option<Vec<u32>> {
-    if Kind::of(raw) != Kind::Array {
+    as_ids_text(raw.get())
+}
+
+/// [`as_ids`] of a value's text: what `serde_json::from_str::<Vec<u32>>` reads, without its generic
+/// path. A plain array of small non-negative integers (the engine's 10,000–20,000 prompt ids) is
+/// read byte by byte into one `Vec` sized by its commas; anything else (a sign, a fraction, an
+/// exponent, a leading zero, a value past `u32::MAX`, another type) goes to serde, which decides.
+pub fn as_ids_text(text: &str) -> Option<Vec<u32>> {
+    if Kind::of_text(text) != Kind::Array {
         return None;
     }
-    serde_json::from_str::<Vec<u32>>(raw.get()).ok()
+    ids_fast(text.as_bytes()).or_else(|| serde_json::from_str::<Vec<u32>>(text).ok())
+}
+
+/// The plain case of [`as_ids_text`]; `None` sends the text to serde (it is not necessarily an
+/// error).
+fn ids_fast(b: &[u8]) -> Option<Vec<u32>> {
+    let is_ws = |c: u8| matches!(c, b' ' | b'\n' | b'\t' | b'\r');
+    let commas = b.iter().filter(|&&c| c == b',').count();
+    let mut ids = Vec::with_capacity(commas + 1);
+    let mut i = 1; // past `[`
+    while b.get(i).copied().is_some_and(is_ws) {
+        i += 1;
+    }
+    if b.get(i) == Some(&b']') {
+        return b[i + 1..].iter().all(|&c| is_ws(c)).then_some(ids);
+    }
+    loop {
+        while b.get(i).copied().is_some_and(is_ws) {
+            i += 1;
+        }
+        let start = i;
+        let mut n: u64 = 0;
+        while let Some(&c @ b'0'..=b'9') = b.get(i) {
+            n = n * 10 + u64::from(c - b'0');
+            i += 1;
+            if i - start > 10 {
+                return None;
+            }
+        }
+        let digits = i - start;
+        if digits == 0 || (digits > 1 && b[start] == b'0') {
+            return None;
+        }
+        ids.push(u32::try_from(n).ok()?);
+        while b.get(i).copied().is_some_and(is_ws) {
+            i += 1;
+        }
+        match b.get(i) {
+            Some(b',') => i += 1,
+            Some(b']') => {
+                return b[i + 1..].iter().all(|&c| is_ws(c)).then_some(ids);
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// The value as a tree (for the small parts kept as `Value`: a message, a stop).
 pub fn to_value(raw: &RawValue) -> serde_json::Value {
-    serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null)
+    to_value_text(raw.get())
+}
+
+/// [`to_value`] of a value's text.
+pub fn to_value_text(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
 }
 
 /// Writes an object: its entries in order, `edit` deciding per entry whether it is kept as it came
@@ -618,6 +687,50 @@ mod tests {
                         prop_assert_eq!(read.as_deref(), Some(s));
                     }
                 }
+            }
+        }
+    }
+
+    /// An element of an id list as text: mostly ids, sometimes what must not read as one.
+    fn id_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            8 => (0u32..200_000).prop_map(|n| n.to_string()),
+            2 => any::<u32>().prop_map(|n| n.to_string()),
+            1 => prop::sample::select(
+                &[
+                    "0", "4294967295", "4294967296", "18446744073709551615",
+                    "18446744073709551616", "99999999999999999999999", "-0", "-1", "01", "00",
+                    "1.0", "1.5", "1e2", "1E+0", "0e0", "-0.0", "null", "true", "\"7\"", "[1]",
+                    "{}",
+                ][..]
+            )
+            .prop_map(str::to_owned),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+        /// The id reader reads exactly what serde reads as `Vec<u32>`, and refuses what it refuses.
+        #[test]
+        fn ids_read_as_serde_reads_them(
+            elems in prop::collection::vec((id_text(), 0usize..5, 0usize..5), 0..40),
+            inner in 0usize..5,
+        ) {
+            let ws = ["", " ", "\n", "\t\r ", "  \n  "];
+            let body: Vec<String> = elems
+                .iter()
+                .map(|(e, a, b)| format!("{}{e}{}", ws[*a], ws[*b]))
+                .collect();
+            let text = if body.is_empty() {
+                format!("[{}]", ws[inner])
+            } else {
+                format!("[{}]", body.join(","))
+            };
+            let want = serde_json::from_str::<Vec<u32>>(&text).ok();
+            prop_assert_eq!(as_ids_text(&text), want.clone(), "{}", &text);
+            if let Ok(raw) = RawValue::from_string(text.clone()) {
+                prop_assert_eq!(as_ids(&raw), want, "{}", &text);
             }
         }
     }

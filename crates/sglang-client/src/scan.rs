@@ -1,0 +1,467 @@
+//! One pass over a non-streamed answer's bytes: it checks that they are what a tree parse accepts
+//! and records where the parts the proxy reads are, as offsets, so that nothing is read again to
+//! find them: the top-level entries, the elements of `choices`, and each object choice's entries.
+//! Every other value is skipped in the same pass (validated, not built).
+//!
+//! What the pass cannot decide alone it flags instead of guessing (the answer then goes through a
+//! tree parse, as [`crate::raw::needs_tree_check`] sends other text): a `\u` escape of a UTF-16
+//! surrogate that is not a valid pair, and a number that may be out of an `f64`'s range (an
+//! exponent of three digits or more, or more than 200 characters). Nesting deeper than
+//! [`DEPTH`] stops the pass (serde_json refuses from 128 levels on).
+//!
+//! The recorded entries follow `serde_json::Map` with `preserve_order`, as [`crate::raw::RawObject`]
+//! does: a repeated key keeps its first position and its last value.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// Nesting the pass follows before it leaves the text to a tree parse.
+pub(crate) const DEPTH: usize = 100;
+
+/// A value of the answer: where its text is, and what the pass recorded inside it.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    pub span: Range<usize>,
+    pub sub: Sub,
+}
+
+/// What the pass recorded inside a value.
+#[derive(Debug, Clone)]
+pub(crate) enum Sub {
+    /// Nothing (a value it only skipped).
+    Leaf,
+    Object(Obj),
+    Array(Vec<Node>),
+}
+
+/// An object's entries in order, their values as [`Node`]s.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Obj {
+    entries: Vec<(Box<str>, Node)>,
+    /// Each key's place in `entries`, once there are more than [`INDEX_FROM`].
+    index: Option<HashMap<Box<str>, usize>>,
+}
+
+/// From this many entries on, keys are found through a hash index.
+const INDEX_FROM: usize = 16;
+
+/// An object without entries (a choice that is not an object reads as one).
+pub(crate) static EMPTY: Obj = Obj {
+    entries: Vec::new(),
+    index: None,
+};
+
+impl Obj {
+    fn insert(&mut self, key: Box<str>, value: Node) {
+        if let Some(i) = self.position(&key) {
+            self.entries[i].1 = value;
+            return;
+        }
+        if let Some(index) = self.index.as_mut() {
+            index.insert(key.clone(), self.entries.len());
+        }
+        self.entries.push((key, value));
+        if self.index.is_none() && self.entries.len() > INDEX_FROM {
+            self.index = Some(
+                self.entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| (k.clone(), i))
+                    .collect(),
+            );
+        }
+    }
+
+    fn position(&self, key: &str) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.entries.iter().position(|(k, _)| &**k == key),
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Node> {
+        self.position(key).map(|i| &self.entries[i].1)
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &Node)> {
+        self.entries.iter().map(|(k, v)| (&**k, v))
+    }
+}
+
+/// Why the pass stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fail {
+    /// Not JSON a tree parse accepts, or JSON whose top is not an object.
+    Refused,
+    /// Nested deeper than the pass follows.
+    Deep,
+}
+
+/// The answer's top-level object, and whether a tree parse must confirm it (see the module).
+pub(crate) fn answer(bytes: &[u8], depth: usize) -> Result<(Obj, bool), Fail> {
+    let mut s = Scanner {
+        b: bytes,
+        i: 0,
+        depth: 0,
+        max_depth: depth,
+        unsure: false,
+    };
+    s.ws();
+    if s.peek() != Some(b'{') {
+        return Err(Fail::Refused);
+    }
+    let top = s.object(|s, key| match key {
+        "choices" => s.choices(),
+        _ => s.leaf(),
+    })?;
+    s.ws();
+    if s.i != bytes.len() {
+        return Err(Fail::Refused);
+    }
+    Ok((top, s.unsure))
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+    depth: usize,
+    max_depth: usize,
+    unsure: bool,
+}
+
+/// Bytes that end a run of plain string content: the closing quote, an escape, a control
+/// character (which a tree parse refuses unescaped).
+static STRING_STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        t[c] = true;
+        c += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+impl Scanner<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    fn expect(&mut self, c: u8) -> Result<(), Fail> {
+        if self.peek() == Some(c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(Fail::Refused)
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), Fail> {
+        self.depth += 1;
+        if self.depth > self.max_depth {
+            return Err(Fail::Deep);
+        }
+        Ok(())
+    }
+
+    /// `choices`: an array's elements recorded, each object's entries too.
+    fn choices(&mut self) -> Result<Node, Fail> {
+        if self.peek() != Some(b'[') {
+            return self.leaf();
+        }
+        let start = self.i;
+        let elems = self.array(|s| {
+            if s.peek() != Some(b'{') {
+                return s.leaf();
+            }
+            let start = s.i;
+            let obj = s.object(|s, _| s.leaf())?;
+            Ok(Node {
+                span: start..s.i,
+                sub: Sub::Object(obj),
+            })
+        })?;
+        Ok(Node {
+            span: start..self.i,
+            sub: Sub::Array(elems),
+        })
+    }
+
+    fn leaf(&mut self) -> Result<Node, Fail> {
+        let start = self.i;
+        self.value()?;
+        Ok(Node {
+            span: start..self.i,
+            sub: Sub::Leaf,
+        })
+    }
+
+    /// An object (at its `{`), each entry's value read by `value`.
+    fn object(
+        &mut self,
+        mut value: impl FnMut(&mut Self, &str) -> Result<Node, Fail>,
+    ) -> Result<Obj, Fail> {
+        self.enter()?;
+        self.i += 1;
+        let mut obj = Obj::default();
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            self.depth -= 1;
+            return Ok(obj);
+        }
+        loop {
+            self.ws();
+            if self.peek() != Some(b'"') {
+                return Err(Fail::Refused);
+            }
+            let start = self.i;
+            let escaped = self.string()?;
+            let key: Box<str> = if escaped {
+                serde_json::from_slice::<String>(&self.b[start..self.i])
+                    .map_err(|_| Fail::Refused)?
+                    .into()
+            } else {
+                std::str::from_utf8(&self.b[start + 1..self.i - 1])
+                    .map_err(|_| Fail::Refused)?
+                    .into()
+            };
+            self.ws();
+            self.expect(b':')?;
+            self.ws();
+            let node = value(self, &key)?;
+            obj.insert(key, node);
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Ok(obj);
+                }
+                _ => return Err(Fail::Refused),
+            }
+        }
+    }
+
+    /// An array (at its `[`), each element read by `elem`.
+    fn array(
+        &mut self,
+        mut elem: impl FnMut(&mut Self) -> Result<Node, Fail>,
+    ) -> Result<Vec<Node>, Fail> {
+        self.enter()?;
+        self.i += 1;
+        let mut out = Vec::new();
+        self.ws();
+        if self.peek() == Some(b']') {
+            self.i += 1;
+            self.depth -= 1;
+            return Ok(out);
+        }
+        loop {
+            self.ws();
+            out.push(elem(self)?);
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b']') => {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Ok(out);
+                }
+                _ => return Err(Fail::Refused),
+            }
+        }
+    }
+
+    /// Skips one value (at its first byte), checking it.
+    fn value(&mut self) -> Result<(), Fail> {
+        match self.peek() {
+            Some(b'"') => self.string().map(|_| ()),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b'{') => {
+                self.enter()?;
+                self.i += 1;
+                self.ws();
+                if self.peek() == Some(b'}') {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Ok(());
+                }
+                loop {
+                    self.ws();
+                    if self.peek() != Some(b'"') {
+                        return Err(Fail::Refused);
+                    }
+                    self.string()?;
+                    self.ws();
+                    self.expect(b':')?;
+                    self.ws();
+                    self.value()?;
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => self.i += 1,
+                        Some(b'}') => {
+                            self.i += 1;
+                            self.depth -= 1;
+                            return Ok(());
+                        }
+                        _ => return Err(Fail::Refused),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.enter()?;
+                self.i += 1;
+                self.ws();
+                if self.peek() == Some(b']') {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Ok(());
+                }
+                loop {
+                    self.ws();
+                    self.value()?;
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => self.i += 1,
+                        Some(b']') => {
+                            self.i += 1;
+                            self.depth -= 1;
+                            return Ok(());
+                        }
+                        _ => return Err(Fail::Refused),
+                    }
+                }
+            }
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            _ => Err(Fail::Refused),
+        }
+    }
+
+    fn literal(&mut self, lit: &[u8]) -> Result<(), Fail> {
+        if self.b[self.i..].starts_with(lit) {
+            self.i += lit.len();
+            Ok(())
+        } else {
+            Err(Fail::Refused)
+        }
+    }
+
+    /// A number (at its first byte): JSON's grammar; flags one that may be out of range.
+    fn number(&mut self) -> Result<(), Fail> {
+        let start = self.i;
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(Fail::Refused),
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if !matches!(self.peek(), Some(b'0'..=b'9')) {
+                return Err(Fail::Refused);
+            }
+            self.digits();
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if !matches!(self.peek(), Some(b'0'..=b'9')) {
+                return Err(Fail::Refused);
+            }
+            let exp = self.i;
+            self.digits();
+            if self.i - exp >= 3 {
+                self.unsure = true;
+            }
+        }
+        if self.i - start > 200 {
+            self.unsure = true;
+        }
+        Ok(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// A string (at its opening quote); whether it holds an escape.
+    fn string(&mut self) -> Result<bool, Fail> {
+        self.i += 1;
+        let mut escaped = false;
+        loop {
+            let run = self.b[self.i..]
+                .iter()
+                .position(|&c| STRING_STOP[usize::from(c)])
+                .ok_or(Fail::Refused)?;
+            self.i += run;
+            match self.b[self.i] {
+                b'"' => {
+                    self.i += 1;
+                    return Ok(escaped);
+                }
+                b'\\' => {
+                    escaped = true;
+                    self.escape()?;
+                }
+                _ => return Err(Fail::Refused),
+            }
+        }
+    }
+
+    /// An escape (at its backslash).
+    fn escape(&mut self) -> Result<(), Fail> {
+        match self.b.get(self.i + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                self.i += 2;
+                Ok(())
+            }
+            Some(b'u') => {
+                let unit = self.hex4(self.i + 2).ok_or(Fail::Refused)?;
+                match unit {
+                    0xD800..=0xDBFF
+                        if self.b.get(self.i + 6) == Some(&b'\\')
+                            && self.b.get(self.i + 7) == Some(&b'u')
+                            && self
+                                .hex4(self.i + 8)
+                                .is_some_and(|low| (0xDC00..=0xDFFF).contains(&low)) =>
+                    {
+                        // A valid pair (an emoji from an `ensure_ascii` writer).
+                        self.i += 12;
+                    }
+                    0xD800..=0xDFFF => {
+                        self.unsure = true;
+                        self.i += 6;
+                    }
+                    _ => self.i += 6,
+                }
+                Ok(())
+            }
+            _ => Err(Fail::Refused),
+        }
+    }
+
+    fn hex4(&self, at: usize) -> Option<u32> {
+        let digits = self.b.get(at..at + 4)?;
+        digits.iter().try_fold(0u32, |n, &c| {
+            let d = char::from(c).to_digit(16)?;
+            Some(n * 16 + d)
+        })
+    }
+}
