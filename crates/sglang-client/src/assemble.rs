@@ -387,9 +387,11 @@ impl Answer {
 
     /// Reads an answer's parts without refusing what only a tree parse refuses (a number out of
     /// range, a lone surrogate, deep nesting), for tests of what a rollout that cannot be read
-    /// does. `None` when the pass itself refuses the body.
+    /// does. `None` when the pass itself refuses the body, or the body is not UTF-8 (a part that
+    /// is not UTF-8 would otherwise read as absent).
     #[doc(hidden)]
     pub fn parse_unchecked(body: Bytes) -> Option<Self> {
+        std::str::from_utf8(&body).ok()?;
         let (top, _) = scan::answer(&body, 2 * scan::DEPTH).ok()?;
         Some(Self { bytes: body, top })
     }

@@ -289,8 +289,13 @@ impl PolicyClient for SglangClient {
         {
             return Err(too_large());
         }
+        // Sized from `Content-Length` when the upstream sends one, so that the `Bytes` a capture
+        // job keeps until its worker takes it carries no spare capacity.
+        let expected = resp
+            .content_length()
+            .map_or(0, |n| usize::try_from(n).unwrap_or(0).min(MAX_ANSWER_BYTES));
         let read = async {
-            let mut bytes = Vec::new();
+            let mut bytes = Vec::with_capacity(expected);
             while let Some(chunk) = resp.chunk().await.map_err(|e| SglangError::InvalidBody {
                 url: url.clone(),
                 detail: format!("reading the body failed: {e}"),
@@ -302,9 +307,13 @@ impl PolicyClient for SglangClient {
             }
             Ok(bytes)
         };
-        let bytes = tokio::time::timeout(self.config.timeout, read)
+        let mut bytes = tokio::time::timeout(self.config.timeout, read)
             .await
             .map_err(|_| self.timeout_error())??;
+        // Without a `Content-Length` the vector grew by doubling: give back what is spare.
+        if bytes.capacity() > bytes.len() + bytes.len() / 4 {
+            bytes.shrink_to_fit();
+        }
         Ok(Bytes::from(bytes))
     }
 
