@@ -1,7 +1,9 @@
 //! The agent scenario: traffic shaped like an OpenClaw deployment rather than a chat demo, through
-//! the proxy in RL mode (3 PRM votes per turn from the fake's `/generate`; or OPD / Combine, with
-//! hint votes and the fake as teacher) with a trainer pulling and committing the samples, against
-//! the same sessions straight to the fake in the same run.
+//! the proxy in the mode `--mode` picks (RL: 3 PRM votes per turn from the fake's `/generate`; OPD:
+//! 3 hint votes per turn and the fake as teacher; Combine: both, 3 hint + 3 eval votes) with a
+//! trainer pulling and committing the samples, against the same sessions straight to the fake in
+//! the same run. Every answered main turn must come back as one sample or as a turn the proxy
+//! counts as dropped or abandoned after its answer ([`Accounting`]).
 //!
 //! Every session sends the same long system prompt (~2,700 tokens of instructions) and the same
 //! 20 tool schemas. A session has a seeded number of main turns (10–30 by default): a user asks,
@@ -856,7 +858,8 @@ pub struct AgentReport {
     pub proxy_cpu_ms_per_main_turn: Option<f64>,
     pub proxy_cpu_ms_per_1000_captured_tokens: Option<f64>,
     /// The fake's CPU per request in the direct phase (chat only) and the proxied one (chat and
-    /// the three judge votes per main turn): the yardstick of the same run.
+    /// the judge votes per main turn, and the teacher in OPD/Combine): the yardstick of the same
+    /// run.
     pub fake_cpu: CpuPerRequest,
     pub throughput_ratio: Option<f64>,
     pub trainer: TrainerTally,
@@ -883,6 +886,16 @@ pub struct Accounting {
     pub dropped: u64,
     pub abandoned: u64,
     pub abandoned_unanswered: u64,
+}
+
+/// The judge calls the proxy makes per judged main turn in `mode`, `votes` per kind: RL's PRM
+/// votes, OPD's hint votes, or Combine's hint and PRM eval votes.
+fn judge_votes(mode: ProxyMode, votes: usize) -> String {
+    match mode {
+        ProxyMode::Rl => format!("{votes} PRM votes"),
+        ProxyMode::Opd => format!("{votes} hint votes"),
+        ProxyMode::Combine => format!("{votes} hint + {votes} eval votes"),
+    }
 }
 
 /// `turns_abandoned_by_reason` keys of turns whose client got no (complete) answer: the proxy
@@ -1341,8 +1354,8 @@ impl AgentReport {
         let _ = writeln!(
             out,
             "policy-serving agent scenario: {} sessions of {}..={} main turns (seed {}), {} round(s); \
-             system prompt {} chars + {} tools ({} chars of JSON); {} mode, {} votes per judged \
-             turn ({} judge slots{}); token ids: {}; fake latency {} ms (prefix cache {}); ramp {} \
+             system prompt {} chars + {} tools ({} chars of JSON); {} mode, {} per judged turn \
+             ({} judge slots{}); token ids: {}; fake latency {} ms (prefix cache {}); ramp {} \
              ms; {} CPUs; model {}",
             c.sessions,
             c.min_turns,
@@ -1353,7 +1366,7 @@ impl AgentReport {
             c.tools,
             c.tools_json_chars,
             c.mode.as_str().to_uppercase(),
-            c.prm_votes,
+            judge_votes(c.mode, c.prm_votes),
             c.prm_max_concurrency,
             c.teacher_max_concurrency
                 .map(|n| format!(", {n} teacher slots"))
@@ -1603,6 +1616,13 @@ mod tests {
         );
         assert!(check(&coverage(10, 10, 0), counted(1, 0)).is_err());
         assert!(check(&coverage(10, 10, 1), counted(0, 0)).is_err());
+    }
+
+    #[test]
+    fn the_header_counts_combine_s_hint_and_eval_votes() {
+        assert_eq!(judge_votes(ProxyMode::Rl, 3), "3 PRM votes");
+        assert_eq!(judge_votes(ProxyMode::Opd, 3), "3 hint votes");
+        assert_eq!(judge_votes(ProxyMode::Combine, 3), "3 hint + 3 eval votes");
     }
 
     #[test]
