@@ -82,9 +82,11 @@ struct AgentArgs {
     #[arg(long, value_enum, default_value_t = ModeArg::Rl)]
     mode: ModeArg,
     /// Make the whole measurement this many times (fresh children each time) and print each run
-    /// and the median of each figure.
-    #[arg(long, default_value_t = 1)]
-    runs: usize,
+    /// and the median of each figure. With `--runs` (even `--runs 1`) `--json` writes
+    /// `{runs, figures, median}`; without it, the one run's report as before. `--max-seconds`
+    /// bounds each run.
+    #[arg(long)]
+    runs: Option<usize>,
     /// Start the fake with `--no-prefix-cache` (every prompt encoded whole, as before).
     #[arg(long)]
     fake_no_prefix_cache: bool,
@@ -320,7 +322,7 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
 
 fn agent(args: AgentArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.sessions > 0 && args.min_turns > 0 && args.rounds > 0 && args.runs > 0,
+        args.sessions > 0 && args.min_turns > 0 && args.rounds > 0 && args.runs != Some(0),
         "--sessions, --min-turns, --rounds and --runs must be at least 1"
     );
     anyhow::ensure!(
@@ -354,26 +356,36 @@ fn agent(args: AgentArgs) -> anyhow::Result<()> {
         fake_prefix_cache: !args.fake_no_prefix_cache,
     };
     let rt = runtime()?;
-    if args.runs == 1 {
+    let Some(n) = args.runs else {
         let report = rt.block_on(agent::run(&config, |line| eprintln!("loadgen: {line}")))?;
         print!("{}", report.render());
         write_svg(c.svg.as_deref(), || report.plots())?;
         return write_json(c.json.as_deref(), &report);
-    }
-    let mut reports = Vec::with_capacity(args.runs);
-    for run in 1..=args.runs {
-        let report = rt.block_on(agent::run(&config, |line| {
-            eprintln!("loadgen: run {run}/{}: {line}", args.runs)
-        }))?;
-        println!("=== run {run}/{} ===", args.runs);
+    };
+    let mut reports = Vec::with_capacity(n);
+    for run in 1..=n {
+        let report = match rt.block_on(agent::run(&config, |line| {
+            eprintln!("loadgen: run {run}/{n}: {line}")
+        })) {
+            Ok(report) => report,
+            Err(e) => {
+                // Keep the finished runs (their tables are printed above) in the JSON file.
+                if !reports.is_empty() {
+                    eprintln!(
+                        "loadgen: run {run}/{n} failed; writing the {} finished runs",
+                        reports.len()
+                    );
+                    write_json(c.json.as_deref(), &runs::AgentRuns::new(reports))?;
+                }
+                return Err(e.into());
+            }
+        };
+        println!("=== run {run}/{n} ===");
         print!("{}", report.render());
         reports.push(report);
     }
     let all = runs::AgentRuns::new(reports);
-    println!(
-        "\n=== {} runs: each run's figures and the median of each ===",
-        args.runs
-    );
+    println!("\n=== {n} runs: each run's figures and the median of each ===");
     print!("{}", all.render());
     // The plots of the last run (their file names name no run).
     if let Some(last) = all.runs.last() {

@@ -5,8 +5,8 @@
 //! The cache is `ps_chat_template::SharedPrefixCache` (bounded by bytes, least recently used out
 //! first), shared by every request of the fake. Each encoded prompt is kept up to its last
 //! added-token boundary (for Qwen3's template, everything but the generation prompt's `assistant\n`),
-//! and up to the last boundary before its first non-system message (the system prompt and tools
-//! that every session of an agent repeats). A later prompt that starts with a kept prefix encodes
+//! and, for a conversation's first turn, up to the last boundary inside the system prompt and tools
+//! that every session of an agent repeats. A later prompt that starts with a kept prefix encodes
 //! only the rest. Every kept entry is a text and exactly its own ids, cut where encodings split, so
 //! the ids are always exactly those of a full encode ([`ChatTokenizer::encode`]); with the cache off
 //! (a bound of 0) or a tokenizer that does not split at added tokens, every prompt is encoded whole.
@@ -74,14 +74,15 @@ impl PromptEncoder {
         }
     }
 
-    /// The ids of `text`, exactly [`ChatTokenizer::encode`]'s. `first_turn_text`: the text of the
-    /// prompt's first message after its system message(s), if known: the prefix before it is kept
-    /// for other conversations that share the system prompt and tools.
+    /// The ids of `text`, exactly [`ChatTokenizer::encode`]'s. `shared_prefix`: for a
+    /// conversation's first turn, the length of the start of `text` that other conversations with
+    /// the same system prompt and tools share (`model::shared_system_prefix`); it is kept up to its
+    /// last boundary for them.
     pub(crate) fn encode(
         &self,
         tok: &ChatTokenizer,
         text: &str,
-        first_turn_text: Option<&str>,
+        shared_prefix: Option<usize>,
     ) -> Result<Vec<u32>, ChatTemplateError> {
         let Some(cache) = self.cache.as_ref().filter(|_| tok.splices()) else {
             return tok.encode(text);
@@ -91,11 +92,8 @@ impl PromptEncoder {
             return Ok(ids);
         };
         let b = &encoded.boundaries;
-        if let Some(start) = first_turn_text
-            .filter(|t| !t.is_empty())
-            .and_then(|t| text.find(t))
-        {
-            let k = b.partition_point(|(end, _)| *end <= start);
+        if let Some(len) = shared_prefix {
+            let k = b.partition_point(|(end, _)| *end <= len);
             if let Some(&(end, n)) = k.checked_sub(1).map(|k| &b[k]) {
                 cache.insert(&text[..end], &ids[..n]);
             }

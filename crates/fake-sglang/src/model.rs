@@ -417,6 +417,43 @@ fn push_eos(tok: &ChatTokenizer, out: &mut Vec<SampledToken>) {
     }
 }
 
+/// For a conversation's first turn (one message after the leading system/developer messages),
+/// the length of `prompt_text`'s start that every conversation with the same system messages and
+/// tools shares: the common prefix with a render of them plus a placeholder user message, as
+/// `ChatTokenizer::share_leading_system` finds it. Comparing renders (not searching the first
+/// message's text) stays right when that text also occurs in the system prompt or tools. `None`
+/// for later turns (they find their previous prompt instead) or when the render fails.
+fn shared_system_prefix(
+    tok: &ChatTokenizer,
+    templated: &[Value],
+    tools: Option<&Value>,
+    kwargs: Option<&Map<String, Value>>,
+    prompt_text: &str,
+) -> Option<usize> {
+    let leading = templated
+        .iter()
+        .take_while(|m| {
+            matches!(
+                m.get("role").and_then(Value::as_str),
+                Some("system" | "developer")
+            )
+        })
+        .count();
+    if templated.len() != leading + 1 {
+        return None;
+    }
+    let mut probe = templated[..leading].to_vec();
+    probe.push(json!({"role": "user", "content": "\u{1}"}));
+    let rendered = tok.render(&probe, tools, true, kwargs).ok()?;
+    Some(
+        rendered
+            .bytes()
+            .zip(prompt_text.bytes())
+            .take_while(|(a, b)| a == b)
+            .count(),
+    )
+}
+
 /// Samples the fake answer to a chat request. The prompt is encoded through `prompts`, which
 /// reuses encoded prefixes of earlier prompts (the ids are those of a full encode either way).
 pub(crate) fn sample_chat(
@@ -430,20 +467,9 @@ pub(crate) fn sample_chat(
     let prompt_text = tok
         .render(&templated, p.tools.as_ref(), true, kwargs)
         .map_err(SampleError::Template)?;
-    // The first message after the system prompt: what is before it is shared by every session
-    // with the same system prompt and tools.
-    let first_turn = templated
-        .iter()
-        .find(|m| {
-            !matches!(
-                m.get("role").and_then(Value::as_str),
-                Some("system" | "developer")
-            )
-        })
-        .and_then(|m| m.get("content"))
-        .and_then(Value::as_str);
+    let shared = shared_system_prefix(tok, &templated, p.tools.as_ref(), kwargs, &prompt_text);
     let prompt_ids = prompts
-        .encode(tok, &prompt_text, first_turn)
+        .encode(tok, &prompt_text, shared)
         .map_err(SampleError::Tokenize)?;
 
     let last = p.messages.last();

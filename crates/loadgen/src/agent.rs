@@ -1,7 +1,9 @@
 //! The agent scenario: traffic shaped like an OpenClaw deployment rather than a chat demo, through
-//! the proxy in RL mode (3 PRM votes per turn from the fake's `/generate`; or OPD / Combine, with
-//! hint votes and the fake as teacher) with a trainer pulling and committing the samples, against
-//! the same sessions straight to the fake in the same run.
+//! the proxy in the mode `--mode` picks (RL: 3 PRM votes per turn from the fake's `/generate`; OPD:
+//! 3 hint votes per turn and the fake as teacher; Combine: both, 3 hint + 3 eval votes) with a
+//! trainer pulling and committing the samples, against the same sessions straight to the fake in
+//! the same run. Every answered main turn must come back as one sample or as a turn the proxy
+//! counts as dropped or abandoned after its answer ([`Accounting`]).
 //!
 //! Every session sends the same long system prompt (~2,700 tokens of instructions) and the same
 //! 20 tool schemas. A session has a seeded number of main turns (10–30 by default): a user asks,
@@ -856,7 +858,8 @@ pub struct AgentReport {
     pub proxy_cpu_ms_per_main_turn: Option<f64>,
     pub proxy_cpu_ms_per_1000_captured_tokens: Option<f64>,
     /// The fake's CPU per request in the direct phase (chat only) and the proxied one (chat and
-    /// the three judge votes per main turn): the yardstick of the same run.
+    /// the judge votes per main turn, and the teacher in OPD/Combine): the yardstick of the same
+    /// run.
     pub fake_cpu: CpuPerRequest,
     pub throughput_ratio: Option<f64>,
     pub trainer: TrainerTally,
@@ -869,50 +872,132 @@ pub struct AgentReport {
 }
 
 /// Where the measured rounds' answered main turns went: each is one sample, or a turn the proxy
-/// counted in `/v1/rollout/status` as giving none (`turns_dropped`: OPD/Combine without a next
-/// state or a hint, a teacher failure or mismatch, the judge backlog; `turns_abandoned`: the
-/// upstream failed, no ids). Anything else is a lost or unexpected sample.
+/// counted in `/v1/rollout/status` as giving none after it was answered (`turns_dropped`:
+/// OPD/Combine without a next state or a hint, a teacher failure or mismatch, the judge backlog;
+/// `abandoned`: the `turns_abandoned_by_reason` that follow an answer, such as no engine ids or a
+/// capture refusal). Anything else is a lost or unexpected sample. Turns the client never got an
+/// answer for (the upstream failed, a broken stream, a cancelled request) are not answered turns:
+/// they are counted apart in `abandoned_unanswered`, and any client error in the proxied phase
+/// fails the check before the balance is looked at.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Accounting {
     pub answered_main_turns: usize,
     pub samples: usize,
     pub dropped: u64,
     pub abandoned: u64,
+    pub abandoned_unanswered: u64,
+}
+
+/// The judge calls the proxy makes per judged main turn in `mode`, `votes` per kind: RL's PRM
+/// votes, OPD's hint votes, or Combine's hint and PRM eval votes.
+fn judge_votes(mode: ProxyMode, votes: usize) -> String {
+    match mode {
+        ProxyMode::Rl => format!("{votes} PRM votes"),
+        ProxyMode::Opd => format!("{votes} hint votes"),
+        ProxyMode::Combine => format!("{votes} hint + {votes} eval votes"),
+    }
+}
+
+/// `turns_abandoned_by_reason` keys of turns whose client got no (complete) answer: the proxy
+/// set them before or while answering (server chat.rs, proxy_stream.rs), or the turn guard was
+/// dropped unfinished. Every other reason follows an answer.
+const UNANSWERED_REASONS: [&str; 6] = [
+    "upstream_failed",
+    "not_completed",
+    "client_cancelled",
+    "stream_error",
+    "stream_unfinished",
+    "stream_broken",
+];
+
+/// Growth of the proxy's counters over the proxied phases.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountedDrops {
+    /// `turns_dropped`.
+    pub dropped: u64,
+    /// Abandoned turns that had been answered.
+    pub abandoned: u64,
+    /// Abandoned turns the client got no answer for ([`UNANSWERED_REASONS`]).
+    pub unanswered: u64,
+}
+
+impl CountedDrops {
+    /// The counters of a `/v1/rollout/status` answer. Without `turns_abandoned_by_reason`,
+    /// every abandoned turn counts as answered.
+    fn of(status: &Value) -> Self {
+        let dropped = status["turns_dropped"].as_u64().unwrap_or(0);
+        match status["turns_abandoned_by_reason"].as_object() {
+            Some(reasons) => {
+                let (mut abandoned, mut unanswered) = (0, 0);
+                for (reason, n) in reasons {
+                    let n = n.as_u64().unwrap_or(0);
+                    if UNANSWERED_REASONS.contains(&reason.as_str()) {
+                        unanswered += n;
+                    } else {
+                        abandoned += n;
+                    }
+                }
+                Self {
+                    dropped,
+                    abandoned,
+                    unanswered,
+                }
+            }
+            None => Self {
+                dropped,
+                abandoned: status["turns_abandoned"].as_u64().unwrap_or(0),
+                unanswered: 0,
+            },
+        }
+    }
+
+    /// Adds the growth from `before` to `after`.
+    fn add_growth(&mut self, before: Self, after: Self) {
+        self.dropped += after.dropped.saturating_sub(before.dropped);
+        self.abandoned += after.abandoned.saturating_sub(before.abandoned);
+        self.unanswered += after.unanswered.saturating_sub(before.unanswered);
+    }
 }
 
 impl Accounting {
     /// Balances `coverage` (answered turns and the samples received for them) against the
-    /// counters' growth over the rounds; an error says what does not add up.
-    pub fn check(coverage: &Coverage, dropped: u64, abandoned: u64) -> Result<Self, String> {
+    /// counters' growth over the rounds; an error says what does not add up. `client_errors`
+    /// (the proxied phase's failed requests) fail it first: a broken session's turns cannot be
+    /// balanced, and an error must not hide a lost sample.
+    pub fn check(
+        coverage: &Coverage,
+        counted: CountedDrops,
+        client_errors: usize,
+        first_error: &str,
+    ) -> Result<Self, String> {
         let a = Self {
             answered_main_turns: coverage.turns,
             samples: coverage.received,
-            dropped,
-            abandoned,
+            dropped: counted.dropped,
+            abandoned: counted.abandoned,
+            abandoned_unanswered: counted.unanswered,
         };
-        let accounted = a.samples as u64 + dropped + abandoned;
+        if client_errors > 0 {
+            return Err(format!(
+                "the proxied phase had {client_errors} client errors ({} turns abandoned                  unanswered), so the samples cannot be balanced; first: {first_error}",
+                counted.unanswered
+            ));
+        }
+        let accounted = a.samples as u64 + a.dropped + a.abandoned;
         if accounted != a.answered_main_turns as u64 || coverage.unexpected > 0 {
             return Err(format!(
                 "{} answered main turns, but {} samples + {} dropped + {} abandoned = {accounted} \
                  ({} unexpected samples; first missing: {})",
                 a.answered_main_turns,
                 a.samples,
-                dropped,
-                abandoned,
+                a.dropped,
+                a.abandoned,
                 coverage.unexpected,
                 coverage.first_missing.join(", ")
             ));
         }
         Ok(a)
     }
-}
-
-/// `turns_dropped` and `turns_abandoned` of a `/v1/rollout/status` answer.
-fn counted_drops(status: &Value) -> (u64, u64) {
-    (
-        status["turns_dropped"].as_u64().unwrap_or(0),
-        status["turns_abandoned"].as_u64().unwrap_or(0),
-    )
 }
 
 /// Runs the agent scenario; `progress` receives one line per step. Ctrl-C or SIGTERM stops it.
@@ -1014,8 +1099,9 @@ async fn run_to_end(
     let mut series_sampler = None::<Sampler>;
     let mut coverage = Coverage::default();
     let mut received_check: Vec<(String, Vec<usize>)> = Vec::new();
-    // Growth of the proxy's `turns_dropped` and `turns_abandoned` over the proxied phases.
-    let (mut dropped, mut abandoned) = (0u64, 0u64);
+    // Growth of the proxy's `turns_dropped` and `turns_abandoned_by_reason` over the proxied
+    // phases.
+    let mut counted = CountedDrops::default();
     for round in 1..=cfg.rounds {
         if Instant::now() >= deadline {
             progress("stopped: the time bound is reached");
@@ -1067,10 +1153,10 @@ async fn run_to_end(
             "waiting for the round to be judged and stored",
         )
         .await?;
-        let (d0, a0) = counted_drops(&status_before);
-        let (d1, a1) = counted_drops(&status_after);
-        dropped += d1.saturating_sub(d0);
-        abandoned += a1.saturating_sub(a0);
+        counted.add_growth(
+            CountedDrops::of(&status_before),
+            CountedDrops::of(&status_after),
+        );
         let (proxy_after, settle) = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?;
         proxy.proxy_ticks += proxy_after.saturating_sub(proxy_before);
         proxy.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
@@ -1098,12 +1184,14 @@ async fn run_to_end(
         coverage.first_missing.extend(c.first_missing);
     }
     coverage.first_missing.truncate(5);
-    let accounting = Accounting::check(&coverage, dropped, abandoned).map_err(|detail| {
-        LoadgenError::Rollout {
-            what: "samples do not account for the answered main turns",
-            detail,
-        }
-    })?;
+    let first_error = proxy.run.first_errors.first().map_or("", String::as_str);
+    let accounting =
+        Accounting::check(&coverage, counted, proxy.run.errors, first_error).map_err(|detail| {
+            LoadgenError::Rollout {
+                what: "samples do not account for the answered main turns",
+                detail,
+            }
+        })?;
     let proxy_process = rig.proxy_report()?;
     let machine = rig.machine();
     drop(rig);
@@ -1266,8 +1354,8 @@ impl AgentReport {
         let _ = writeln!(
             out,
             "policy-serving agent scenario: {} sessions of {}..={} main turns (seed {}), {} round(s); \
-             system prompt {} chars + {} tools ({} chars of JSON); {} mode, {} votes per judged \
-             turn ({} judge slots{}); token ids: {}; fake latency {} ms (prefix cache {}); ramp {} \
+             system prompt {} chars + {} tools ({} chars of JSON); {} mode, {} per judged turn \
+             ({} judge slots{}); token ids: {}; fake latency {} ms (prefix cache {}); ramp {} \
              ms; {} CPUs; model {}",
             c.sessions,
             c.min_turns,
@@ -1278,7 +1366,7 @@ impl AgentReport {
             c.tools,
             c.tools_json_chars,
             c.mode.as_str().to_uppercase(),
-            c.prm_votes,
+            judge_votes(c.mode, c.prm_votes),
             c.prm_max_concurrency,
             c.teacher_max_concurrency
                 .map(|n| format!(", {n} teacher slots"))
@@ -1386,8 +1474,8 @@ impl AgentReport {
         let a = &self.accounting;
         let _ = writeln!(
             out,
-            "accounting: {} answered main turns = {} samples + {} dropped + {} abandoned (as the \
-             proxy counts them in /v1/rollout/status)",
+            "accounting: {} answered main turns = {} samples + {} dropped + {} abandoned after \
+             an answer (as the proxy counts them in /v1/rollout/status)",
             a.answered_main_turns, a.samples, a.dropped, a.abandoned
         );
         for e in self
@@ -1507,23 +1595,90 @@ mod tests {
             unexpected,
             first_missing: vec!["r1-0#3".into()],
         };
+        let counted = |dropped: u64, abandoned: u64| CountedDrops {
+            dropped,
+            abandoned,
+            unanswered: 0,
+        };
+        let check = |c: &Coverage, n: CountedDrops| Accounting::check(c, n, 0, "");
         // RL: every answered turn is a sample.
-        let rl = Accounting::check(&coverage(10, 10, 0), 0, 0).expect("balanced");
+        let rl = check(&coverage(10, 10, 0), counted(0, 0)).expect("balanced");
         assert_eq!((rl.answered_main_turns, rl.samples), (10, 10));
         // OPD: two turns without a next state and one without a hint, counted as dropped; one
-        // abandoned upstream.
-        let opd = Accounting::check(&coverage(10, 6, 0), 3, 1).expect("balanced");
+        // abandoned after its answer (no engine ids).
+        let opd = check(&coverage(10, 6, 0), counted(3, 1)).expect("balanced");
         assert_eq!((opd.dropped, opd.abandoned), (3, 1));
         // A sample lost without being counted, one counted twice, an unexpected sample.
-        let lost = Accounting::check(&coverage(10, 6, 0), 3, 0).expect_err("one lost");
+        let lost = check(&coverage(10, 6, 0), counted(3, 0)).expect_err("one lost");
         assert!(
             lost.contains("10 answered main turns") && lost.contains("r1-0#3"),
             "{lost}"
         );
-        assert!(Accounting::check(&coverage(10, 10, 0), 1, 0).is_err());
-        assert!(Accounting::check(&coverage(10, 10, 1), 0, 0).is_err());
-        let status = json!({"turns_dropped": 4, "turns_abandoned": 2, "lag": 0});
-        assert_eq!(counted_drops(&status), (4, 2));
-        assert_eq!(counted_drops(&json!({})), (0, 0));
+        assert!(check(&coverage(10, 10, 0), counted(1, 0)).is_err());
+        assert!(check(&coverage(10, 10, 1), counted(0, 0)).is_err());
+    }
+
+    #[test]
+    fn the_header_counts_combine_s_hint_and_eval_votes() {
+        assert_eq!(judge_votes(ProxyMode::Rl, 3), "3 PRM votes");
+        assert_eq!(judge_votes(ProxyMode::Opd, 3), "3 hint votes");
+        assert_eq!(judge_votes(ProxyMode::Combine, 3), "3 hint + 3 eval votes");
+    }
+
+    #[test]
+    fn accounting_counts_only_abandons_that_follow_an_answer() {
+        let coverage = Coverage {
+            sessions: 2,
+            turns: 10,
+            received: 10,
+            missing: 0,
+            unexpected: 0,
+            first_missing: Vec::new(),
+        };
+        // A clean run whose proxy once failed upstream before any measured round: the unanswered
+        // reason is not an answered turn, so it does not unbalance the samples.
+        let before = CountedDrops::of(&json!({
+            "turns_dropped": 1, "turns_abandoned": 1,
+            "turns_abandoned_by_reason": {"upstream_failed": 1}
+        }));
+        let after = CountedDrops::of(&json!({
+            "turns_dropped": 1, "turns_abandoned": 4,
+            "turns_abandoned_by_reason": {"upstream_failed": 2, "client_cancelled": 1,
+                                          "no_engine_ids": 1}
+        }));
+        let mut grown = CountedDrops::default();
+        grown.add_growth(before, after);
+        assert_eq!(
+            grown,
+            CountedDrops {
+                dropped: 0,
+                abandoned: 1,
+                unanswered: 2
+            }
+        );
+        let mut lost_one = coverage.clone();
+        lost_one.received = 9;
+        let a = Accounting::check(&lost_one, grown, 0, "").expect("9 samples + 1 abandoned");
+        assert_eq!((a.abandoned, a.abandoned_unanswered), (1, 2));
+        // Only unanswered abandons: a clean run with every sample balances.
+        let unanswered = CountedDrops {
+            unanswered: 1,
+            ..CountedDrops::default()
+        };
+        assert!(Accounting::check(&coverage, unanswered, 0, "").is_ok());
+        // One proxied 502 fails the check first, with the client's error, even though its
+        // session's answered turns all became samples.
+        let e = Accounting::check(&coverage, unanswered, 1, "502 Bad Gateway").expect_err("error");
+        assert!(
+            e.contains("1 client errors") && e.contains("502 Bad Gateway"),
+            "{e}"
+        );
+        // An error (its turn abandoned unanswered) and a lost sample no longer cancel out: under
+        // the old sum, 9 samples + 1 abandoned balanced 10 answered turns.
+        assert!(Accounting::check(&lost_one, unanswered, 1, "502").is_err());
+        // Without the per-reason map (an older proxy), every abandoned turn counts as answered.
+        let old = CountedDrops::of(&json!({"turns_dropped": 4, "turns_abandoned": 2, "lag": 0}));
+        assert_eq!((old.dropped, old.abandoned, old.unanswered), (4, 2, 0));
+        assert_eq!(CountedDrops::of(&json!({})), CountedDrops::default());
     }
 }
