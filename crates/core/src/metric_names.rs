@@ -118,8 +118,6 @@ pub const RESIDENT_MEMORY_BYTES: &str = "policy_serving_resident_memory_bytes";
 /// stay 0.
 pub const SPLICE_BOUNDARY_MISMATCHES_TOTAL: &str =
     "policy_serving_splice_boundary_mismatches_total";
-/// The `# HELP` line of [`SPLICE_BOUNDARY_MISMATCHES_TOTAL`].
-pub const SPLICE_BOUNDARY_MISMATCHES_HELP: &str = "Texts whose cached token ids disagreed with them on their added tokens; encoded whole instead (exact). Should stay 0.";
 
 /// What kind of series a metric is. Histograms are exported as Prometheus summaries (the exporter's
 /// default): `name{quantile="…"}`, `name_sum` and `name_count`.

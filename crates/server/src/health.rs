@@ -51,7 +51,8 @@ fn record_splice_mismatches(count: u64) {
     use ps_core::metric_names as m;
     metrics::describe_counter!(
         m::SPLICE_BOUNDARY_MISMATCHES_TOTAL,
-        m::SPLICE_BOUNDARY_MISMATCHES_HELP
+        "Texts whose cached token ids disagreed with them on their added tokens; encoded whole \
+         instead (exact). Should stay 0."
     );
     metrics::counter!(m::SPLICE_BOUNDARY_MISMATCHES_TOTAL).absolute(count);
 }
