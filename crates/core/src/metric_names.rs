@@ -111,6 +111,13 @@ pub const HINT_VOTES_TOTAL: &str = "policy_serving_hint_votes_total";
 /// Gauge: the process's resident memory in bytes (Linux `VmRSS`), refreshed when `/metrics` is
 /// scraped.
 pub const RESIDENT_MEMORY_BYTES: &str = "policy_serving_resident_memory_bytes";
+/// Texts whose cached token ids disagreed with them on their added tokens (ids from another
+/// tokenizer, e.g. turns kept from before a tokenizer change): nothing of those ids was reused and
+/// the whole text was encoded, so the result stays exact (`ps_chat_template::boundary_mismatches`,
+/// the OPD teacher's spliced prompt among others). Refreshed when `/metrics` is scraped; it should
+/// stay 0.
+pub const SPLICE_BOUNDARY_MISMATCHES_TOTAL: &str =
+    "policy_serving_splice_boundary_mismatches_total";
 
 /// What kind of series a metric is. Histograms are exported as Prometheus summaries (the exporter's
 /// default): `name{quantile="…"}`, `name_sum` and `name_count`.
@@ -185,6 +192,7 @@ pub const CATALOGUE: &[MetricSpec] = {
         spec(INFERRED_SESSIONS_LIVE, Gauge, &[]),
         spec(HINT_VOTES_TOTAL, Counter, &["outcome"]),
         spec(RESIDENT_MEMORY_BYTES, Gauge, &[]),
+        spec(SPLICE_BOUNDARY_MISMATCHES_TOTAL, Counter, &[]),
     ]
 };
 

@@ -5,6 +5,7 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use ps_chat_template::ChatTokenizer;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 use crate::error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY, error_chain};
 
@@ -12,13 +13,59 @@ use crate::error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY, error
 use ps_http::{error_message, snippet};
 
 /// Sends one judge prompt and returns the judge's answer text.
-#[cfg_attr(any(test, feature = "test-support"), mockall::automock)]
 #[async_trait]
 pub trait JudgeBackend: Send + Sync {
     /// One completion of `messages` (a `[system, user]` judge prompt).
     async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError>;
+
+    /// `m` completions of the same `messages` (the votes on one turn), in parallel, each its own
+    /// call with its own answer or failure, each holding a permit of `semaphore` (when given)
+    /// while it runs. The default calls [`JudgeBackend::complete`] `m` times; a backend whose
+    /// calls share work overrides it to do that work once ([`SglangJudge`] renders the prompt and
+    /// builds the request body once per turn, not once per vote).
+    async fn complete_votes(
+        &self,
+        messages: &[Value],
+        m: usize,
+        semaphore: Option<&Semaphore>,
+    ) -> Vec<Result<String, String>> {
+        let one = || with_permit(semaphore, self.complete(messages));
+        futures::future::join_all((0..m).map(|_| one())).await
+    }
+
     /// A short description for logs, such as `sglang /generate at http://…`.
     fn describe(&self) -> String;
+}
+
+/// Runs `call` holding a permit of `semaphore` (when given); the error as its text, as a failed
+/// vote keeps it.
+pub(crate) async fn with_permit(
+    semaphore: Option<&Semaphore>,
+    call: impl Future<Output = Result<String, JudgeError>>,
+) -> Result<String, String> {
+    let _permit = match semaphore {
+        Some(sem) => Some(
+            sem.acquire()
+                .await
+                .map_err(|_| "the judge concurrency limiter is closed".to_owned())?,
+        ),
+        None => None,
+    };
+    call.await.map_err(|e| e.to_string())
+}
+
+// A hand-written `mock!` instead of `automock`: it mocks only the required methods, so that a
+// mock's `complete_votes` is the trait's default (the `m` calls of `complete` the tests expect).
+#[cfg(any(test, feature = "test-support"))]
+mockall::mock! {
+    /// A [`JudgeBackend`] driven by expectations on `complete` and `describe`.
+    pub JudgeBackend {}
+
+    #[async_trait]
+    impl JudgeBackend for JudgeBackend {
+        async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError>;
+        fn describe(&self) -> String;
+    }
 }
 
 /// Settings of [`SglangJudge`] (from `[prm]`).
@@ -120,6 +167,25 @@ impl SglangJudge {
             .map_err(|e| render_error(error_chain(&e)))
     }
 
+    /// The `/generate` body for `messages` as JSON bytes: [`SglangJudge::render`], then
+    /// [`SglangJudge::request_body`].
+    async fn encoded_body(&self, messages: &[Value]) -> Result<bytes::Bytes, JudgeError> {
+        let text = self.render(messages).await?;
+        let body =
+            serde_json::to_vec(&self.request_body(&text)).map_err(|e| JudgeError::Render {
+                detail: format!("the request body does not serialize: {e}"),
+                config_key: MODEL_DIR_KEY,
+            })?;
+        Ok(body.into())
+    }
+
+    /// One call with an encoded body, bounded by the whole-call timeout.
+    async fn send_body(&self, body: bytes::Bytes) -> Result<String, JudgeError> {
+        tokio::time::timeout(self.config.timeout, self.exchange(body))
+            .await
+            .map_err(|_| self.timeout_error())?
+    }
+
     fn url(&self) -> &str {
         &self.config.router_url
     }
@@ -155,12 +221,13 @@ impl SglangJudge {
         }
     }
 
-    /// POST and read the whole answer (no timeout here; the caller bounds it).
-    async fn exchange(&self, body: &Value) -> Result<String, JudgeError> {
+    /// POST `body` (JSON) and read the whole answer (no timeout here; the caller bounds it).
+    async fn exchange(&self, body: bytes::Bytes) -> Result<String, JudgeError> {
         let resp = self
             .http
             .post(self.url())
-            .json(body)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
             .send()
             .await
             .map_err(|e| self.send_error(e))?;
@@ -185,11 +252,28 @@ impl SglangJudge {
 #[async_trait]
 impl JudgeBackend for SglangJudge {
     async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError> {
-        let text = self.render(messages).await?;
-        let body = self.request_body(&text);
-        tokio::time::timeout(self.config.timeout, self.exchange(&body))
-            .await
-            .map_err(|_| self.timeout_error())?
+        let body = self.encoded_body(messages).await?;
+        self.send_body(body).await
+    }
+
+    /// The prompt is rendered and the body serialized once for the `m` votes; each vote is then
+    /// its own POST with its own timeout, answer or failure. A render that fails fails every vote
+    /// with its error, as each vote's own render would have.
+    async fn complete_votes(
+        &self,
+        messages: &[Value],
+        m: usize,
+        semaphore: Option<&Semaphore>,
+    ) -> Vec<Result<String, String>> {
+        if m == 0 {
+            return Vec::new();
+        }
+        let body = match self.encoded_body(messages).await {
+            Ok(body) => body,
+            Err(e) => return vec![Err(e.to_string()); m],
+        };
+        let one = || with_permit(semaphore, self.send_body(body.clone()));
+        futures::future::join_all((0..m).map(|_| one())).await
     }
 
     fn describe(&self) -> String {

@@ -238,3 +238,27 @@ async fn a_slow_judge_times_out() {
         "{reason}"
     );
 }
+
+#[tokio::test]
+async fn the_votes_of_a_turn_send_one_rendered_body_each() {
+    let fake = fake().await;
+    let tok = Arc::new(ChatTokenizer::mini());
+    let judge = SglangJudge::new(config(&fake.generate_url()), Some(tok.clone())).unwrap();
+    let inp = input("FAKE_VOTES=1,0,-1");
+    let answers = judge.complete_votes(&judge_messages(&inp), 3, None).await;
+    assert_eq!(answers.len(), 3);
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 3, "one call per vote");
+    let prompt = tok.render(&judge_messages(&inp), None, true, None).unwrap();
+    for req in &reqs {
+        assert_eq!(req.body, judge.request_body(&prompt));
+    }
+    assert!(
+        judge
+            .complete_votes(&judge_messages(&inp), 0, None)
+            .await
+            .is_empty()
+    );
+    assert_eq!(fake.requests().len(), 3, "no vote, no call");
+}

@@ -197,6 +197,23 @@ async fn write(
     WriteRun { elapsed, latencies }
 }
 
+/// CPU time (ns) of the store's live writer threads (`sample-store-wr…`), from
+/// `/proc/self/task/*/schedstat`; 0 where that is not available.
+fn writer_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.starts_with("sample-store-wr"))
+        })
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -271,12 +288,20 @@ async fn round(
     let dir = root.join("group");
     let store = open(&dir, options.max_batch);
     let log: Arc<dyn SampleLog> = Arc::new(store.clone());
+    let cpu_before = writer_cpu_ns();
     let run = write(&log, templates, options.samples, options.appenders).await;
+    let writer_cpu = writer_cpu_ns().saturating_sub(cpu_before);
     report_write(
         &format!("  group commit (max_batch {})", options.max_batch),
         &run,
         options.samples,
         bytes_per_sample,
+    );
+    println!(
+        "  group commit: {} transactions, {:.1} samples per commit, writer thread CPU {:.0} us per sample",
+        store.transactions(),
+        options.samples as f64 / store.transactions().max(1) as f64,
+        writer_cpu as f64 / 1e3 / options.samples as f64,
     );
     let group = options.samples as f64 / run.elapsed.as_secs_f64();
 

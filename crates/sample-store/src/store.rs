@@ -16,6 +16,7 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -113,6 +114,8 @@ struct Inner {
 struct Shared {
     last_seq: watch::Sender<u64>,
     counters: Mutex<Counters>,
+    /// Durable write transactions so far (group commits of appends and trainer commits).
+    transactions: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,6 +219,7 @@ impl SampleStore {
         let shared = Arc::new(Shared {
             last_seq,
             counters: Mutex::new(counters),
+            transactions: AtomicU64::new(0),
         });
         let (requests, queue) = mpsc::channel(config.max_batch.saturating_mul(QUEUE_BATCHES));
         let writer = Writer {
@@ -318,6 +322,13 @@ impl SampleStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .stats()
+    }
+
+    /// Durable write transactions this handle's writer made since the store was opened: group
+    /// commits of appends and of the trainer's commits (a batch with nothing to change writes none).
+    /// Samples appended ÷ this is the mean group-commit size.
+    pub fn transactions(&self) -> u64 {
+        self.inner.shared.transactions.load(Ordering::Relaxed)
     }
 
     /// Bytes in the database's page cache now (at most about [`StoreConfig::cache_bytes`]).
@@ -757,6 +768,7 @@ impl Writer {
             }
         }
         txn.commit()?;
+        self.shared.transactions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -45,6 +45,18 @@ fn resident_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Sets `splice_boundary_mismatches_total` to `count`, the process-wide count the chat-template
+/// crate keeps (it records no metrics itself), with its `# HELP`.
+fn record_splice_mismatches(count: u64) {
+    use ps_core::metric_names as m;
+    metrics::describe_counter!(
+        m::SPLICE_BOUNDARY_MISMATCHES_TOTAL,
+        "Texts whose cached token ids disagreed with them on their added tokens; encoded whole \
+         instead (exact). Should stay 0."
+    );
+    metrics::counter!(m::SPLICE_BOUNDARY_MISMATCHES_TOTAL).absolute(count);
+}
+
 /// Sets the gauges from the current state, so that a scrape sees fresh values.
 async fn refresh_gauges(app: &AppState) {
     use ps_core::metric_names as m;
@@ -52,6 +64,7 @@ async fn refresh_gauges(app: &AppState) {
     if let Some(bytes) = resident_bytes() {
         metrics::gauge!(m::RESIDENT_MEMORY_BYTES).set(bytes as f64);
     }
+    record_splice_mismatches(ps_chat_template::boundary_mismatches());
     if let Some(matcher) = &app.0.matcher {
         metrics::gauge!(m::INFERRED_SESSIONS_LIVE).set(matcher.stats().live_sessions as f64);
     }
@@ -109,4 +122,50 @@ pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri
         "method_not_allowed",
     );
     (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counter is exposed with its `# HELP` and `# TYPE`, and `promtool check metrics` accepts
+    /// the exposition (when promtool is installed; required with `POLICY_SERVING_REQUIRE_PROMTOOL=1`).
+    #[test]
+    fn splice_mismatches_are_exposed_with_help() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || record_splice_mismatches(3));
+        let text = handle.render();
+        let name = ps_core::metric_names::SPLICE_BOUNDARY_MISMATCHES_TOTAL;
+        assert!(text.contains(&format!("# HELP {name} ")), "{text}");
+        assert!(text.contains(&format!("# TYPE {name} counter")), "{text}");
+        assert!(text.contains(&format!("{name} 3")), "{text}");
+
+        let promtool = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        let mut child = match promtool {
+            Ok(child) => child,
+            Err(_) if std::env::var_os("POLICY_SERVING_REQUIRE_PROMTOOL").is_none() => {
+                eprintln!("skipped: promtool not found (apt-get install prometheus)");
+                return;
+            }
+            Err(e) => panic!("POLICY_SERVING_REQUIRE_PROMTOOL=1 but promtool does not run: {e}"),
+        };
+        {
+            use std::io::Write as _;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(text.as_bytes()).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics: {}{}\n{text}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
