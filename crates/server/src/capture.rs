@@ -18,8 +18,8 @@ use ps_chat_template::{
     ChatTemplateError, ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput,
 };
 use ps_core::{
-    AlignPolicy, Alignment, CapturedTurn, JsonText, PositionSource, RolloutResponse, TokenSource, TurnGuard,
-    TurnSink, WeightVersion, align_logprobs,
+    AlignPolicy, Alignment, CapturedTurn, JsonText, PositionSource, RolloutResponse, TokenSource,
+    TurnGuard, TurnSink, WeightVersion, align_logprobs,
 };
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};

@@ -154,7 +154,12 @@ impl TeacherTurn {
         Ok(Self {
             hint: hint.to_owned(),
             messages: turn.messages.parse().map_err(unreadable)?,
-            tools: turn.tools.as_ref().map(JsonText::parse).transpose().map_err(unreadable)?,
+            tools: turn
+                .tools
+                .as_ref()
+                .map(JsonText::parse)
+                .transpose()
+                .map_err(unreadable)?,
             template_kwargs: turn
                 .template_kwargs
                 .as_ref()
