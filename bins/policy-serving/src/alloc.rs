@@ -11,14 +11,26 @@
 //!   fills a 2 MiB huge page around every few small pages still in use, so a heap that was just
 //!   purged grows back in RSS while the proxy is idle (seen with THP `madvise` as with `always`).
 //!
+//! The `system-alloc` feature leaves the system allocator in place (mimalloc is still linked and
+//! tuned, but unused), so that `heaptrack` and `valgrind --tool=massif`, which intercept
+//! `malloc`, see every allocation: the heap profile of docs/benchmarks.md ("Memory, round two")
+//! was made that way. Not for production: it costs CPU (see main.rs).
+//!
 //! The only `unsafe` of the workspace: calls into mimalloc's C API (which the `mimalloc` crate
 //! links but does not wrap) and one `prctl`.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_long};
 
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Without it the `mimalloc` crate would be unused under `system-alloc`, and its C library,
+/// which the option calls below need, not linked.
+#[cfg(feature = "system-alloc")]
+#[allow(dead_code, reason = "only its crate's C library is needed")]
+static UNUSED: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// `mi_option_purge_delay` in mimalloc 3's `mi_option_t` (libmimalloc-sys 0.1.49, `mimalloc.h`).
 /// The test below checks it against the option's documented default.

@@ -2,9 +2,10 @@
 //! that receives it.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::align::Alignment;
+use crate::json_text::JsonText;
 
 /// One main turn, rendered and tokenized as `transformers` would, with the rollout log-probs aligned to
 /// its response tokens.
@@ -18,12 +19,13 @@ pub struct CapturedTurn {
     /// Strictly increasing over the process, taken when the request arrived: orders the turns of a
     /// session even when their captures finish out of order.
     pub arrival_seq: u64,
-    /// The request messages as the client sent them (before normalisation).
-    pub messages: Vec<Value>,
-    pub tools: Option<Value>,
+    /// The request messages as the client sent them (before normalisation), held as JSON text
+    /// until a consumer needs the tree (records, the teacher): serialized as the array.
+    pub messages: JsonText<Vec<Value>>,
+    pub tools: Option<JsonText<Value>>,
     /// The request's `chat_template_kwargs` (for example `enable_thinking`), rendered with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_kwargs: Option<serde_json::Map<String, Value>>,
+    pub template_kwargs: Option<JsonText<Map<String, Value>>>,
     /// The assistant message as returned (or assembled from the stream).
     pub response_message: Value,
     pub prompt_text: String,
@@ -161,5 +163,67 @@ impl Drop for TurnGuard {
         if self.armed {
             self.sink.abandon(&self.session_id, self.turn, self.reason);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::align::{AlignPolicy, align_logprobs};
+    use crate::rollout::FinishReason;
+
+    #[test]
+    fn a_turn_holding_its_request_as_text_serializes_as_the_trees() {
+        let messages = vec![
+            json!({"role": "system", "content": "caf\u{e9}", "z": 1, "a": 0.1}),
+            json!({"role": "user", "content": "q", "n": 1e300}),
+        ];
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let kwargs: Map<String, Value> =
+            serde_json::from_value(json!({"enable_thinking": false})).unwrap();
+        let alignment = align_logprobs(
+            &[],
+            |id| format!("t{id}"),
+            &[],
+            &FinishReason {
+                reason: Some("stop".into()),
+                matched_stop: Value::Null,
+            },
+            None,
+            AlignPolicy::default(),
+        );
+        let turn = CapturedTurn {
+            session_id: "s".into(),
+            turn: 1,
+            arrival_seq: 1,
+            messages: JsonText::new(&messages),
+            tools: Some(JsonText::new(&tools)),
+            template_kwargs: Some(JsonText::new(&kwargs)),
+            response_message: json!({"role": "assistant", "content": "a"}),
+            prompt_text: "P".into(),
+            response_text: "R".into(),
+            prompt_is_prefix: true,
+            prompt_ids: vec![1],
+            response_ids: vec![],
+            alignment,
+            finish_reason: Some("stop".into()),
+            streamed: false,
+            token_source: TokenSource::Engine,
+            weight_version: None,
+            origin: crate::session::SessionOrigin::default(),
+        };
+        let v = serde_json::to_value(&turn).unwrap();
+        assert_eq!(v["messages"], json!(messages));
+        assert_eq!(v["tools"], tools);
+        assert_eq!(v["template_kwargs"], json!(kwargs));
+        // The persisted form (MessagePack, as the stores keep pending turns) reads back equal,
+        // and a turn written with tree fields reads into the text form.
+        let bytes = rmp_serde::to_vec_named(&turn).unwrap();
+        assert_eq!(rmp_serde::from_slice::<CapturedTurn>(&bytes).unwrap(), turn);
+        let from_json: CapturedTurn = serde_json::from_value(v).unwrap();
+        assert_eq!(from_json, turn);
     }
 }

@@ -3,7 +3,8 @@
 //! This crate owns the vocabulary every other crate speaks: chat messages and their normalisation
 //! ([`message`]), session and turn identities ([`session`]), the tokens an upstream reported for a
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
-//! the captured main turn ([`capture`]), the trainer's [`sample::Sample`] and the traits of where
+//! the captured main turn ([`capture`]) and the compact JSON its request parts wait in
+//! ([`json_text`]), the trainer's [`sample::Sample`] and the traits of where
 //! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, and the events
 //! observers of sessions and turns are told ([`observe`]).
 //!
@@ -14,6 +15,7 @@ pub mod align;
 pub mod capture;
 pub mod codec;
 pub mod errors;
+pub mod json_text;
 pub mod log;
 pub mod message;
 pub mod metric_names;
@@ -28,6 +30,7 @@ pub mod sink;
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use errors::error_chain;
+pub use json_text::JsonText;
 pub use log::{LogError, SampleLog, StoreStats, StoredSample};
 pub use observe::{NoObserver, Observers, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};

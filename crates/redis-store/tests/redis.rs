@@ -477,7 +477,7 @@ async fn pending_turns_are_kept_per_replica_and_taken_once() {
             session_id: s.into(),
             turn: t,
             arrival_seq: t,
-            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})].into(),
             tools: None,
             template_kwargs: None,
             response_message: serde_json::json!({"role": "assistant", "content": "yo"}),

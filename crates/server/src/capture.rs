@@ -18,8 +18,8 @@ use ps_chat_template::{
     ChatTemplateError, ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput,
 };
 use ps_core::{
-    AlignPolicy, Alignment, CapturedTurn, PositionSource, RolloutResponse, TokenSource, TurnGuard,
-    TurnSink, WeightVersion, align_logprobs,
+    AlignPolicy, Alignment, CapturedTurn, JsonText, PositionSource, RolloutResponse, TokenSource,
+    TurnGuard, TurnSink, WeightVersion, align_logprobs,
 };
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -508,9 +508,11 @@ fn captured_turn(
         session_id: job.guard.session_id().to_owned(),
         turn: job.guard.turn(),
         arrival_seq: job.arrival_seq,
-        messages: job.messages.clone(),
-        tools: job.tools.clone(),
-        template_kwargs: job.template_kwargs.clone(),
+        // Held as compact JSON text while the turn waits for its sample (a tree of a 56 kB
+        // `messages` array takes ~4–5 times that); the job's trees are dropped with the job.
+        messages: JsonText::new(&job.messages),
+        tools: job.tools.as_ref().map(JsonText::new),
+        template_kwargs: job.template_kwargs.as_ref().map(JsonText::new),
         response_message: job.rollout.message.clone(),
         prompt_text: texts.prompt_text,
         response_text: texts.response_text,

@@ -93,11 +93,13 @@ fn assert_engine_turn(h: &Harness, turn: &CapturedTurn, reported: &[f64]) {
         "the engine's ids end with the end-of-turn token it sampled"
     );
     // The engine's prompt is the one our template renders (same template and tokenizer here).
+    let (messages, tools) = (turn.messages.parse().unwrap(), turn.tools.as_ref());
+    let tools = tools.map(|t| t.parse().unwrap());
     let ours = h
         .tokenizer
         .split_turn(&ps_chat_template::TurnInput {
-            messages: &turn.messages,
-            tools: turn.tools.as_ref(),
+            messages: &messages,
+            tools: tools.as_ref(),
             response_message: &turn.response_message,
             template_kwargs: None,
         })

@@ -22,7 +22,7 @@ use crate::config::{BufferConfig, BufferMode};
 use crate::judge::Judges;
 use crate::opd::OpdParts;
 use crate::records::RecordSink;
-use crate::state::{Job, Next, Session};
+use crate::state::{Job, Next, Session, Unfinished};
 use crate::status::{BufferStatus, PendingCounts, Stats, lock};
 use crate::{persist, submit};
 
@@ -38,7 +38,7 @@ struct Inner {
     abort: CancellationToken,
     runtime: tokio::runtime::Handle,
     /// Turns being judged, by (session, turn): what to persist if the server stops first.
-    inflight: Mutex<HashMap<(String, u64), PendingTurn>>,
+    inflight: Mutex<HashMap<(String, u64), Unfinished>>,
     pending_store: std::sync::OnceLock<Arc<dyn PendingStore>>,
 }
 

@@ -130,7 +130,7 @@ impl Judges {
             judged.as_ref(),
         );
         Ready::Judged {
-            turn: Box::new(turn),
+            turn,
             has_next_state: next.is_some(),
             judged,
         }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
 use ps_core::sample::Sample;
-use ps_core::{CapturedTurn, TokenSource};
+use ps_core::{CapturedTurn, JsonText, TokenSource};
 use ps_opd_judge::{HintJudge, HintOutcome, TeacherResponse};
 use ps_prm_client::PrmScore;
 use ps_teacher_client::{TeacherLogprobs, TeacherScorer};
@@ -78,7 +78,7 @@ pub(crate) async fn teacher_signal(
     encoded: EncodedSoFar<'_>,
 ) -> Result<TeacherLogprobs, TeacherFailure> {
     let tok = parts.tokenizer.clone();
-    let input = TeacherTurn::of(turn, hint);
+    let input = TeacherTurn::of(turn, hint)?;
     let (session, shared) = (encoded.session.clone(), encoded.shared.clone());
     // Rendering and tokenizing are blocking work: off the executor.
     let ids = tokio::task::spawn_blocking(move || input.input_ids(&tok, &session, &shared))
@@ -144,13 +144,28 @@ enum Response {
 }
 
 impl TeacherTurn {
-    fn of(turn: &CapturedTurn, hint: &str) -> Self {
+    /// The turn's request parts are parsed back into trees here (the turn holds them as text).
+    fn of(turn: &CapturedTurn, hint: &str) -> Result<Self, TeacherFailure> {
+        let unreadable = |e: serde_json::Error| TeacherFailure {
+            reason: "teacher_error",
+            detail: format!("the turn's request could not be read back: {e}"),
+        };
         let engine = turn.token_source == TokenSource::Engine;
-        Self {
+        Ok(Self {
             hint: hint.to_owned(),
-            messages: turn.messages.clone(),
-            tools: turn.tools.clone(),
-            template_kwargs: turn.template_kwargs.clone(),
+            messages: turn.messages.parse().map_err(unreadable)?,
+            tools: turn
+                .tools
+                .as_ref()
+                .map(JsonText::parse)
+                .transpose()
+                .map_err(unreadable)?,
+            template_kwargs: turn
+                .template_kwargs
+                .as_ref()
+                .map(JsonText::parse)
+                .transpose()
+                .map_err(unreadable)?,
             prompt_text: turn.prompt_text.clone(),
             // An engine-id turn's prompt ids are not reused (see `SessionPrompt`).
             prompt_ids: if engine {
@@ -163,7 +178,7 @@ impl TeacherTurn {
             } else {
                 Response::Text(turn.response_text.clone(), turn.response_ids.clone())
             },
-        }
+        })
     }
 
     /// The teacher's input ids: exactly a full encode of the hinted prompt + response text (an

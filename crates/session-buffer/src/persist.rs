@@ -10,22 +10,22 @@ use std::collections::{BTreeMap, HashMap};
 use ps_core::{PendingStore, PendingTurn};
 use tokio::time::Instant;
 
-use crate::state::{Next, Ready, Session, Slot};
+use crate::state::{Next, Ready, Session, Slot, Unfinished};
 
 /// Takes every turn that is captured but not yet a sample: `inflight` (being judged) and the
 /// judged turns waiting for an earlier turn. Sorted by session and turn.
 pub(crate) fn take_unfinished(
     sessions: &mut HashMap<String, Session>,
-    inflight: &mut HashMap<(String, u64), PendingTurn>,
+    inflight: &mut HashMap<(String, u64), Unfinished>,
 ) -> Vec<PendingTurn> {
-    let mut out: Vec<PendingTurn> = inflight.drain().map(|(_, t)| t).collect();
+    let mut out: Vec<PendingTurn> = inflight.drain().map(|(_, t)| t.into_pending()).collect();
     for s in sessions.values_mut() {
         let ready = std::mem::take(&mut s.ready);
         for (n, r) in ready {
             if !matches!(r, Ready::Skip)
                 && let Some(origin) = s.origins.remove(&n)
             {
-                out.push(origin);
+                out.push(origin.into_pending());
             }
         }
         s.origins.clear();

@@ -61,7 +61,9 @@ impl ConversationRecord {
             session_id: session_id.to_owned(),
             turn: turn_no,
             timestamp_ms: unix_millis(),
-            messages: turn.messages.clone(),
+            // The turn holds them as the JSON text of this very tree (`JsonText`), so the parse
+            // cannot fail; the record would say `[]` if it ever did.
+            messages: turn.messages.parse().unwrap_or_default(),
             prompt_text: turn.prompt_text.clone(),
             response_text: turn.response_text.clone(),
             response_message: turn.response_message.clone(),
@@ -235,7 +237,7 @@ mod tests {
             session_id: "s".into(),
             turn: 3,
             arrival_seq: 3,
-            messages: vec![json!({"role": "user", "content": "q"})],
+            messages: vec![json!({"role": "user", "content": "q"})].into(),
             tools: None,
             template_kwargs: None,
             response_message: json!({"role": "assistant", "content": "a",
@@ -280,6 +282,36 @@ mod tests {
             let record = ConversationRecord::new("s", 3, &turn, next);
             assert_eq!(line(&record), expected.to_string());
         }
+    }
+
+    #[test]
+    fn a_record_from_the_turns_held_text_is_what_the_tree_wrote() {
+        // Escapes, non-ASCII, key order, floats at the edges, the largest u64, null: the turn
+        // holds `messages` as JSON text (`JsonText`); the record parses it back into the very
+        // tree the capture had, so the line is the one the tree field wrote.
+        let tree: Vec<Value> = serde_json::from_str(
+            r#"[{"role":"system","content":"caf\u00e9 \"q\"\n\t\u2028","z":1,"a":0.1},
+                {"role":"user","content":[{"type":"text","text":"x"}],"n":1e300,"m":5e-324,
+                 "big":18446744073709551615,"neg":-0.0,"nul":null,"e":[]}]"#,
+        )
+        .unwrap();
+        let mut turn = turn();
+        turn.messages = ps_core::JsonText::new(&tree);
+        let next = json!({"role": "tool", "content": "out"});
+        let expected = json!({
+            "session_id": "s",
+            "turn": 3,
+            "timestamp_ms": 1,
+            "messages": tree,
+            "prompt_text": turn.prompt_text,
+            "response_text": turn.response_text,
+            "response_message": turn.response_message,
+            "tool_calls": turn.response_message["tool_calls"],
+            "next_state": next,
+        });
+        let record = ConversationRecord::new("s", 3, &turn, Some(&next));
+        assert_eq!(record.messages, tree);
+        assert_eq!(line(&record), expected.to_string());
     }
 
     #[test]

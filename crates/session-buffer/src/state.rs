@@ -5,6 +5,7 @@
 //! under one lock, calls these transitions, and runs the [`Job`]s they release.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use ps_core::metric_names as m;
 use ps_core::sample::Sample;
@@ -35,7 +36,7 @@ pub(crate) enum Ready {
     /// An OPD/Combine sample, final (its rules need no order).
     Sample(Box<Sample>),
     Judged {
-        turn: Box<CapturedTurn>,
+        turn: Arc<CapturedTurn>,
         has_next_state: bool,
         judged: Option<PrmScore>,
     },
@@ -45,19 +46,39 @@ pub(crate) enum Ready {
 pub(crate) struct Job {
     pub session_id: String,
     pub turn_no: u64,
-    pub turn: CapturedTurn,
+    /// Shared with the [`Unfinished`] the buffer keeps of it while it is judged and waits.
+    pub turn: Arc<CapturedTurn>,
     pub next: Option<Value>,
     /// The session's latest prompt as the teacher path encoded it (shared with the session).
     pub prompt: SessionPrompt,
 }
 
 impl Job {
-    /// What to persist of this turn if the server stops before it is a sample.
-    pub fn pending(&self) -> PendingTurn {
-        PendingTurn {
-            turn: self.turn.clone(),
+    /// What to persist of this turn if the server stops before it is a sample: the same turn,
+    /// not a copy of it.
+    pub fn pending(&self) -> Unfinished {
+        Unfinished {
+            turn: Arc::clone(&self.turn),
             next: self.next.clone(),
-            // Filled in by `take_unfinished`, from the session as it is then.
+        }
+    }
+}
+
+/// A turn being judged or waiting for its earlier turns, kept to persist it if the server stops
+/// first. Shares the turn with its [`Job`] and [`Ready::Judged`]: a copy would double what the
+/// buffer holds of every turn in judging (docs/benchmarks.md, "Memory, round two").
+pub(crate) struct Unfinished {
+    pub turn: Arc<CapturedTurn>,
+    pub next: Option<Value>,
+}
+
+impl Unfinished {
+    /// The turn as persisted (the flags are filled in by `take_unfinished`); a copy only if its
+    /// judging still holds it.
+    pub fn into_pending(self) -> PendingTurn {
+        PendingTurn {
+            turn: Arc::unwrap_or_clone(self.turn),
+            next: self.next,
             session_had_effective: false,
             conversation_start: false,
         }
@@ -73,7 +94,7 @@ pub(crate) struct Session {
     pub scoring: u64,
     pub ready: BTreeMap<u64, Ready>,
     /// What each judged-but-unsubmitted turn was made from, to persist it if the server stops first.
-    pub origins: BTreeMap<u64, PendingTurn>,
+    pub origins: BTreeMap<u64, Unfinished>,
     pub submitting: bool,
     /// The client ended the session (`X-Session-Done`): the id used again is a new conversation.
     /// (A session closed by the idle sweep or eviction and continued is the same conversation.)
@@ -211,7 +232,7 @@ impl Session {
 
     /// A judged turn (`origin` is what it was made from). Returns whether the caller must start
     /// submission.
-    pub fn judged(&mut self, turn_no: u64, ready: Ready, origin: PendingTurn) -> bool {
+    pub fn judged(&mut self, turn_no: u64, ready: Ready, origin: Unfinished) -> bool {
         if !matches!(ready, Ready::Skip) {
             self.origins.insert(turn_no, origin);
         }
@@ -240,7 +261,7 @@ impl Session {
                 jobs.push(Job {
                     session_id: id.to_owned(),
                     turn_no: n,
-                    turn,
+                    turn: Arc::new(turn),
                     next: match next {
                         Next::State(v) => Some(v),
                         Next::Pending | Next::Missing => None,

@@ -141,7 +141,7 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
         session_id: session.into(),
         turn,
         arrival_seq: turn,
-        messages: vec![user("q")],
+        messages: vec![user("q")].into(),
         tools: None,
         template_kwargs: None,
         response_message: json!({"role": "assistant", "content": format!("answer {turn}")}),

@@ -1,0 +1,156 @@
+//! JSON kept as its text while it waits, parsed into a tree only where a consumer needs one.
+//!
+//! A captured turn's request parts (`messages`, `tools`, `chat_template_kwargs`) are held from
+//! capture until the turn becomes a sample, for the records and the teacher, which read them at
+//! most once: as a `serde_json::Value` tree (with `preserve_order`) a 56 kB `messages` array takes
+//! ~4–5 times its text (docs/benchmarks.md, "Memory, round two").
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A `T` held as its compact JSON text. Cloning shares the text.
+///
+/// Serialized as the `T` it holds (parsed, then serialized), so that every format (JSON records,
+/// the MessagePack of persisted pending turns) sees exactly what a `T` field wrote. The text is
+/// what `serde_json` writes for the `T`, so parsing it gives that `T` back unchanged (numbers
+/// included: `float_roundtrip`).
+pub struct JsonText<T> {
+    text: Arc<str>,
+    of: PhantomData<fn() -> T>,
+}
+
+impl<T: Serialize + DeserializeOwned> JsonText<T> {
+    /// `value` as its compact JSON text.
+    pub fn new(value: &T) -> Self {
+        // Cannot fail for the JSON types held here (string keys, finite numbers: a non-finite
+        // f64 is written as `null` by `serde_json`).
+        let text = serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned());
+        Self::from_text(text)
+    }
+
+    /// The tree, parsed from the text.
+    ///
+    /// # Errors
+    /// Only if the text does not read as a `T`, which `new` and `Deserialize` never produce.
+    pub fn parse(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(&self.text)
+    }
+}
+
+impl<T> JsonText<T> {
+    fn from_text(text: String) -> Self {
+        Self {
+            text: text.into(),
+            of: PhantomData,
+        }
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> From<T> for JsonText<T> {
+    fn from(value: T) -> Self {
+        Self::new(&value)
+    }
+}
+
+impl<T> Clone for JsonText<T> {
+    fn clone(&self) -> Self {
+        Self {
+            text: Arc::clone(&self.text),
+            of: PhantomData,
+        }
+    }
+}
+
+impl<T> PartialEq for JsonText<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl<T> fmt::Debug for JsonText<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Serialize for JsonText<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.parse()
+            .map_err(serde::ser::Error::custom)?
+            .serialize(serializer)
+    }
+}
+
+impl<'de, T: Serialize + DeserializeOwned> Deserialize<'de> for JsonText<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(deserializer).map(|v| Self::new(&v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Map, Value, json};
+
+    use super::*;
+
+    fn messages() -> Vec<Value> {
+        vec![
+            json!({"role": "system", "content": "Be brief. \u{e9}\"quoted\"\n", "z": 1, "a": 2}),
+            json!({"role": "user", "content": [{"type": "text", "text": "x"}], "n": 0.1, "big": 1e300,
+                   "neg": -7, "u": 18_446_744_073_709_551_615_u64, "nothing": null}),
+        ]
+    }
+
+    #[test]
+    fn the_tree_comes_back_unchanged_keys_in_order() {
+        let held = JsonText::new(&messages());
+        let back = held.parse().unwrap();
+        assert_eq!(back, messages());
+        // Key order is kept (serde_json's `preserve_order`), so the re-serialized text is the same.
+        assert_eq!(
+            serde_json::to_string(&back).unwrap(),
+            serde_json::to_string(&messages()).unwrap()
+        );
+        assert_eq!(held.as_str(), serde_json::to_string(&messages()).unwrap());
+    }
+
+    #[test]
+    fn it_serializes_exactly_as_the_tree_in_json_and_messagepack() {
+        let kwargs: Map<String, Value> =
+            serde_json::from_value(json!({"enable_thinking": false, "b": [1, 2.5]})).unwrap();
+        let held = JsonText::new(&kwargs);
+        assert_eq!(
+            serde_json::to_vec(&held).unwrap(),
+            serde_json::to_vec(&kwargs).unwrap()
+        );
+        let held = JsonText::new(&messages());
+        assert_eq!(
+            rmp_serde::to_vec_named(&held).unwrap(),
+            rmp_serde::to_vec_named(&messages()).unwrap()
+        );
+        // What a tree field wrote reads back into the text form, and the other way round.
+        let bytes = rmp_serde::to_vec_named(&messages()).unwrap();
+        let read: JsonText<Vec<Value>> = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(read, held);
+        let text = serde_json::to_string(&held).unwrap();
+        let tree: Vec<Value> = serde_json::from_str(&text).unwrap();
+        assert_eq!(tree, messages());
+    }
+
+    #[test]
+    fn clones_share_the_text() {
+        let held = JsonText::new(&json!({"a": 1}));
+        let copy = held.clone();
+        assert!(std::ptr::eq(held.as_str(), copy.as_str()));
+        assert_eq!(format!("{held:?}"), r#"{"a":1}"#);
+    }
+}
