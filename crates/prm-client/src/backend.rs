@@ -39,10 +39,10 @@ pub trait JudgeBackend: Send + Sync {
 
 /// Runs `call` holding a permit of `semaphore` (when given); the error as its text, as a failed
 /// vote keeps it.
-pub(crate) async fn with_permit(
+pub(crate) async fn with_permit<T>(
     semaphore: Option<&Semaphore>,
-    call: impl Future<Output = Result<String, JudgeError>>,
-) -> Result<String, String> {
+    call: impl Future<Output = Result<T, JudgeError>>,
+) -> Result<T, String> {
     let _permit = match semaphore {
         Some(sem) => Some(
             sem.acquire()
@@ -268,9 +268,12 @@ impl JudgeBackend for SglangJudge {
         if m == 0 {
             return Vec::new();
         }
-        let body = match self.encoded_body(messages).await {
+        // The render holds a permit too, as each vote's own render did: turns queued behind the
+        // judge's concurrency neither render nor keep a body before their turn comes.
+        let body = with_permit(semaphore, async { self.encoded_body(messages).await }).await;
+        let body = match body {
             Ok(body) => body,
-            Err(e) => return vec![Err(e.to_string()); m],
+            Err(e) => return vec![Err(e); m],
         };
         let one = || with_permit(semaphore, self.send_body(body.clone()));
         futures::future::join_all((0..m).map(|_| one())).await

@@ -22,9 +22,11 @@ pub(crate) fn take_unfinished(
     for s in sessions.values_mut() {
         let ready = std::mem::take(&mut s.ready);
         for (n, r) in ready {
-            if !matches!(r, Ready::Skip)
-                && let Some(origin) = s.origins.remove(&n)
-            {
+            let skip = matches!(r, Ready::Skip);
+            // A judged sample may share the turn: let it go first, so that `into_pending`
+            // takes the turn instead of copying it.
+            drop(r);
+            if !skip && let Some(origin) = s.origins.remove(&n) {
                 out.push(origin.into_pending());
             }
         }

@@ -62,8 +62,15 @@ impl ConversationRecord {
             turn: turn_no,
             timestamp_ms: unix_millis(),
             // The turn holds them as the JSON text of this very tree (`JsonText`), so the parse
-            // cannot fail; the record would say `[]` if it ever did.
-            messages: turn.messages.parse().unwrap_or_default(),
+            // cannot fail; if it ever did, the record says `[]` and the error is logged, not hidden.
+            messages: turn.messages.parse().unwrap_or_else(|e| {
+                tracing::error!(
+                    session_id, turn = turn_no, error = %e,
+                    "the turn's messages could not be read back for its conversation record: \
+                     recorded as []"
+                );
+                Vec::new()
+            }),
             prompt_text: turn.prompt_text.clone(),
             response_text: turn.response_text.clone(),
             response_message: turn.response_message.clone(),
