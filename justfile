@@ -27,9 +27,9 @@ bench *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
     cargo run --release -p loadgen -- --stream --rounds 5 --open-pages 1 --svg docs/img {{ARGS}}
     cargo run --release -p loadgen -- --sessions 1000 --fake-latency-ms 200 --ramp-ms 2000 --max-seconds 300 --json target/bench-1000.json --svg docs/img
-    cargo run --release -p loadgen -- agent --json target/bench-agent.json --svg docs/img
-    cargo run --release -p loadgen -- agent --fake-latency-ms 200 --ramp-ms 200 --json target/bench-agent-200ms.json --svg docs/img
-    cargo run --release -p loadgen -- agent --mode opd --json target/bench-agent-opd.json
+    cargo run --release -p loadgen -- agent --runs 3 --json target/bench-agent.json --svg docs/img
+    cargo run --release -p loadgen -- agent --runs 3 --fake-latency-ms 200 --ramp-ms 200 --json target/bench-agent-200ms.json --svg docs/img
+    cargo run --release -p loadgen -- agent --mode opd --runs 3 --json target/bench-agent-opd.json
     cargo bench -p ps-sample-store --bench store
     cargo bench -p ps-app --bench pull
     cargo bench -p ps-app --bench opd
