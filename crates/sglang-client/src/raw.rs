@@ -56,17 +56,82 @@ impl Kind {
     }
 }
 
-/// A JSON object as its entries in order, values unparsed.
-#[derive(Debug, Clone, Default)]
-pub struct RawObject<'a> {
-    entries: Vec<(Cow<'a, str>, &'a RawValue)>,
-    /// Each key's place in `entries`, once there are more than [`INDEX_FROM`] (a linear search is
-    /// faster for the few keys objects usually have; the index keeps many keys linear overall).
-    index: Option<HashMap<Cow<'a, str>, usize>>,
+/// An object's entries in the order `serde_json::Map` with `preserve_order` keeps them: a repeated
+/// key keeps its first place and takes its last value. Keys are found by a linear search while
+/// there are few (faster for the few keys objects usually have) and through a hash index from
+/// [`INDEX_FROM`] on (so that many keys stay linear overall). Shared by [`RawObject`] and the
+/// answer's single pass (`scan::Obj`).
+#[derive(Debug, Clone)]
+pub(crate) struct Keyed<K, V> {
+    entries: Vec<(K, V)>,
+    index: Option<HashMap<K, usize>>,
 }
 
 /// From this many entries on, keys are found through a hash index.
 const INDEX_FROM: usize = 16;
+
+impl<K, V> Keyed<K, V> {
+    /// No entries.
+    pub(crate) const fn new() -> Self {
+        Self {
+            entries: Vec::new(),
+            index: None,
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &(K, V)> {
+        self.entries.iter()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+impl<K, V> Default for Keyed<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: std::borrow::Borrow<str> + std::hash::Hash + Eq + Clone, V> Keyed<K, V> {
+    pub(crate) fn insert(&mut self, key: K, value: V) {
+        if let Some(i) = self.position(key.borrow()) {
+            self.entries[i].1 = value;
+            return;
+        }
+        if let Some(index) = self.index.as_mut() {
+            index.insert(key.clone(), self.entries.len());
+        }
+        self.entries.push((key, value));
+        if self.index.is_none() && self.entries.len() > INDEX_FROM {
+            self.index = Some(
+                self.entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| (k.clone(), i))
+                    .collect(),
+            );
+        }
+    }
+
+    fn position(&self, key: &str) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.entries.iter().position(|(k, _)| k.borrow() == key),
+        }
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<&V> {
+        self.position(key).map(|i| &self.entries[i].1)
+    }
+}
+
+/// A JSON object as its entries in order, values unparsed.
+#[derive(Debug, Clone, Default)]
+pub struct RawObject<'a> {
+    entries: Keyed<Cow<'a, str>, &'a RawValue>,
+}
 
 impl<'a> RawObject<'a> {
     /// Reads `raw` as an object; `None` when it is another JSON type.
@@ -92,34 +157,11 @@ impl<'a> RawObject<'a> {
     }
 
     fn insert(&mut self, key: Cow<'a, str>, value: &'a RawValue) {
-        if let Some(i) = self.position(&key) {
-            self.entries[i].1 = value;
-            return;
-        }
-        if let Some(index) = self.index.as_mut() {
-            index.insert(key.clone(), self.entries.len());
-        }
-        self.entries.push((key, value));
-        if self.index.is_none() && self.entries.len() > INDEX_FROM {
-            self.index = Some(
-                self.entries
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, _))| (k.clone(), i))
-                    .collect(),
-            );
-        }
-    }
-
-    fn position(&self, key: &str) -> Option<usize> {
-        match &self.index {
-            Some(index) => index.get(key).copied(),
-            None => self.entries.iter().position(|(k, _)| k == key),
-        }
+        self.entries.insert(key, value);
     }
 
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
-        self.position(key).map(|i| self.entries[i].1)
+        self.entries.get(key).copied()
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -135,7 +177,7 @@ impl<'a> RawObject<'a> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.len() == 0
     }
 }
 

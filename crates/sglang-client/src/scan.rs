@@ -12,8 +12,9 @@
 //! The recorded entries follow `serde_json::Map` with `preserve_order`, as [`crate::raw::RawObject`]
 //! does: a repeated key keeps its first position and its last value.
 
-use std::collections::HashMap;
 use std::ops::Range;
+
+use crate::raw::Keyed;
 
 /// Nesting the pass follows before it leaves the text to a tree parse.
 pub(crate) const DEPTH: usize = 100;
@@ -36,55 +37,22 @@ pub(crate) enum Sub {
 
 /// An object's entries in order, their values as [`Node`]s.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Obj {
-    entries: Vec<(Box<str>, Node)>,
-    /// Each key's place in `entries`, once there are more than [`INDEX_FROM`].
-    index: Option<HashMap<Box<str>, usize>>,
-}
-
-/// From this many entries on, keys are found through a hash index.
-const INDEX_FROM: usize = 16;
+pub(crate) struct Obj(Keyed<Box<str>, Node>);
 
 /// An object without entries (a choice that is not an object reads as one).
-pub(crate) static EMPTY: Obj = Obj {
-    entries: Vec::new(),
-    index: None,
-};
+pub(crate) static EMPTY: Obj = Obj(Keyed::new());
 
 impl Obj {
     fn insert(&mut self, key: Box<str>, value: Node) {
-        if let Some(i) = self.position(&key) {
-            self.entries[i].1 = value;
-            return;
-        }
-        if let Some(index) = self.index.as_mut() {
-            index.insert(key.clone(), self.entries.len());
-        }
-        self.entries.push((key, value));
-        if self.index.is_none() && self.entries.len() > INDEX_FROM {
-            self.index = Some(
-                self.entries
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, _))| (k.clone(), i))
-                    .collect(),
-            );
-        }
-    }
-
-    fn position(&self, key: &str) -> Option<usize> {
-        match &self.index {
-            Some(index) => index.get(key).copied(),
-            None => self.entries.iter().position(|(k, _)| &**k == key),
-        }
+        self.0.insert(key, value);
     }
 
     pub fn get(&self, key: &str) -> Option<&Node> {
-        self.position(key).map(|i| &self.entries[i].1)
+        self.0.get(key)
     }
 
     pub fn entries(&self) -> impl Iterator<Item = (&str, &Node)> {
-        self.entries.iter().map(|(k, v)| (&**k, v))
+        self.0.iter().map(|(k, v)| (&**k, v))
     }
 }
 
