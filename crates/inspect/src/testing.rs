@@ -3,9 +3,11 @@
 //! gives `None` (and says why) when either program is missing, unless
 //! `POLICY_SERVING_REQUIRE_BROWSER=1` (CI), where a missing browser fails the test.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -29,11 +31,96 @@ fn on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+/// How many times a test tries to get a browser session, each from a fresh chromedriver: one
+/// failed start of a program we do not own must not fail a test about the page.
+const SESSION_ATTEMPTS: u32 = 3;
+
+/// What a chromedriver printed (stdout and stderr), kept for the message of a failed start.
+#[derive(Clone, Default)]
+struct DriverOutput(Arc<Mutex<Vec<String>>>);
+
+impl DriverOutput {
+    fn drain(&self, from: impl Read + Send + 'static, port: Option<mpsc::Sender<u16>>) {
+        let lines = self.0.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(from).lines().map_while(Result::ok) {
+                if let Some(tx) = &port
+                    && let Some(p) = line
+                        .split("started successfully on port ")
+                        .nth(1)
+                        .and_then(|rest| rest.trim_end_matches('.').trim().parse().ok())
+                {
+                    let _ = tx.send(p);
+                }
+                if let Ok(mut l) = lines.lock() {
+                    l.push(line);
+                }
+            }
+        });
+    }
+
+    fn text(&self) -> String {
+        self.0.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+}
+
+/// Starts chromedriver on a port of its choosing and waits until it says which.
+fn spawn_driver(driver: &Path) -> (Child, SocketAddr, DriverOutput) {
+    let mut child = Command::new(driver)
+        .arg("--port=0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("chromedriver did not start: {e}"));
+    let output = DriverOutput::default();
+    let (tx, rx) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        output.drain(out, Some(tx));
+    }
+    if let Some(err) = child.stderr.take() {
+        output.drain(err, None);
+    }
+    match rx.recv_timeout(WAIT) {
+        Ok(port) => (child, SocketAddr::from(([127, 0, 0, 1], port)), output),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "chromedriver did not say its port within {WAIT:?}; its output:\n{}",
+                output.text()
+            );
+        }
+    }
+}
+
+/// Opens a headless chromium session (window 1280×900) through the chromedriver at `addr`.
+async fn connect(
+    addr: SocketAddr,
+    chromium: &Path,
+    profile: &tempfile::TempDir,
+) -> Result<Client, fantoccini::error::NewSessionError> {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": chromium,
+            "args": [
+                "--headless=new",
+                // Tests run as root in CI: chromium refuses its sandbox there.
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--window-size=1280,900",
+                "--force-device-scale-factor=1",
+                format!("--user-data-dir={}", profile.path().display()),
+            ],
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&format!("http://{addr}"))
+        .await
 }
 
 impl Browser {
@@ -53,57 +140,40 @@ impl Browser {
             eprintln!("skipped: {why}");
             return None;
         };
-        let port = free_port();
-        let mut driver = Command::new(driver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("chromedriver did not start: {e}"));
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let started = Instant::now();
-        while TcpStream::connect(addr).is_err() {
-            if started.elapsed() > WAIT {
-                let _ = driver.kill();
-                panic!("chromedriver did not listen on {addr} within {WAIT:?}");
+        // chromedriver picks its own port (`--port=0`) and prints it: a port chosen here and freed
+        // before chromedriver binds it can be taken in between by anything else on the machine.
+        let mut last_error = String::new();
+        for attempt in 1..=SESSION_ATTEMPTS {
+            let path = driver.clone();
+            let (mut driver, addr, output) =
+                tokio::task::spawn_blocking(move || spawn_driver(&path))
+                    .await
+                    .unwrap_or_else(|e| panic!("starting chromedriver: {e}"));
+            let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary profile: {e}"));
+            match connect(addr, &chromium, &profile).await {
+                Ok(client) => {
+                    return Some(Browser {
+                        client,
+                        driver,
+                        _profile: profile,
+                    });
+                }
+                Err(e) => {
+                    let exited = driver.try_wait().ok().flatten();
+                    let _ = driver.kill();
+                    let _ = driver.wait();
+                    last_error = format!(
+                        "attempt {attempt}: {e} (chromedriver {}); its output:\n{}",
+                        exited.map_or("still running".to_owned(), |s| format!("exited: {s}")),
+                        output.text()
+                    );
+                    eprintln!("no chromium session yet, {last_error}");
+                }
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary profile: {e}"));
-        let mut caps = serde_json::Map::new();
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": chromium,
-                "args": [
-                    "--headless=new",
-                    // Tests run as root in CI: chromium refuses its sandbox there.
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-dev-shm-usage",
-                    "--window-size=1280,900",
-                    "--force-device-scale-factor=1",
-                    format!("--user-data-dir={}", profile.path().display()),
-                ],
-            }),
+        panic!(
+            "no chromium session through chromedriver after {SESSION_ATTEMPTS} attempts; {last_error}"
         );
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        let client = ClientBuilder::new(connector)
-            .capabilities(caps)
-            .connect(&format!("http://{addr}"))
-            .await;
-        let client = match client {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = driver.kill();
-                panic!("no chromium session through chromedriver: {e}");
-            }
-        };
-        Some(Browser {
-            client,
-            driver,
-            _profile: profile,
-        })
     }
 
     /// Opens `url`.
