@@ -114,6 +114,10 @@ pub async fn build_full(
     )
     .map(|q| {
         q.with_max_turn_tokens(settings.server.max_turn_tokens)
+            .with_max_queued_bytes(
+                usize::try_from(settings.capture.max_queued_mib.saturating_mul(1 << 20))
+                    .unwrap_or(usize::MAX),
+            )
             .with_prefix_idle(settings.server.session_timeout())
     })
     .map_err(StartupError::Workers)?;

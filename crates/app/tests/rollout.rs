@@ -139,6 +139,11 @@ async fn a_conversation_becomes_scored_samples_the_trainer_pulls_and_commits() {
     two_turns(&s, "s1", "Great, that worked. FAKE_VOTES=1,1,-1").await;
     let st = s.wait_submitted(2).await;
     assert_eq!(st["next_seq"], 3);
+    // Both turns went through the capture queue and left it; its bound is the default.
+    let q = &st["capture_queue"];
+    assert_eq!((q["turns"].as_u64(), q["bytes"].as_u64()), (Some(0), Some(0)));
+    assert!(q["peak_bytes"].as_u64().is_some_and(|b| b > 0), "{q}");
+    assert_eq!(q["max_bytes"], 256 << 20);
     let pulled = s.pull(0).await;
     let samples = pulled["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 2);

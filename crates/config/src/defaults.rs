@@ -88,6 +88,8 @@ pub const CAPTURE_TRAIN_UNSAMPLED: bool = false;
 pub const CAPTURE_DRIFT_CHECK_FIRST: u64 = 100;
 /// `capture.drift_check_every`.
 pub const CAPTURE_DRIFT_CHECK_EVERY: u64 = 100;
+/// `capture.max_queued_mib`.
+pub const CAPTURE_MAX_QUEUED_MIB: u64 = 256;
 
 /// `inspect.enabled`.
 pub const INSPECT_ENABLED: bool = true;

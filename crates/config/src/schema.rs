@@ -757,6 +757,10 @@ pub struct CaptureSettings {
     pub drift_check_first: u64,
     /// …then one turn in this many (0: none after the first). Default 100.
     pub drift_check_every: u64,
+    /// At most this many MiB of main turns waiting for a capture worker (their request text and
+    /// the engine's answer); a turn beyond it is answered but not trained on
+    /// (`capture_queue_full`). Bounds memory when capture falls behind. Default 256, at least 1.
+    pub max_queued_mib: u64,
 }
 
 impl Default for CaptureSettings {
@@ -766,6 +770,7 @@ impl Default for CaptureSettings {
             train_unsampled: d::CAPTURE_TRAIN_UNSAMPLED,
             drift_check_first: d::CAPTURE_DRIFT_CHECK_FIRST,
             drift_check_every: d::CAPTURE_DRIFT_CHECK_EVERY,
+            max_queued_mib: d::CAPTURE_MAX_QUEUED_MIB,
         }
     }
 }

@@ -27,6 +27,7 @@ impl Settings {
             );
         }
         self.check_redis(&mut v);
+        v.positive("capture.max_queued_mib", self.capture.max_queued_mib);
         v.positive("inspect.max_sessions", self.inspect.max_sessions as u64);
         v.positive(
             "inspect.max_turns_per_session",

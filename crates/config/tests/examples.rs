@@ -196,3 +196,23 @@ fn the_inspect_section_loads_and_its_bounds_must_be_positive() {
         Ok(())
     });
 }
+
+#[test]
+fn the_capture_queue_bound_loads_and_must_be_positive() {
+    figment::Jail::expect_with(|jail| {
+        assert_eq!(Settings::default().capture.max_queued_mib, 256);
+        jail.create_file("s.toml", "[capture]\nmax_queued_mib = 64\n")?;
+        let s = load_clean(jail.directory().join("s.toml"));
+        assert_eq!(s.capture.max_queued_mib, 64);
+        jail.create_file("bad.toml", "[capture]\nmax_queued_mib = 0\n")?;
+        let path = jail.directory().join("bad.toml");
+        let err = load_with_env(Some(&path), &Overrides::default(), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("capture.max_queued_mib") && err.contains("greater than 0"),
+            "{err}"
+        );
+        Ok(())
+    });
+}

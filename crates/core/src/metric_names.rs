@@ -81,6 +81,11 @@ pub const PROVIDER_SECONDS: &str = "policy_serving_provider_seconds";
 pub const LIVE_SESSIONS: &str = "policy_serving_live_sessions";
 /// Gauge: main turns not yet samples, labelled `state` (`waiting_capture`|`waiting_next_state`|`scoring`|`waiting_order`).
 pub const PENDING_TURNS: &str = "policy_serving_pending_turns";
+/// Gauges: main turns queued for a capture worker and about the bytes they hold (the client's
+/// request text and the engine's answer), bounded by `capture.max_queued_mib`; refreshed when
+/// `/metrics` is scraped. Rising while requests flow means capture is slower than the chat path.
+pub const CAPTURE_QUEUED_TURNS: &str = "policy_serving_capture_queued_turns";
+pub const CAPTURE_QUEUED_BYTES: &str = "policy_serving_capture_queued_bytes";
 /// Gauge: samples kept in the store.
 pub const STORE_SAMPLES: &str = "policy_serving_store_samples";
 /// Gauge: samples stored but not yet committed by the trainer.
@@ -181,6 +186,8 @@ pub const CATALOGUE: &[MetricSpec] = {
         spec(PROVIDER_SECONDS, Histogram, &[]),
         spec(LIVE_SESSIONS, Gauge, &[]),
         spec(PENDING_TURNS, Gauge, &["state"]),
+        spec(CAPTURE_QUEUED_TURNS, Gauge, &[]),
+        spec(CAPTURE_QUEUED_BYTES, Gauge, &[]),
         spec(STORE_SAMPLES, Gauge, &[]),
         spec(STORE_LAG_SAMPLES, Gauge, &[]),
         spec(STORE_APPEND_RETRIES_TOTAL, Counter, &[]),

@@ -867,6 +867,10 @@ pub struct AgentReport {
     /// Answered main turns against samples and the turns the proxy counted as giving none.
     pub accounting: Accounting,
     pub memory: MemoryReport,
+    /// The most bytes of main turns waiting for a capture worker at once, in MiB
+    /// (`capture_queue.peak_bytes` of `/v1/rollout/status` at the end; `None` from a proxy
+    /// that does not report it).
+    pub capture_queue_peak_mib: Option<f64>,
     pub proxy_process: ProxyReport,
     pub targets: Vec<TargetCheck>,
 }
@@ -979,7 +983,8 @@ impl Accounting {
         };
         if client_errors > 0 {
             return Err(format!(
-                "the proxied phase had {client_errors} client errors ({} turns abandoned                  unanswered), so the samples cannot be balanced; first: {first_error}",
+                "the proxied phase had {client_errors} client errors ({} turns abandoned \
+                 unanswered), so the samples cannot be balanced; first: {first_error}",
                 counted.unanswered
             ));
         }
@@ -1102,6 +1107,7 @@ async fn run_to_end(
     // Growth of the proxy's `turns_dropped` and `turns_abandoned_by_reason` over the proxied
     // phases.
     let mut counted = CountedDrops::default();
+    let mut capture_queue_peak_mib = None;
     for round in 1..=cfg.rounds {
         if Instant::now() >= deadline {
             progress("stopped: the time bound is reached");
@@ -1157,6 +1163,9 @@ async fn run_to_end(
             CountedDrops::of(&status_before),
             CountedDrops::of(&status_after),
         );
+        capture_queue_peak_mib = status_after["capture_queue"]["peak_bytes"]
+            .as_u64()
+            .map(|b| b as f64 / (1u64 << 20) as f64);
         let (proxy_after, settle) = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?;
         proxy.proxy_ticks += proxy_after.saturating_sub(proxy_before);
         proxy.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
@@ -1225,7 +1234,7 @@ async fn run_to_end(
         tools_json_chars: tools().to_string().len(),
         model_dir: cfg.model_dir.display().to_string(),
     };
-    Ok(AgentReport::new(
+    let mut report = AgentReport::new(
         machine,
         config,
         direct,
@@ -1235,7 +1244,9 @@ async fn run_to_end(
         (coverage, accounting),
         memory,
         proxy_process,
-    ))
+    );
+    report.capture_queue_peak_mib = capture_queue_peak_mib;
+    Ok(report)
 }
 
 impl AgentReport {
@@ -1320,6 +1331,7 @@ impl AgentReport {
             coverage,
             accounting,
             memory,
+            capture_queue_peak_mib: None,
             proxy_process,
             targets,
         }
@@ -1446,12 +1458,14 @@ impl AgentReport {
         );
         let _ = writeln!(
             out,
-            "proxy RSS, MiB: start {:.1}, after warm-up {:.1}, max sampled {:.1}, VmHWM {:.1}, end {:.1}",
+            "proxy RSS, MiB: start {:.1}, after warm-up {:.1}, max sampled {:.1}, VmHWM {:.1}, end {:.1}; \
+             turns waiting for capture at most {} MiB",
             mib(m.start_kib),
             mib(m.baseline_kib),
             mib(m.max_sampled_kib),
             mib(m.hwm_kib),
-            mib(m.end_kib)
+            mib(m.end_kib),
+            opt(self.capture_queue_peak_mib)
         );
         let t = &self.trainer;
         let cv = &self.coverage;

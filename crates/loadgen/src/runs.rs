@@ -25,6 +25,9 @@ pub struct AgentFigures {
     pub rss_max_mib: Option<f64>,
     pub rss_hwm_mib: Option<f64>,
     pub rss_end_mib: Option<f64>,
+    /// The most bytes of turns waiting for a capture worker at once (`/v1/rollout/status`'s
+    /// `capture_queue.peak_bytes`), in MiB: how far capture fell behind the chat path.
+    pub capture_queue_peak_mib: Option<f64>,
     /// Samples the trainer received, and main turns the proxy counted as giving none.
     pub samples: Option<f64>,
     pub dropped: Option<f64>,
@@ -50,6 +53,7 @@ impl AgentFigures {
             rss_max_mib: mib(r.memory.max_sampled_kib),
             rss_hwm_mib: mib(r.memory.hwm_kib),
             rss_end_mib: mib(r.memory.end_kib),
+            capture_queue_peak_mib: r.capture_queue_peak_mib,
             samples: Some(r.accounting.samples as f64),
             dropped: Some((r.accounting.dropped + r.accounting.abandoned) as f64),
         }
@@ -70,12 +74,13 @@ impl AgentFigures {
             rss_max_mib: m(|r| r.rss_max_mib),
             rss_hwm_mib: m(|r| r.rss_hwm_mib),
             rss_end_mib: m(|r| r.rss_end_mib),
+            capture_queue_peak_mib: m(|r| r.capture_queue_peak_mib),
             samples: m(|r| r.samples),
             dropped: m(|r| r.dropped),
         }
     }
 
-    fn cells(&self) -> [Option<f64>; 13] {
+    fn cells(&self) -> [Option<f64>; 14] {
         [
             self.proxy_cpu_ms_per_request,
             self.proxy_cpu_ms_per_1000_captured_tokens,
@@ -88,6 +93,7 @@ impl AgentFigures {
             self.rss_max_mib,
             self.rss_hwm_mib,
             self.rss_end_mib,
+            self.capture_queue_peak_mib,
             self.samples,
             self.dropped,
         ]
@@ -143,6 +149,7 @@ impl AgentRuns {
             "rss max",
             "VmHWM",
             "rss end",
+            "queue peak",
             "samples",
             "dropped",
         ];

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -77,8 +77,103 @@ impl RequestJson {
     }
 }
 
-/// What the queue carries: a job, with its request's parts still as JSON text when they are.
-type Queued = (CaptureJob, Option<RequestJson>);
+/// What the queue carries: a job, with its request's parts still as JSON text when they are,
+/// and the bytes it is counted for in [`QueueBytes`].
+type Queued = (CaptureJob, Option<RequestJson>, usize);
+
+/// About how many bytes a queued job holds: its request's JSON text and the upstream's answer
+/// (whole, or its rollout when assembled from a stream). What bounds the queue's memory
+/// (`capture.max_queued_mib`): when capture falls behind the chat path, the jobs waiting for a
+/// worker are what grows (a heap profile of the agent benchmark at its peak: ~140 kB a turn,
+/// the client's `messages` and an answer carrying 10,000–20,000 prompt ids).
+fn queued_bytes(job: &CaptureJob, request: Option<&RequestJson>) -> usize {
+    let rollout = &job.rollout;
+    let ids = rollout.engine_ids.as_ref().map_or(0, |e| {
+        (e.prompt.len() + e.response.len()) * size_of::<u32>()
+    });
+    let tokens = rollout.tokens.len() * (size_of::<ps_core::SampledToken>() + 8);
+    let request = request.map_or(0, |r| {
+        r.messages.get().len()
+            + r.tools.as_ref().map_or(0, |t| t.get().len())
+            + r.template_kwargs.as_ref().map_or(0, |k| k.get().len())
+            + r.answer.as_ref().map_or(0, |a| a.bytes().len())
+    });
+    request + ids + tokens
+}
+
+/// What the capture queue holds now, at most, and its byte bound.
+#[derive(Debug, Default)]
+pub struct QueueBytes {
+    turns: AtomicUsize,
+    bytes: AtomicUsize,
+    peak_bytes: AtomicUsize,
+    max_bytes: AtomicUsize,
+}
+
+impl QueueBytes {
+    /// Counts a job in, unless it would take the queue past its bound (a job is always let into
+    /// an empty queue, however large: one turn alone cannot be refused for the queue's size).
+    fn take(&self, n: usize) -> bool {
+        let max = self.max_bytes.load(Ordering::Relaxed);
+        let mut now = self.bytes.load(Ordering::Relaxed);
+        loop {
+            if now > 0 && now.saturating_add(n) > max {
+                return false;
+            }
+            match self.bytes.compare_exchange_weak(
+                now,
+                now + n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => now = actual,
+            }
+        }
+        self.turns.fetch_add(1, Ordering::Relaxed);
+        self.peak_bytes.fetch_max(now + n, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts a job out (a worker took it, or the channel refused it).
+    fn give(&self, n: usize) {
+        self.bytes.fetch_sub(n, Ordering::Relaxed);
+        self.turns.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Turns queued for a worker now.
+    pub fn turns(&self) -> usize {
+        self.turns.load(Ordering::Relaxed)
+    }
+
+    /// Bytes those turns hold (about).
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes queued at once since start.
+    pub fn peak_bytes(&self) -> usize {
+        self.peak_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The bound (`capture.max_queued_mib`).
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes.load(Ordering::Relaxed)
+    }
+
+    /// `/v1/rollout/status`'s `capture_queue` section.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "turns": self.turns(),
+            "bytes": self.bytes(),
+            "peak_bytes": self.peak_bytes(),
+            "max_bytes": self.max_bytes(),
+        })
+    }
+}
+
+/// `capture.max_queued_mib`'s default, in bytes.
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 256 << 20;
 
 /// Everything needed to capture one main turn, taken from the request and the upstream's answer.
 #[derive(Debug)]
@@ -703,6 +798,7 @@ pub struct CaptureQueue {
     stats: Arc<CaptureStats>,
     max_turn_tokens: Arc<std::sync::atomic::AtomicUsize>,
     prefixes: Arc<PrefixCache>,
+    queued: Arc<QueueBytes>,
     tx: std::sync::Mutex<Option<SyncSender<Queued>>>,
     workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
@@ -714,7 +810,8 @@ impl std::fmt::Debug for CaptureQueue {
 }
 
 impl CaptureQueue {
-    /// Starts `workers` threads sharing a queue of `capacity` jobs.
+    /// Starts `workers` threads sharing a queue of `capacity` jobs (and at most
+    /// [`DEFAULT_MAX_QUEUED_BYTES`] of them: [`Self::with_max_queued_bytes`]).
     pub fn start(
         tokenizer: Arc<ChatTokenizer>,
         sink: Arc<dyn TurnSink>,
@@ -728,19 +825,30 @@ impl CaptureQueue {
         let max_turn_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let prefixes = Arc::new(PrefixCache::default());
         let stats = Arc::new(CaptureStats::new(drift));
+        let queued = Arc::new(QueueBytes::default());
+        queued
+            .max_bytes
+            .store(DEFAULT_MAX_QUEUED_BYTES, Ordering::Relaxed);
         let mut handles = Vec::new();
         for i in 0..workers.max(1) {
-            let (rx, tok, max, prefixes, stats) = (
+            let (rx, tok, max, prefixes, stats, queued) = (
                 rx.clone(),
                 tokenizer.clone(),
                 max_turn_tokens.clone(),
                 prefixes.clone(),
                 stats.clone(),
+                queued.clone(),
             );
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("capture-{i}"))
-                    .spawn(move || worker(&rx, &tok, policy, &max, &prefixes, &stats))?,
+                    .spawn(move || {
+                        let limits = Limits {
+                            max_turn_tokens: &max,
+                            queued: &queued,
+                        };
+                        worker(&rx, &tok, policy, limits, &prefixes, &stats)
+                    })?,
             );
         }
         Ok(Self {
@@ -748,6 +856,7 @@ impl CaptureQueue {
             stats,
             max_turn_tokens,
             prefixes,
+            queued,
             tx: std::sync::Mutex::new(Some(tx)),
             workers: std::sync::Mutex::new(handles),
         })
@@ -759,6 +868,19 @@ impl CaptureQueue {
         self.max_turn_tokens
             .store(max, std::sync::atomic::Ordering::Relaxed);
         self
+    }
+
+    /// Jobs beyond `bytes` in the queue are refused (`capture.max_queued_mib`): the turn is
+    /// answered but not trained on, abandoned as `capture_queue_full`.
+    #[must_use]
+    pub fn with_max_queued_bytes(self, bytes: usize) -> Self {
+        self.queued.max_bytes.store(bytes, Ordering::Relaxed);
+        self
+    }
+
+    /// What the queue holds now and at most.
+    pub fn queued(&self) -> &QueueBytes {
+        &self.queued
     }
 
     /// Unused cached prefixes are dropped after `idle` (`server.session_timeout_sec`: the session
@@ -786,16 +908,35 @@ impl CaptureQueue {
 
     /// Queues a job without waiting. Returns `false` (counted, logged) when the queue is full or closed.
     pub fn submit(&self, job: CaptureJob) -> bool {
-        self.enqueue((job, None))
+        let n = queued_bytes(&job, None);
+        self.enqueue((job, None, n))
     }
 
     /// As [`Self::submit`], for a job whose `messages`, `tools` and `template_kwargs` are still the
     /// client's JSON text (`request`): the capture thread parses them before the job runs.
     pub fn submit_json(&self, job: CaptureJob, request: RequestJson) -> bool {
-        self.enqueue((job, Some(request)))
+        let n = queued_bytes(&job, Some(&request));
+        self.enqueue((job, Some(request), n))
     }
 
-    fn enqueue(&self, (mut job, request): Queued) -> bool {
+    /// A turn refused by the queue: counted, logged once per kind with the setting that helps.
+    fn refuse(&self, mut job: CaptureJob, kind: &'static str, why: &str) -> bool {
+        metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "queue_full").increment(1);
+        if self.stats.first_time(kind) {
+            tracing::warn!(
+                session_id = %job.guard.session_id(), turn = job.guard.turn(),
+                queued_turns = self.queued.turns(), queued_bytes = self.queued.bytes(),
+                "capture queue full ({why}); turn answered but not trained on (capture_queue_full in \
+                 /v1/rollout/status turns_abandoned_by_reason; logged once): capture is slower than \
+                 the chat path, so more CPU for the capture workers or a larger \
+                 capture.max_queued_mib helps"
+            );
+        }
+        job.guard.set_reason("capture_queue_full");
+        false
+    }
+
+    fn enqueue(&self, (mut job, request, n): Queued) -> bool {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let Some(tx) = tx.as_ref() else {
             metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "closed").increment(1);
@@ -803,16 +944,19 @@ impl CaptureQueue {
             job.guard.set_reason("capture_closed");
             return false;
         };
-        match tx.try_send((job, request)) {
+        if !self.queued.take(n) {
+            let why = format!(
+                "{} bytes queued, capture.max_queued_mib = {}",
+                self.queued.bytes(),
+                self.queued.max_bytes() >> 20
+            );
+            return self.refuse(job, "capture_queue_full_bytes", &why);
+        }
+        match tx.try_send((job, request, n)) {
             Ok(()) => true,
-            Err(TrySendError::Full((mut job, _)) | TrySendError::Disconnected((mut job, _))) => {
-                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "queue_full").increment(1);
-                tracing::warn!(
-                    session_id = %job.guard.session_id(), turn = job.guard.turn(),
-                    "capture queue full; turn not captured (more capture workers or a larger queue help)"
-                );
-                job.guard.set_reason("capture_queue_full");
-                false
+            Err(TrySendError::Full((job, _, n)) | TrySendError::Disconnected((job, _, n))) => {
+                self.queued.give(n);
+                self.refuse(job, "capture_queue_full_turns", "its turns are all taken")
             }
         }
     }
@@ -832,26 +976,37 @@ impl Drop for CaptureQueue {
     }
 }
 
+/// What a worker checks a turn and the queue against.
+#[derive(Clone, Copy)]
+struct Limits<'a> {
+    max_turn_tokens: &'a AtomicUsize,
+    queued: &'a QueueBytes,
+}
+
 fn worker(
     rx: &std::sync::Mutex<Receiver<Queued>>,
     tok: &ChatTokenizer,
     policy: AlignPolicy,
-    max_turn_tokens: &std::sync::atomic::AtomicUsize,
+    Limits {
+        max_turn_tokens,
+        queued,
+    }: Limits<'_>,
     prefixes: &PrefixCache,
     stats: &CaptureStats,
 ) -> usize {
     let mut captured = 0;
     loop {
         prefixes.expire_if_due(Instant::now());
-        let (mut job, request) = {
+        let (mut job, request, n) = {
             let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
             // Wakes up now and then while idle, so that idle prefixes go even when no turn comes.
             match guard.recv_timeout((prefixes.idle() / 4).max(Duration::from_millis(10))) {
-                Ok(queued) => queued,
+                Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return captured,
             }
         };
+        queued.give(n);
         let started = Instant::now();
         let filled = match request {
             Some(request) => request.fill(&mut job),
@@ -1254,6 +1409,116 @@ mod tests {
             *sink.0.lock().unwrap(),
             ["request_unreadable"; 3].map(String::from)
         );
+    }
+
+    /// A sink that holds each captured turn's worker until the test lets it go.
+    struct Gated {
+        reasons: std::sync::Mutex<Vec<String>>,
+        accepted: std::sync::Mutex<Vec<u64>>,
+        gate: std::sync::Mutex<Receiver<()>>,
+    }
+
+    impl TurnSink for Gated {
+        fn accept(&self, turn: CapturedTurn) {
+            let _ = self.gate.lock().unwrap().recv();
+            self.accepted.lock().unwrap().push(turn.turn);
+        }
+        fn abandon(&self, _session_id: &str, _turn: u64, reason: &str) {
+            self.reasons.lock().unwrap().push(reason.to_owned());
+        }
+    }
+
+    /// While capture is behind, a turn that would take the queue past `capture.max_queued_mib`
+    /// is refused with a reason (answered, not trained on); every turn the queue took is still
+    /// captured, and its bytes are counted out again.
+    #[test]
+    fn a_queue_past_its_byte_bound_refuses_turns_with_a_reason_and_loses_none_it_took() {
+        let (open, gate) = std::sync::mpsc::channel();
+        let sink = Arc::new(Gated {
+            reasons: Default::default(),
+            accepted: Default::default(),
+            gate: std::sync::Mutex::new(gate),
+        });
+        // ~10 kB of request text per turn; the queue may hold 25 kB.
+        let messages = format!(r#"[{{"role":"user","content":"{}"}}]"#, "q".repeat(10_000));
+        let queue = CaptureQueue::start(
+            Arc::new(ChatTokenizer::mini()),
+            sink.clone(),
+            policy(),
+            DriftCheck::default(),
+            64,
+            1,
+        )
+        .unwrap()
+        .with_max_queued_bytes(25_000);
+        assert_eq!(queue.queued().max_bytes(), 25_000);
+        let submit = |turn: u64| {
+            let mut j = job("q", turn, &[], false);
+            j.guard = TurnGuard::new(sink.clone(), "q".into(), turn);
+            let request = RequestJson {
+                messages: RawValue::from_string(messages.clone()).unwrap(),
+                tools: None,
+                template_kwargs: None,
+                answer: None,
+            };
+            queue.submit_json(j, request)
+        };
+        assert!(submit(1));
+        // The worker takes turn 1 (counting it out) and waits in the sink.
+        let started = Instant::now();
+        while queue.queued().turns() > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no worker took the turn"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(queue.queued().bytes(), 0);
+        assert!(submit(2) && submit(3), "two turns fit in 25 kB");
+        let held = queue.queued().bytes();
+        assert_eq!(queue.queued().turns(), 2);
+        assert!((20_000..=25_000).contains(&held), "{held} bytes counted");
+        assert!(!submit(4), "a third queued turn would pass the bound");
+        assert_eq!(*sink.reasons.lock().unwrap(), ["capture_queue_full"]);
+        assert_eq!(queue.queued().turns(), 2, "the refused turn is not counted");
+        for _ in 0..3 {
+            open.send(()).unwrap();
+        }
+        assert_eq!(queue.shutdown(), 3);
+        assert_eq!(*sink.accepted.lock().unwrap(), [1, 2, 3]);
+        assert_eq!((queue.queued().turns(), queue.queued().bytes()), (0, 0));
+        assert_eq!(queue.queued().peak_bytes(), held);
+        let status = queue.queued().to_json();
+        assert_eq!(status["peak_bytes"], held);
+        assert_eq!(status["max_bytes"], 25_000);
+    }
+
+    /// One turn larger than the whole bound still goes into an empty queue: the bound limits
+    /// what piles up, it does not refuse a long conversation outright.
+    #[test]
+    fn a_turn_larger_than_the_bound_is_taken_by_an_empty_queue() {
+        let sink = Arc::new(Reasons::default());
+        let queue = CaptureQueue::start(
+            Arc::new(ChatTokenizer::mini()),
+            sink.clone(),
+            policy(),
+            DriftCheck::default(),
+            8,
+            1,
+        )
+        .unwrap()
+        .with_max_queued_bytes(1);
+        let mut j = job("big", 1, &[], false);
+        j.guard = TurnGuard::new(sink.clone(), "big".into(), 1);
+        let request = RequestJson {
+            messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into()).unwrap(),
+            tools: None,
+            template_kwargs: None,
+            answer: None,
+        };
+        assert!(queue.submit_json(j, request));
+        assert_eq!(queue.shutdown(), 1);
+        assert!(sink.0.lock().unwrap().is_empty());
     }
 
     /// An answer whose rollout cannot be read on the capture thread (here a log-prob out of

@@ -65,6 +65,9 @@ async fn refresh_gauges(app: &AppState) {
         metrics::gauge!(m::RESIDENT_MEMORY_BYTES).set(bytes as f64);
     }
     record_splice_mismatches(ps_chat_template::boundary_mismatches());
+    let queued = app.capture().queued();
+    metrics::gauge!(m::CAPTURE_QUEUED_TURNS).set(queued.turns() as f64);
+    metrics::gauge!(m::CAPTURE_QUEUED_BYTES).set(queued.bytes() as f64);
     if let Some(matcher) = &app.0.matcher {
         metrics::gauge!(m::INFERRED_SESSIONS_LIVE).set(matcher.stats().live_sessions as f64);
     }

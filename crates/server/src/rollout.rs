@@ -289,6 +289,7 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         // per sample in metadata.trained_without_rollout_logprob) or taken out of the loss.
         "turns_abandoned_by_reason": b.turns_abandoned_by_reason,
         "token_ids": app.capture().stats().to_json(),
+        "capture_queue": app.capture().queued().to_json(),
         "samples_by_token_source": b.samples_by_token_source,
         "samples_by_weight_version": b.samples_by_weight_version,
         "trainer_weight_version": app.trainer_weight_version(),
