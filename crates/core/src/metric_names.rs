@@ -85,6 +85,7 @@ pub const PENDING_TURNS: &str = "policy_serving_pending_turns";
 /// request text and the engine's answer), bounded by `capture.max_queued_mib`; refreshed when
 /// `/metrics` is scraped. Rising while requests flow means capture is slower than the chat path.
 pub const CAPTURE_QUEUED_TURNS: &str = "policy_serving_capture_queued_turns";
+/// Gauge: about the bytes the turns of [`CAPTURE_QUEUED_TURNS`] hold.
 pub const CAPTURE_QUEUED_BYTES: &str = "policy_serving_capture_queued_bytes";
 /// Gauge: samples kept in the store.
 pub const STORE_SAMPLES: &str = "policy_serving_store_samples";

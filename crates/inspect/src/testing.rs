@@ -39,21 +39,42 @@ const SESSION_ATTEMPTS: u32 = 3;
 #[derive(Clone, Default)]
 struct DriverOutput(Arc<Mutex<Vec<String>>>);
 
+/// Lines of a chromedriver's output kept (the first ones: its start is what a failure needs).
+const OUTPUT_LINES: usize = 200;
+
+/// The port in chromedriver's "ChromeDriver was started successfully on port 45749." line.
+fn announced_port(line: &str) -> Option<u16> {
+    let rest = line.split("started successfully on port ").nth(1)?;
+    rest.trim()
+        .trim_end_matches('.')
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+}
+
 impl DriverOutput {
+    /// Reads `from` line by line until it ends (bytes that are not UTF-8 are replaced, never a
+    /// reason to stop reading: the pipe is drained as long as chromedriver writes to it).
     fn drain(&self, from: impl Read + Send + 'static, port: Option<mpsc::Sender<u16>>) {
         let lines = self.0.clone();
         std::thread::spawn(move || {
-            for line in BufReader::new(from).lines().map_while(Result::ok) {
-                if let Some(tx) = &port
-                    && let Some(p) = line
-                        .split("started successfully on port ")
-                        .nth(1)
-                        .and_then(|rest| rest.trim_end_matches('.').trim().parse().ok())
-                {
+            let mut reader = BufReader::new(from);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match reader.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let line = String::from_utf8_lossy(&buf);
+                let line = line.trim_end_matches(['\n', '\r']);
+                if let (Some(tx), Some(p)) = (&port, announced_port(line)) {
                     let _ = tx.send(p);
                 }
-                if let Ok(mut l) = lines.lock() {
-                    l.push(line);
+                if let Ok(mut l) = lines.lock()
+                    && l.len() < OUTPUT_LINES
+                {
+                    l.push(line.to_owned());
                 }
             }
         });
@@ -82,13 +103,26 @@ fn spawn_driver(driver: &Path) -> (Child, SocketAddr, DriverOutput) {
     }
     match rx.recv_timeout(WAIT) {
         Ok(port) => (child, SocketAddr::from(([127, 0, 0, 1], port)), output),
-        Err(_) => {
+        Err(e) => {
+            let exited = child.try_wait().ok().flatten();
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "chromedriver did not say its port within {WAIT:?}; its output:\n{}",
-                output.text()
-            );
+            // Its stderr may still be on the way.
+            std::thread::sleep(Duration::from_millis(200));
+            let why = match (e, exited) {
+                (mpsc::RecvTimeoutError::Timeout, _) => {
+                    format!(
+                        "did not say its port within {WAIT:?} (a build before mid-2024 does not)"
+                    )
+                }
+                (mpsc::RecvTimeoutError::Disconnected, Some(status)) => {
+                    format!("exited ({status}) without saying its port")
+                }
+                (mpsc::RecvTimeoutError::Disconnected, None) => {
+                    "closed its output without saying its port".to_owned()
+                }
+            };
+            panic!("chromedriver {why}; its output:\n{}", output.text());
         }
     }
 }
@@ -144,13 +178,20 @@ impl Browser {
         // before chromedriver binds it can be taken in between by anything else on the machine.
         let mut last_error = String::new();
         for attempt in 1..=SESSION_ATTEMPTS {
+            let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary profile: {e}"));
             let path = driver.clone();
             let (mut driver, addr, output) =
-                tokio::task::spawn_blocking(move || spawn_driver(&path))
-                    .await
-                    .unwrap_or_else(|e| panic!("starting chromedriver: {e}"));
-            let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary profile: {e}"));
-            match connect(addr, &chromium, &profile).await {
+                match tokio::task::spawn_blocking(move || spawn_driver(&path)).await {
+                    Ok(started) => started,
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(e) => panic!("starting chromedriver: {e}"),
+                };
+            let session = tokio::time::timeout(WAIT * 2, connect(addr, &chromium, &profile));
+            let session = match session.await {
+                Ok(started) => started.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no session within {:?}", WAIT * 2)),
+            };
+            match session {
                 Ok(client) => {
                     return Some(Browser {
                         client,
@@ -316,5 +357,29 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::announced_port;
+
+    #[test]
+    fn the_port_is_read_from_chromedrivers_start_line_only() {
+        let said = "ChromeDriver was started successfully on port 45749.";
+        assert_eq!(announced_port(said), Some(45749));
+        assert_eq!(announced_port(&format!("{said}\r")), Some(45749));
+        assert_eq!(
+            announced_port("ChromeDriver was started successfully on port 0."),
+            None
+        );
+        assert_eq!(
+            announced_port("Starting ChromeDriver 148.0.7778.167 (65db666a) on port 0"),
+            None
+        );
+        assert_eq!(
+            announced_port("ChromeDriver was started successfully."),
+            None
+        );
     }
 }

@@ -91,14 +91,27 @@ fn queued_bytes(job: &CaptureJob, request: Option<&RequestJson>) -> usize {
     let ids = rollout.engine_ids.as_ref().map_or(0, |e| {
         (e.prompt.len() + e.response.len()) * size_of::<u32>()
     });
-    let tokens = rollout.tokens.len() * (size_of::<ps_core::SampledToken>() + 8);
+    let tokens: usize = rollout
+        .tokens
+        .iter()
+        .map(|t| size_of::<ps_core::SampledToken>() + t.token.len())
+        .sum();
+    let message = ["content", "reasoning_content"]
+        .iter()
+        .filter_map(|k| rollout.message.get(*k).and_then(Value::as_str))
+        .map(str::len)
+        .sum::<usize>()
+        + rollout
+            .message
+            .get("tool_calls")
+            .map_or(0, |c| c.to_string().len());
     let request = request.map_or(0, |r| {
         r.messages.get().len()
             + r.tools.as_ref().map_or(0, |t| t.get().len())
             + r.template_kwargs.as_ref().map_or(0, |k| k.get().len())
             + r.answer.as_ref().map_or(0, |a| a.bytes().len())
     });
-    request + ids + tokens
+    request + ids + tokens + message
 }
 
 /// What the capture queue holds now, at most, and its byte bound.
@@ -919,8 +932,8 @@ impl CaptureQueue {
         self.enqueue((job, Some(request), n))
     }
 
-    /// A turn refused by the queue: counted, logged once per kind with the setting that helps.
-    fn refuse(&self, mut job: CaptureJob, kind: &'static str, why: &str) -> bool {
+    /// A turn refused by the queue: counted, logged once per kind with what helps.
+    fn refuse(&self, mut job: CaptureJob, kind: &'static str, why: &str, helps: &str) -> bool {
         metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "queue_full").increment(1);
         if self.stats.first_time(kind) {
             tracing::warn!(
@@ -928,8 +941,7 @@ impl CaptureQueue {
                 queued_turns = self.queued.turns(), queued_bytes = self.queued.bytes(),
                 "capture queue full ({why}); turn answered but not trained on (capture_queue_full in \
                  /v1/rollout/status turns_abandoned_by_reason; logged once): capture is slower than \
-                 the chat path, so more CPU for the capture workers or a larger \
-                 capture.max_queued_mib helps"
+                 the chat path; {helps}"
             );
         }
         job.guard.set_reason("capture_queue_full");
@@ -950,13 +962,36 @@ impl CaptureQueue {
                 self.queued.bytes(),
                 self.queued.max_bytes() >> 20
             );
-            return self.refuse(job, "capture_queue_full_bytes", &why);
+            return self.refuse(
+                job,
+                "capture_queue_full_bytes",
+                &why,
+                "more CPU for the capture workers or a larger capture.max_queued_mib helps",
+            );
         }
         match tx.try_send((job, request, n)) {
             Ok(()) => true,
-            Err(TrySendError::Full((job, _, n)) | TrySendError::Disconnected((job, _, n))) => {
+            Err(TrySendError::Full((job, _, n))) => {
                 self.queued.give(n);
-                self.refuse(job, "capture_queue_full_turns", "its turns are all taken")
+                self.refuse(
+                    job,
+                    "capture_queue_full_turns",
+                    "all of its turns are taken",
+                    "more CPU for the capture workers helps",
+                )
+            }
+            Err(TrySendError::Disconnected((mut job, _, n))) => {
+                self.queued.give(n);
+                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "closed").increment(1);
+                if self.stats.first_time("capture_closed") {
+                    tracing::error!(
+                        session_id = %job.guard.session_id(), turn = job.guard.turn(),
+                        "every capture worker is gone (a panic, logged above); turns are answered \
+                         but not trained on (capture_closed) until the server is restarted"
+                    );
+                }
+                job.guard.set_reason("capture_closed");
+                false
             }
         }
     }
@@ -1466,14 +1501,13 @@ mod tests {
         assert!(submit(1));
         // The worker takes turn 1 (counting it out) and waits in the sink.
         let started = Instant::now();
-        while queue.queued().turns() > 0 {
+        while (queue.queued().turns(), queue.queued().bytes()) != (0, 0) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "no worker took the turn"
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(queue.queued().bytes(), 0);
         assert!(submit(2) && submit(3), "two turns fit in 25 kB");
         let held = queue.queued().bytes();
         assert_eq!(queue.queued().turns(), 2);
@@ -1491,6 +1525,62 @@ mod tests {
         let status = queue.queued().to_json();
         assert_eq!(status["peak_bytes"], held);
         assert_eq!(status["max_bytes"], 25_000);
+    }
+
+    /// The count bound refuses too, and counts the refused turn's bytes out again.
+    #[test]
+    fn a_queue_with_all_its_turns_taken_refuses_and_counts_the_turn_out() {
+        let (open, gate) = std::sync::mpsc::channel();
+        let sink = Arc::new(Gated {
+            reasons: Default::default(),
+            accepted: Default::default(),
+            gate: std::sync::Mutex::new(gate),
+        });
+        let queue = CaptureQueue::start(
+            Arc::new(ChatTokenizer::mini()),
+            sink.clone(),
+            policy(),
+            DriftCheck::default(),
+            1,
+            1,
+        )
+        .unwrap();
+        let submit = |turn: u64| {
+            let mut j = job("c", turn, &[], false);
+            j.guard = TurnGuard::new(sink.clone(), "c".into(), turn);
+            let request = RequestJson {
+                messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into())
+                    .unwrap(),
+                tools: None,
+                template_kwargs: None,
+                answer: None,
+            };
+            queue.submit_json(j, request)
+        };
+        assert!(submit(1));
+        let started = Instant::now();
+        while (queue.queued().turns(), queue.queued().bytes()) != (0, 0) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no worker took the turn"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(submit(2), "the one place in the channel");
+        let held = (queue.queued().turns(), queue.queued().bytes());
+        assert_eq!(held.0, 1);
+        assert!(!submit(3), "the channel is full");
+        assert_eq!(
+            (queue.queued().turns(), queue.queued().bytes()),
+            held,
+            "the refused turn is counted out"
+        );
+        assert_eq!(*sink.reasons.lock().unwrap(), ["capture_queue_full"]);
+        for _ in 0..2 {
+            open.send(()).unwrap();
+        }
+        assert_eq!(queue.shutdown(), 2);
+        assert_eq!((queue.queued().turns(), queue.queued().bytes()), (0, 0));
     }
 
     /// One turn larger than the whole bound still goes into an empty queue: the bound limits
