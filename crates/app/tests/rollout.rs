@@ -141,7 +141,10 @@ async fn a_conversation_becomes_scored_samples_the_trainer_pulls_and_commits() {
     assert_eq!(st["next_seq"], 3);
     // Both turns went through the capture queue and left it; its bound is the default.
     let q = &st["capture_queue"];
-    assert_eq!((q["turns"].as_u64(), q["bytes"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(
+        (q["turns"].as_u64(), q["bytes"].as_u64()),
+        (Some(0), Some(0))
+    );
     assert!(q["peak_bytes"].as_u64().is_some_and(|b| b > 0), "{q}");
     assert_eq!(q["max_bytes"], 256 << 20);
     let pulled = s.pull(0).await;
