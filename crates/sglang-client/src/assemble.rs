@@ -1349,6 +1349,45 @@ mod equivalence {
             }
         }
 
+        /// Arrays shaped like the engine's ids, and every near miss of that shape (leading
+        /// zeros, signs, fractions, exponents, whitespace, long numbers, empty or doubled
+        /// elements, a missing bracket): the single pass's integer loop accepts and refuses
+        /// exactly what a tree parse does, and what it accepts reads as the tree.
+        #[test]
+        fn id_arrays_and_their_near_misses_read_alike(
+            elems in prop::collection::vec(prop_oneof![
+                8 => (0u32..200_000).prop_map(|n| n.to_string()),
+                1 => prop::sample::select(&[
+                    "0", "00", "01", "-1", "-0", "1.5", "1e2", "1E+2", "0.0", " 7", "7 ", "\n7",
+                    "", "null", "\"7\"", "[1,2]", "{}", "+1", "7-", "1.", "4294967296",
+                ][..]).prop_map(str::to_owned),
+                1 => (190usize..210).prop_map(|n| "7".repeat(n)),
+            ], 0..40),
+            seps in prop::collection::vec(
+                prop::sample::select(&[",", ",", ",", ",", ", ", ",,", ""][..]), 40),
+            close in prop::sample::select(&["]", "]", "]", " ]", "", "]]", ",]"][..]),
+        ) {
+            let mut ids = String::from("[");
+            for (i, e) in elems.iter().enumerate() {
+                if i > 0 {
+                    ids.push_str(seps[i % seps.len()]);
+                }
+                ids.push_str(e);
+            }
+            ids.push_str(close);
+            for text in [
+                format!(r#"{{"choices":[{{"index":0}}],"prompt_token_ids":{ids}}}"#),
+                format!(r#"{{"choices":[{{"token_ids":{ids},"index":0}}]}}"#),
+            ] {
+                let tree = serde_json::from_str::<Value>(&text);
+                let parsed = Answer::parse("u", Bytes::from(text.clone()));
+                prop_assert_eq!(parsed.is_ok(), tree.is_ok(), "{}", &text);
+                if let (Ok(parsed), Ok(tree)) = (parsed, tree) {
+                    prop_assert_eq!(parsed.to_value().expect("a tree"), tree, "{}", &text);
+                }
+            }
+        }
+
         #[test]
         fn any_chunk_text_assembles_alike(
             chunks in prop::collection::vec(crate::raw::text_gen::object(ANSWER_KEYS), 0..6)

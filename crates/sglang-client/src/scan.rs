@@ -294,6 +294,10 @@ impl Scanner<'_> {
                     self.depth -= 1;
                     return Ok(());
                 }
+                if self.int_elements() {
+                    self.depth -= 1;
+                    return Ok(());
+                }
                 loop {
                     self.ws();
                     self.value()?;
@@ -313,6 +317,48 @@ impl Scanner<'_> {
             Some(b'f') => self.literal(b"false"),
             Some(b'n') => self.literal(b"null"),
             _ => Err(Fail::Refused),
+        }
+    }
+
+    /// The elements of an array (at its first element) while they are plain integers without
+    /// whitespace, `12,0,345`: the shape of the engine's 10,000–20,000 prompt ids, checked in
+    /// one tight loop. Returns `true` past the closing `]`; otherwise stops at the first byte of
+    /// the first element of another shape (a sign, a fraction, an exponent, a leading zero,
+    /// whitespace, 200 digits or more, any other value), where the general loop takes over, so
+    /// what is accepted is exactly what [`Self::value`] accepts.
+    fn int_elements(&mut self) -> bool {
+        let b = self.b;
+        let mut i = self.i;
+        loop {
+            let elem = i;
+            match b.get(i) {
+                Some(b'0') => i += 1,
+                Some(b'1'..=b'9') => {
+                    i += 1;
+                    while let Some(b'0'..=b'9') = b.get(i) {
+                        i += 1;
+                    }
+                }
+                _ => {
+                    self.i = elem;
+                    return false;
+                }
+            }
+            if i - elem >= 200 {
+                self.i = elem;
+                return false;
+            }
+            match b.get(i) {
+                Some(b',') => i += 1,
+                Some(b']') => {
+                    self.i = i + 1;
+                    return true;
+                }
+                _ => {
+                    self.i = elem;
+                    return false;
+                }
+            }
         }
     }
 
