@@ -22,7 +22,8 @@ lint:
 # The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang (the chat workload,
 # its proxied phase also with the inspection page open; 1,000 concurrent sessions with a 200 ms
 # upstream; the agent scenario with a 0 ms and a 200 ms upstream, and in OPD mode), then the store, the pull API
-# and OPD end to end. Their plots go to docs/img. Extra arguments go to the chat workload.
+# and OPD end to end, capture, session inference and the answer's single pass. Their plots go to
+# docs/img. Extra arguments go to the chat workload.
 bench *ARGS:
     cargo build --release -p policy-serving -p fake-sglang -p loadgen
     cargo run --release -p loadgen -- --stream --rounds 5 --open-pages 1 --svg docs/img {{ARGS}}
@@ -35,6 +36,7 @@ bench *ARGS:
     cargo bench -p ps-app --bench opd
     cargo bench -p ps-server --bench capture
     cargo bench -p ps-server --bench session_infer
+    cargo bench -p ps-sglang-client --bench answer
 
 # The soak (docs/benchmarks.md, "Soak"): 10,000 sessions of 5-20 turns through the proxy in RL mode,
 # a trainer pulling the samples, the proxy's memory over the run (plotted into docs/img). Extra
