@@ -750,6 +750,9 @@ async fn samples_are_served_as_messagepack_on_request_and_decode_to_the_same_val
     two_turns(&s, "mp", "FAKE_VOTES=1").await;
     s.wait_submitted(2).await;
     let json_page = s.pull(0).await;
+    let r = s.get("/v1/rollout/samples?after=0&max=100").await;
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(r.json::<Value>().await.unwrap(), json_page);
     for req in [
         reqwest::Client::new().get(format!(
             "{}/v1/rollout/samples?after=0&max=100&format=msgpack",

@@ -162,16 +162,51 @@ pub async fn samples(
         samples: &samples,
         last_seq: r.store.stats().await?.last_seq,
     };
-    if msgpack {
+    let mut body = Vec::with_capacity(page_size_hint(&samples, msgpack));
+    let content_type = if msgpack {
         // Named fields: the trainer decodes it with `msgpack.unpackb` into the same dicts as JSON,
         // at about half the size (floats stay f64, bit-exact).
-        let body = rmp_serde::to_vec_named(&page).map_err(|e| ApiError::Encode(e.to_string()))?;
-        let mut resp = body.into_response();
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(MSGPACK));
-        return Ok(resp);
-    }
-    Ok(Json(page).into_response())
+        rmp_serde::encode::write_named(&mut body, &page)
+            .map_err(|e| ApiError::Encode(e.to_string()))?;
+        MSGPACK
+    } else {
+        serde_json::to_writer(&mut body, &page).map_err(|e| ApiError::Encode(e.to_string()))?;
+        "application/json"
+    };
+    let mut resp = body.into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    Ok(resp)
+}
+
+/// About how many bytes `samples` take in a page (a little more than the usual shapes need): the
+/// page is written into a buffer of that size at once. Written into a buffer that doubles as it
+/// fills, as before, each doubling copied what was written and faulted in fresh pages: ~5 % of
+/// the proxy's CPU in the agent scenario (docs/benchmarks.md). A page larger than the hint only
+/// grows its buffer; the bytes written are the same either way.
+fn page_size_hint(samples: &[StoredSample], msgpack: bool) -> usize {
+    // Per id (up to 6 digits and a comma, or MessagePack's up to 5 bytes) and per float (up to
+    // ~24 characters, or 9 bytes).
+    let (per_id, per_float) = if msgpack { (5, 9) } else { (7, 24) };
+    let of = |s: &ps_core::sample::Sample| {
+        let floats = s.rollout_log_probs.len()
+            + s.teacher_log_probs.as_ref().map_or(0, Vec::len)
+            + s.teacher_topk_log_probs
+                .as_ref()
+                .map_or(0, |t| t.iter().map(Vec::len).sum());
+        let ids = s.tokens.len()
+            + s.teacher_topk_indices
+                .as_ref()
+                .map_or(0, |t| t.iter().map(Vec::len).sum());
+        s.prompt.len()
+            + s.response.len()
+            + s.loss_mask.len() * 2
+            + ids * per_id
+            + floats * per_float
+            // The other fields and the metadata (votes, hints, ids of the session).
+            + 2048
+    };
+    samples.iter().map(|s| of(&s.sample)).sum::<usize>() + 64
 }
 
 /// Largest body of a rollout admin request (`{"through": SEQ}` is a few bytes).
@@ -316,5 +351,61 @@ pub async fn drain_eval_scores(State(app): State<AppState>) -> Result<Json<Value
 impl From<LogError> for ApiError {
     fn from(e: LogError) -> Self {
         ApiError::Store(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ps_core::sample::Sample;
+
+    /// An agent-shaped sample: a long prompt with JSON in it, 12,000 ids of up to 6 digits, 450
+    /// response tokens with log-probs, OPD's teacher log-probs and top-K, and some metadata.
+    fn sample(seq: u64) -> StoredSample {
+        let n = 450;
+        let mut metadata = serde_json::Map::new();
+        metadata.insert("votes".into(), json!([1, 1, -1]));
+        metadata.insert("hint".into(), json!("Check the \"config\" path first.\n"));
+        StoredSample {
+            seq,
+            sample: Sample {
+                prompt: "<|im_start|>system\nYou are \"helpful\".\n{\"type\": \"function\"}\n"
+                    .repeat(800),
+                response: "The handler retries after a 503.\n".repeat(60),
+                tokens: (0..12_000u32).map(|i| (i * 7919 + 13) % 151_000).collect(),
+                response_length: n,
+                loss_mask: vec![1; n],
+                rollout_log_probs: (0..n).map(|i| -(i as f64) / 7.0 - 1e-9).collect(),
+                teacher_log_probs: Some((0..n).map(|i| -(i as f64) / 3.0 - 1e-7).collect()),
+                teacher_topk_log_probs: Some(vec![vec![-0.123_456_789_012_345; 4]; n]),
+                teacher_topk_indices: Some(vec![vec![151_000, 12, 3, 45_678]; n]),
+                session_id: "session-with-a-long-name".into(),
+                metadata,
+                ..Sample::default()
+            },
+        }
+    }
+
+    /// The hint holds a page in one allocation (never less than it needs for these shapes) and
+    /// does not ask for much more than it needs.
+    #[test]
+    fn a_page_fits_the_buffer_its_size_hint_asks_for() {
+        for n in [1, 3, 17] {
+            let samples: Vec<StoredSample> = (1..=n).map(sample).collect();
+            let page = Page {
+                samples: &samples,
+                last_seq: n,
+            };
+            let json = serde_json::to_vec(&page).unwrap();
+            let msgpack = rmp_serde::to_vec_named(&page).unwrap();
+            for (bytes, hint) in [
+                (json.len(), page_size_hint(&samples, false)),
+                (msgpack.len(), page_size_hint(&samples, true)),
+            ] {
+                assert!(bytes <= hint, "{bytes} bytes, hint {hint}");
+                assert!(hint < 2 * bytes, "{bytes} bytes, hint {hint}");
+            }
+        }
+        assert_eq!(page_size_hint(&[], false), 64);
     }
 }
