@@ -188,6 +188,22 @@ fn page_size_hint(samples: &[StoredSample], msgpack: bool) -> usize {
     // Per id (up to 6 digits and a comma, or MessagePack's up to 5 bytes) and per float (up to
     // ~24 characters, or 9 bytes).
     let (per_id, per_float) = if msgpack { (5, 9) } else { (7, 24) };
+    // A text's length as written: JSON escapes quotes, backslashes and control characters
+    // (agent prompts are full of the JSON of tool schemas).
+    let text = |t: &str| {
+        if msgpack {
+            return t.len() + 5;
+        }
+        t.len()
+            + t.bytes()
+                .map(|b| match b {
+                    b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 1,
+                    0..0x20 => 5,
+                    _ => 0,
+                })
+                .sum::<usize>()
+            + 2
+    };
     let of = |s: &ps_core::sample::Sample| {
         let floats = s.rollout_log_probs.len()
             + s.teacher_log_probs.as_ref().map_or(0, Vec::len)
@@ -198,8 +214,10 @@ fn page_size_hint(samples: &[StoredSample], msgpack: bool) -> usize {
             + s.teacher_topk_indices
                 .as_ref()
                 .map_or(0, |t| t.iter().map(Vec::len).sum());
-        s.prompt.len()
-            + s.response.len()
+        let topk_rows = s.teacher_topk_log_probs.as_ref().map_or(0, Vec::len)
+            + s.teacher_topk_indices.as_ref().map_or(0, Vec::len);
+        text(&s.prompt) + text(&s.response)
+            + topk_rows * 3
             + s.loss_mask.len() * 2
             + ids * per_id
             + floats * per_float
@@ -386,12 +404,32 @@ mod tests {
         }
     }
 
+    /// An RL sample (no teacher fields) whose prompt is mostly characters JSON escapes.
+    fn escaped(seq: u64) -> StoredSample {
+        let mut s = sample(seq);
+        s.sample.prompt = "{\"a\": \"b\"}\n".repeat(4_000);
+        s.sample.teacher_log_probs = None;
+        s.sample.teacher_topk_log_probs = None;
+        s.sample.teacher_topk_indices = None;
+        s
+    }
+
+    /// OPD with top-1: one short row per response token.
+    fn top_one(seq: u64) -> StoredSample {
+        let mut s = sample(seq);
+        let n = s.sample.response_length;
+        s.sample.teacher_topk_log_probs = Some(vec![vec![-0.5]; n]);
+        s.sample.teacher_topk_indices = Some(vec![vec![7]; n]);
+        s
+    }
+
     /// The hint holds a page in one allocation (never less than it needs for these shapes) and
     /// does not ask for much more than it needs.
     #[test]
     fn a_page_fits_the_buffer_its_size_hint_asks_for() {
-        for n in [1, 3, 17] {
-            let samples: Vec<StoredSample> = (1..=n).map(sample).collect();
+        let shapes: [fn(u64) -> StoredSample; 3] = [sample, escaped, top_one];
+        for (shape, n) in shapes.into_iter().zip([3, 2, 1]) {
+            let samples: Vec<StoredSample> = (1..=n).map(shape).collect();
             let page = Page {
                 samples: &samples,
                 last_seq: n,
