@@ -51,8 +51,10 @@ pub(crate) fn tojson_filter(
         ));
     }
     let mut picked: [Option<Value>; 4] = Default::default();
+    // `x | tojson` (how chat templates print tools and arguments) names nothing: no lookups.
+    let named = kwargs.args().next().is_some();
     for (i, name) in NAMES.iter().enumerate() {
-        let by_name: Option<Value> = kwargs.get(name)?;
+        let by_name: Option<Value> = if named { kwargs.get(name)? } else { None };
         picked[i] = match (args.get(i), by_name) {
             (Some(_), Some(_)) => {
                 return Err(Error::new(
@@ -151,6 +153,21 @@ fn write_value(out: &mut String, v: &Value, opts: &DumpOptions, level: usize) ->
             let items: Vec<Value> = v.try_iter()?.collect();
             write_array(out, &items, opts, level)?;
         }
+        // In insertion order (no `sort_keys`): written as the pairs come, with no list of them
+        // and no copy of each key (the tools a template prints with `tojson` on every render).
+        ValueKind::Map if !opts.sort_keys => {
+            if let Some(pairs) = v.as_object().and_then(|o| o.try_iter_pairs()) {
+                write_pairs(out, pairs, opts, level)?;
+            } else {
+                let keys: Vec<Value> = v.try_iter()?.collect();
+                let mut pairs = Vec::with_capacity(keys.len());
+                for k in keys {
+                    let item = v.get_item(&k)?;
+                    pairs.push((k, item));
+                }
+                write_pairs(out, pairs.into_iter(), opts, level)?;
+            }
+        }
         ValueKind::Map => {
             let pairs: Vec<(Value, Value)> = match v.as_object().and_then(|o| o.try_iter_pairs()) {
                 Some(it) => it.collect(),
@@ -233,6 +250,42 @@ fn write_object(
         write_string(out, key, opts.ensure_ascii);
         out.push_str(&opts.key_separator);
         write_value(out, item, opts, level + 1)?;
+    }
+    if let Some(ind) = &opts.indent {
+        newline_indent(out, ind, level);
+    }
+    out.push('}');
+    Ok(())
+}
+
+/// An object's pairs in the order they come (what [`write_object`] writes without `sort_keys`).
+fn write_pairs(
+    out: &mut String,
+    pairs: impl Iterator<Item = (Value, Value)>,
+    opts: &DumpOptions,
+    level: usize,
+) -> Result<(), Error> {
+    let mut any = false;
+    for (key, item) in pairs {
+        if any {
+            out.push_str(&opts.item_separator);
+        } else {
+            out.push('{');
+        }
+        any = true;
+        if let Some(ind) = &opts.indent {
+            newline_indent(out, ind, level + 1);
+        }
+        match key.as_str() {
+            Some(k) if key.kind() == ValueKind::String => write_string(out, k, opts.ensure_ascii),
+            _ => write_string(out, &key_string(&key)?, opts.ensure_ascii),
+        }
+        out.push_str(&opts.key_separator);
+        write_value(out, &item, opts, level + 1)?;
+    }
+    if !any {
+        out.push_str("{}");
+        return Ok(());
     }
     if let Some(ind) = &opts.indent {
         newline_indent(out, ind, level);
@@ -338,6 +391,24 @@ pub(crate) fn float_repr(f: f64, json: bool) -> String {
 /// A JSON string literal as Python writes it.
 fn write_string(out: &mut String, s: &str, ensure_ascii: bool) {
     out.reserve(s.len() + 2);
+    if !ensure_ascii {
+        // Runs of characters written as they are (everything but `"`, `\\` and the controls)
+        // are copied whole.
+        out.push('"');
+        let mut rest = s;
+        while let Some(i) = rest
+            .bytes()
+            .position(|b| b < 0x20 || b == b'"' || b == b'\\')
+        {
+            out.push_str(&rest[..i]);
+            // An ASCII byte: `i` and `i + 1` are character boundaries.
+            write_escaped_char(out, char::from(rest.as_bytes()[i]));
+            rest = &rest[i + 1..];
+        }
+        out.push_str(rest);
+        out.push('"');
+        return;
+    }
     out.push('"');
     for c in s.chars() {
         match c {
@@ -363,6 +434,22 @@ fn write_string(out: &mut String, s: &str, ensure_ascii: bool) {
     out.push('"');
 }
 
+/// `"`, `\\` or a control character, escaped as `json.dumps` does.
+fn write_escaped_char(out: &mut String, c: char) {
+    match c {
+        '"' => out.push_str("\\\""),
+        '\\' => out.push_str("\\\\"),
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        '\u{08}' => out.push_str("\\b"),
+        '\u{0c}' => out.push_str("\\f"),
+        c => {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        }
+    }
+}
+
 /// Writes a value the way Jinja2 prints it for the cases where minijinja differs: floats use
 /// Python's `str(float)`. Everything else goes through minijinja's default formatter.
 pub(crate) fn python_formatter(
@@ -382,6 +469,198 @@ pub(crate) fn python_formatter(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The writer as it was before objects were written pair by pair and strings run by run:
+    /// the reference the faster one is checked against.
+    mod reference {
+        use super::super::{DumpOptions, key_string, newline_indent, write_number};
+        use minijinja::value::ValueKind;
+        use minijinja::{Error, Value};
+        use std::fmt::Write as _;
+
+        pub fn dumps(v: &Value, opts: &DumpOptions) -> Result<String, Error> {
+            let mut out = String::new();
+            value(&mut out, v, opts, 0)?;
+            Ok(out)
+        }
+
+        fn value(
+            out: &mut String,
+            v: &Value,
+            opts: &DumpOptions,
+            level: usize,
+        ) -> Result<(), Error> {
+            match v.kind() {
+                ValueKind::None => out.push_str("null"),
+                ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+                ValueKind::Number => write_number(out, v, true)?,
+                ValueKind::String => string(out, v.as_str().unwrap_or_default(), opts.ensure_ascii),
+                ValueKind::Seq | ValueKind::Iterable => {
+                    let items: Vec<Value> = v.try_iter()?.collect();
+                    if items.is_empty() {
+                        out.push_str("[]");
+                        return Ok(());
+                    }
+                    out.push('[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(&opts.item_separator);
+                        }
+                        if let Some(ind) = &opts.indent {
+                            newline_indent(out, ind, level + 1);
+                        }
+                        value(out, item, opts, level + 1)?;
+                    }
+                    if let Some(ind) = &opts.indent {
+                        newline_indent(out, ind, level);
+                    }
+                    out.push(']');
+                }
+                ValueKind::Map => {
+                    let pairs: Vec<(Value, Value)> = v
+                        .as_object()
+                        .and_then(|o| o.try_iter_pairs())
+                        .unwrap()
+                        .collect();
+                    if pairs.is_empty() {
+                        out.push_str("{}");
+                        return Ok(());
+                    }
+                    let mut pairs: Vec<(String, Value)> = pairs
+                        .into_iter()
+                        .map(|(k, v)| Ok((key_string(&k)?, v)))
+                        .collect::<Result<_, Error>>()?;
+                    if opts.sort_keys {
+                        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+                    }
+                    out.push('{');
+                    for (i, (key, item)) in pairs.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(&opts.item_separator);
+                        }
+                        if let Some(ind) = &opts.indent {
+                            newline_indent(out, ind, level + 1);
+                        }
+                        string(out, key, opts.ensure_ascii);
+                        out.push_str(&opts.key_separator);
+                        value(out, item, opts, level + 1)?;
+                    }
+                    if let Some(ind) = &opts.indent {
+                        newline_indent(out, ind, level);
+                    }
+                    out.push('}');
+                }
+                _ => return Err(Error::from(minijinja::ErrorKind::InvalidOperation)),
+            }
+            Ok(())
+        }
+
+        fn string(out: &mut String, s: &str, ensure_ascii: bool) {
+            out.push('"');
+            for c in s.chars() {
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    '\u{08}' => out.push_str("\\b"),
+                    '\u{0c}' => out.push_str("\\f"),
+                    c if (c as u32) < 0x20 => {
+                        let _ = write!(out, "\\u{:04x}", c as u32);
+                    }
+                    c if ensure_ascii && !(' '..='~').contains(&c) => {
+                        let mut buf = [0u16; 2];
+                        for unit in c.encode_utf16(&mut buf) {
+                            let _ = write!(out, "\\u{unit:04x}");
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
+    }
+
+    fn json() -> impl Strategy<Value = serde_json::Value> {
+        let text = prop_oneof!["[a-z \"\\\\\n\t\u{1}\u{7f}é😀<>&']{0,12}", any::<String>(),];
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            (-1e6f64..1e6).prop_map(serde_json::Value::from),
+            text.clone().prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 64, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+                prop::collection::vec((text.clone(), inner), 0..6)
+                    .prop_map(|kv| { serde_json::Value::Object(kv.into_iter().collect()) }),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Any value, with every combination of `tojson`'s options, is written byte for byte as
+        /// the reference writer writes it.
+        #[test]
+        fn the_writer_writes_what_the_reference_writes(
+            v in json(),
+            ensure_ascii in any::<bool>(),
+            indent in prop::option::of(prop::sample::select(&["", "  ", "\t"][..])),
+            compact in any::<bool>(),
+            sort_keys in any::<bool>(),
+        ) {
+            let v = crate::json_to_value(&v);
+            let (item_separator, key_separator) = if compact {
+                (",".to_owned(), ":".to_owned())
+            } else {
+                (", ".to_owned(), ": ".to_owned())
+            };
+            let opts = DumpOptions {
+                ensure_ascii,
+                indent: indent.map(str::to_owned),
+                item_separator,
+                key_separator,
+                sort_keys,
+            };
+            prop_assert_eq!(dumps(&v, &opts).unwrap(), reference::dumps(&v, &opts).unwrap());
+        }
+    }
+
+    /// Keys that are not strings are converted as Python converts them, in both writers.
+    #[test]
+    fn non_string_keys_are_written_as_python_writes_them() {
+        let map: std::collections::BTreeMap<Value, Value> = [
+            (Value::from(7), Value::from("a")),
+            (Value::from(true), Value::from(2)),
+            (Value::from(()), Value::from(1.5)),
+            (Value::from("k\"ey"), Value::from(())),
+        ]
+        .into_iter()
+        .collect();
+        let v = Value::from(map);
+        let opts = DumpOptions {
+            ensure_ascii: false,
+            indent: None,
+            item_separator: ", ".into(),
+            key_separator: ": ".into(),
+            sort_keys: false,
+        };
+        let written = dumps(&v, &opts).unwrap();
+        assert_eq!(written, reference::dumps(&v, &opts).unwrap());
+        for pair in [
+            r#""7": "a""#,
+            r#""true": 2"#,
+            r#""null": 1.5"#,
+            r#""k\"ey": null"#,
+        ] {
+            assert!(written.contains(pair), "{written}");
+        }
+    }
 
     #[test]
     fn float_repr_matches_python() {
