@@ -584,7 +584,10 @@ mod tests {
     }
 
     fn json() -> impl Strategy<Value = serde_json::Value> {
-        let text = prop_oneof!["[a-z \"\\\\\n\t\u{1}\u{7f}é😀<>&']{0,12}", any::<String>(),];
+        let text = prop_oneof![
+            "[a-z \"\\\\\n\r\t\u{0}\u{1}\u{8}\u{c}\u{1f}\u{7f}é😀<>&']{0,12}",
+            any::<String>(),
+        ];
         let leaf = prop_oneof![
             Just(serde_json::Value::Null),
             any::<bool>().prop_map(serde_json::Value::from),

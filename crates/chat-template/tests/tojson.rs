@@ -122,3 +122,20 @@ fn printed_floats_use_python_str() {
     .unwrap();
     assert_eq!(got, "5.0 1e+16 1e-05 0.25 1e-05 3");
 }
+
+/// Keyword arguments `json.dumps` does not take, and an argument given both by position and by
+/// name, are errors (as Python's TypeError), whether or not other keywords were passed.
+#[test]
+fn unknown_and_repeated_arguments_are_refused() {
+    for template in [
+        "{{ x | tojson(colour=1) }}",
+        "{{ x | tojson(indent=2, colour=1) }}",
+        "{{ x | tojson(true, ensure_ascii=true) }}",
+        "{{ x | tojson(1, 2, 3, 4, 5) }}",
+    ] {
+        let e = render_kwargs(template, input()).expect_err(template);
+        assert!(!e.to_string().is_empty(), "{template}");
+    }
+    let e = render_kwargs("{{ x | tojson(true, ensure_ascii=true) }}", input()).unwrap_err();
+    assert!(e.to_string().contains("multiple values"), "{e}");
+}
