@@ -153,35 +153,33 @@ fn write_value(out: &mut String, v: &Value, opts: &DumpOptions, level: usize) ->
             let items: Vec<Value> = v.try_iter()?.collect();
             write_array(out, &items, opts, level)?;
         }
-        // In insertion order (no `sort_keys`): written as the pairs come, with no list of them
-        // and no copy of each key (the tools a template prints with `tojson` on every render).
-        ValueKind::Map if !opts.sort_keys => {
-            if let Some(pairs) = v.as_object().and_then(|o| o.try_iter_pairs()) {
-                write_pairs(out, pairs, opts, level)?;
-            } else {
-                let keys: Vec<Value> = v.try_iter()?.collect();
-                let mut pairs = Vec::with_capacity(keys.len());
-                for k in keys {
-                    let item = v.get_item(&k)?;
-                    pairs.push((k, item));
-                }
-                write_pairs(out, pairs.into_iter(), opts, level)?;
-            }
-        }
         ValueKind::Map => {
-            let pairs: Vec<(Value, Value)> = match v.as_object().and_then(|o| o.try_iter_pairs()) {
-                Some(it) => it.collect(),
-                None => {
-                    let keys: Vec<Value> = v.try_iter()?.collect();
-                    let mut pairs = Vec::with_capacity(keys.len());
-                    for k in keys {
-                        let item = v.get_item(&k)?;
-                        pairs.push((k, item));
+            // The pairs as they come: no list of them and no copy of each key (the tools a
+            // template prints with `tojson` on every render). With `sort_keys`, ordered by their
+            // keys as strings first.
+            let pairs: Box<dyn Iterator<Item = (Value, Value)> + '_> =
+                match v.as_object().and_then(|o| o.try_iter_pairs()) {
+                    Some(it) => it,
+                    None => {
+                        let keys: Vec<Value> = v.try_iter()?.collect();
+                        let mut pairs = Vec::with_capacity(keys.len());
+                        for k in keys {
+                            let item = v.get_item(&k)?;
+                            pairs.push((k, item));
+                        }
+                        Box::new(pairs.into_iter())
                     }
-                    pairs
-                }
-            };
-            write_object(out, pairs, opts, level)?;
+                };
+            if opts.sort_keys {
+                let mut keyed: Vec<(String, Value)> = pairs
+                    .map(|(k, v)| Ok((key_string(&k)?, v)))
+                    .collect::<Result<_, Error>>()?;
+                keyed.sort_by(|a, b| a.0.cmp(&b.0));
+                let keyed = keyed.into_iter().map(|(k, v)| (Value::from(k), v));
+                write_pairs(out, keyed, opts, level)?;
+            } else {
+                write_pairs(out, pairs, opts, level)?;
+            }
         }
         _ => return Err(not_serializable(v)),
     }
@@ -222,43 +220,7 @@ fn write_array(
     Ok(())
 }
 
-fn write_object(
-    out: &mut String,
-    pairs: Vec<(Value, Value)>,
-    opts: &DumpOptions,
-    level: usize,
-) -> Result<(), Error> {
-    if pairs.is_empty() {
-        out.push_str("{}");
-        return Ok(());
-    }
-    let mut pairs: Vec<(String, Value)> = pairs
-        .into_iter()
-        .map(|(k, v)| Ok((key_string(&k)?, v)))
-        .collect::<Result<_, Error>>()?;
-    if opts.sort_keys {
-        pairs.sort_by(|a, b| a.0.cmp(&b.0));
-    }
-    out.push('{');
-    for (i, (key, item)) in pairs.iter().enumerate() {
-        if i > 0 {
-            out.push_str(&opts.item_separator);
-        }
-        if let Some(ind) = &opts.indent {
-            newline_indent(out, ind, level + 1);
-        }
-        write_string(out, key, opts.ensure_ascii);
-        out.push_str(&opts.key_separator);
-        write_value(out, item, opts, level + 1)?;
-    }
-    if let Some(ind) = &opts.indent {
-        newline_indent(out, ind, level);
-    }
-    out.push('}');
-    Ok(())
-}
-
-/// An object's pairs in the order they come (what [`write_object`] writes without `sort_keys`).
+/// An object's pairs, in the order given.
 fn write_pairs(
     out: &mut String,
     pairs: impl Iterator<Item = (Value, Value)>,
