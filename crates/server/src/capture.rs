@@ -1463,66 +1463,106 @@ mod tests {
         }
     }
 
+    /// A capture queue of one worker that a [`Gated`] sink holds after each turn.
+    struct GatedQueue {
+        queue: CaptureQueue,
+        sink: Arc<Gated>,
+        open: std::sync::mpsc::Sender<()>,
+    }
+
+    impl GatedQueue {
+        /// A queue of `capacity` turns and at most `max_bytes` bytes.
+        fn start(capacity: usize, max_bytes: usize) -> Self {
+            let (open, gate) = std::sync::mpsc::channel();
+            let sink = Arc::new(Gated {
+                reasons: Default::default(),
+                accepted: Default::default(),
+                gate: std::sync::Mutex::new(gate),
+            });
+            let queue = CaptureQueue::start(
+                Arc::new(ChatTokenizer::mini()),
+                sink.clone(),
+                policy(),
+                DriftCheck::default(),
+                capacity,
+                1,
+            )
+            .unwrap()
+            .with_max_queued_bytes(max_bytes);
+            Self { queue, sink, open }
+        }
+
+        /// Queues turn `turn` of session `g`, its request's `messages` as this JSON text.
+        fn submit(&self, turn: u64, messages: &str) -> bool {
+            let mut j = job("g", turn, &[], false);
+            j.guard = TurnGuard::new(self.sink.clone(), "g".into(), turn);
+            let request = RequestJson {
+                messages: RawValue::from_string(messages.to_owned()).unwrap(),
+                tools: None,
+                template_kwargs: None,
+                answer: None,
+            };
+            self.queue.submit_json(j, request)
+        }
+
+        /// Waits until the worker took every queued turn (counting it out); it then waits in
+        /// the sink.
+        fn wait_taken(&self) {
+            let started = Instant::now();
+            while (self.queued().turns(), self.queued().bytes()) != (0, 0) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "no worker took the turn"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+
+        /// Lets `n` captured turns through the sink, then shuts the queue down; returns how many
+        /// turns it captured.
+        fn finish(&self, n: usize) -> usize {
+            for _ in 0..n {
+                self.open.send(()).unwrap();
+            }
+            self.queue.shutdown()
+        }
+
+        fn queued(&self) -> &QueueBytes {
+            self.queue.queued()
+        }
+    }
+
+    const SHORT: &str = r#"[{"role":"user","content":"q"}]"#;
+
     /// While capture is behind, a turn that would take the queue past `capture.max_queued_mib`
     /// is refused with a reason (answered, not trained on); every turn the queue took is still
     /// captured, and its bytes are counted out again.
     #[test]
     fn a_queue_past_its_byte_bound_refuses_turns_with_a_reason_and_loses_none_it_took() {
-        let (open, gate) = std::sync::mpsc::channel();
-        let sink = Arc::new(Gated {
-            reasons: Default::default(),
-            accepted: Default::default(),
-            gate: std::sync::Mutex::new(gate),
-        });
         // ~10 kB of request text per turn; the queue may hold 25 kB.
         let messages = format!(r#"[{{"role":"user","content":"{}"}}]"#, "q".repeat(10_000));
-        let queue = CaptureQueue::start(
-            Arc::new(ChatTokenizer::mini()),
-            sink.clone(),
-            policy(),
-            DriftCheck::default(),
-            64,
-            1,
-        )
-        .unwrap()
-        .with_max_queued_bytes(25_000);
-        assert_eq!(queue.queued().max_bytes(), 25_000);
-        let submit = |turn: u64| {
-            let mut j = job("q", turn, &[], false);
-            j.guard = TurnGuard::new(sink.clone(), "q".into(), turn);
-            let request = RequestJson {
-                messages: RawValue::from_string(messages.clone()).unwrap(),
-                tools: None,
-                template_kwargs: None,
-                answer: None,
-            };
-            queue.submit_json(j, request)
-        };
-        assert!(submit(1));
-        // The worker takes turn 1 (counting it out) and waits in the sink.
-        let started = Instant::now();
-        while (queue.queued().turns(), queue.queued().bytes()) != (0, 0) {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no worker took the turn"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(submit(2) && submit(3), "two turns fit in 25 kB");
-        let held = queue.queued().bytes();
-        assert_eq!(queue.queued().turns(), 2);
+        let q = GatedQueue::start(64, 25_000);
+        assert_eq!(q.queued().max_bytes(), 25_000);
+        assert!(q.submit(1, &messages));
+        q.wait_taken();
+        assert!(
+            q.submit(2, &messages) && q.submit(3, &messages),
+            "two turns fit in 25 kB"
+        );
+        let held = q.queued().bytes();
+        assert_eq!(q.queued().turns(), 2);
         assert!((20_000..=25_000).contains(&held), "{held} bytes counted");
-        assert!(!submit(4), "a third queued turn would pass the bound");
-        assert_eq!(*sink.reasons.lock().unwrap(), ["capture_queue_full"]);
-        assert_eq!(queue.queued().turns(), 2, "the refused turn is not counted");
-        for _ in 0..3 {
-            open.send(()).unwrap();
-        }
-        assert_eq!(queue.shutdown(), 3);
-        assert_eq!(*sink.accepted.lock().unwrap(), [1, 2, 3]);
-        assert_eq!((queue.queued().turns(), queue.queued().bytes()), (0, 0));
-        assert_eq!(queue.queued().peak_bytes(), held);
-        let status = queue.queued().to_json();
+        assert!(
+            !q.submit(4, &messages),
+            "a third queued turn would pass the bound"
+        );
+        assert_eq!(*q.sink.reasons.lock().unwrap(), ["capture_queue_full"]);
+        assert_eq!(q.queued().turns(), 2, "the refused turn is not counted");
+        assert_eq!(q.finish(3), 3);
+        assert_eq!(*q.sink.accepted.lock().unwrap(), [1, 2, 3]);
+        assert_eq!((q.queued().turns(), q.queued().bytes()), (0, 0));
+        assert_eq!(q.queued().peak_bytes(), held);
+        let status = q.queued().to_json();
         assert_eq!(status["peak_bytes"], held);
         assert_eq!(status["max_bytes"], 25_000);
     }
@@ -1530,85 +1570,31 @@ mod tests {
     /// The count bound refuses too, and counts the refused turn's bytes out again.
     #[test]
     fn a_queue_with_all_its_turns_taken_refuses_and_counts_the_turn_out() {
-        let (open, gate) = std::sync::mpsc::channel();
-        let sink = Arc::new(Gated {
-            reasons: Default::default(),
-            accepted: Default::default(),
-            gate: std::sync::Mutex::new(gate),
-        });
-        let queue = CaptureQueue::start(
-            Arc::new(ChatTokenizer::mini()),
-            sink.clone(),
-            policy(),
-            DriftCheck::default(),
-            1,
-            1,
-        )
-        .unwrap();
-        let submit = |turn: u64| {
-            let mut j = job("c", turn, &[], false);
-            j.guard = TurnGuard::new(sink.clone(), "c".into(), turn);
-            let request = RequestJson {
-                messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into())
-                    .unwrap(),
-                tools: None,
-                template_kwargs: None,
-                answer: None,
-            };
-            queue.submit_json(j, request)
-        };
-        assert!(submit(1));
-        let started = Instant::now();
-        while (queue.queued().turns(), queue.queued().bytes()) != (0, 0) {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no worker took the turn"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(submit(2), "the one place in the channel");
-        let held = (queue.queued().turns(), queue.queued().bytes());
+        let q = GatedQueue::start(1, DEFAULT_MAX_QUEUED_BYTES);
+        assert!(q.submit(1, SHORT));
+        q.wait_taken();
+        assert!(q.submit(2, SHORT), "the one place in the channel");
+        let held = (q.queued().turns(), q.queued().bytes());
         assert_eq!(held.0, 1);
-        assert!(!submit(3), "the channel is full");
+        assert!(!q.submit(3, SHORT), "the channel is full");
         assert_eq!(
-            (queue.queued().turns(), queue.queued().bytes()),
+            (q.queued().turns(), q.queued().bytes()),
             held,
             "the refused turn is counted out"
         );
-        assert_eq!(*sink.reasons.lock().unwrap(), ["capture_queue_full"]);
-        for _ in 0..2 {
-            open.send(()).unwrap();
-        }
-        assert_eq!(queue.shutdown(), 2);
-        assert_eq!((queue.queued().turns(), queue.queued().bytes()), (0, 0));
+        assert_eq!(*q.sink.reasons.lock().unwrap(), ["capture_queue_full"]);
+        assert_eq!(q.finish(2), 2);
+        assert_eq!((q.queued().turns(), q.queued().bytes()), (0, 0));
     }
 
     /// One turn larger than the whole bound still goes into an empty queue: the bound limits
     /// what piles up, it does not refuse a long conversation outright.
     #[test]
     fn a_turn_larger_than_the_bound_is_taken_by_an_empty_queue() {
-        let sink = Arc::new(Reasons::default());
-        let queue = CaptureQueue::start(
-            Arc::new(ChatTokenizer::mini()),
-            sink.clone(),
-            policy(),
-            DriftCheck::default(),
-            8,
-            1,
-        )
-        .unwrap()
-        .with_max_queued_bytes(1);
-        let mut j = job("big", 1, &[], false);
-        j.guard = TurnGuard::new(sink.clone(), "big".into(), 1);
-        let request = RequestJson {
-            messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into()).unwrap(),
-            tools: None,
-            template_kwargs: None,
-            answer: None,
-        };
-        assert!(queue.submit_json(j, request));
-        assert_eq!(queue.shutdown(), 1);
-        assert!(sink.0.lock().unwrap().is_empty());
+        let q = GatedQueue::start(8, 1);
+        assert!(q.submit(1, SHORT));
+        assert_eq!(q.finish(1), 1);
+        assert!(q.sink.reasons.lock().unwrap().is_empty());
     }
 
     /// An answer whose rollout cannot be read on the capture thread (here a log-prob out of
