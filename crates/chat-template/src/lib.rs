@@ -521,38 +521,52 @@ impl ChatTokenizer {
         shared: &SharedPrefixCache,
     ) {
         let normalized = normalize_messages(input.messages);
-        let leading = normalized
-            .iter()
-            .take_while(|m| {
-                matches!(
-                    m.get("role").and_then(Value::as_str),
-                    Some("system" | "developer")
-                )
-            })
-            .count();
+        let leading = leading_system_messages(&normalized);
         let has_tools = input.tools.is_some_and(|t| !t.is_null());
         if leading == 0 && !has_tools {
             return;
         }
-        let mut messages: Vec<MjValue> = normalized[..leading].iter().map(json_to_value).collect();
-        messages.push(json_to_value(
-            &serde_json::json!({"role": "user", "content": "\u{1}"}),
-        ));
-        let prepared = Prepared::new(input.tools, input.template_kwargs);
-        let Ok(rendered) = self.render_prepared(messages, &prepared, false) else {
+        let Some(common) = self.leading_system_prefix_len(
+            &normalized[..leading],
+            input.tools,
+            input.template_kwargs,
+            &encoded.text,
+        ) else {
             return;
         };
-        let common = rendered
-            .bytes()
-            .zip(encoded.text.bytes())
-            .take_while(|(a, b)| a == b)
-            .count();
         let k = encoded
             .boundaries
             .partition_point(|(end, _)| *end <= common);
         if let Some(&(end, n)) = k.checked_sub(1).map(|k| &encoded.boundaries[k]) {
             shared.insert(&encoded.text[..end], &encoded.ids[..n]);
         }
+    }
+
+    /// How much of `text` (a rendered prompt) every conversation that starts with the normalised
+    /// `system` messages and has the same `tools` and kwargs renders alike: the length of the
+    /// common prefix of `text` and those messages rendered with a placeholder user message after
+    /// them. Comparing renders (not searching for the first message's text) stays right when that
+    /// text also occurs in the system prompt or tools. `None` when the render fails.
+    pub fn leading_system_prefix_len(
+        &self,
+        system: &[Value],
+        tools: Option<&Value>,
+        template_kwargs: Option<&Map<String, Value>>,
+        text: &str,
+    ) -> Option<usize> {
+        let mut probe: Vec<MjValue> = system.iter().map(json_to_value).collect();
+        probe.push(json_to_value(
+            &serde_json::json!({"role": "user", "content": "\u{1}"}),
+        ));
+        let prepared = Prepared::new(tools, template_kwargs);
+        let rendered = self.render_prepared(probe, &prepared, false).ok()?;
+        Some(
+            rendered
+                .bytes()
+                .zip(text.bytes())
+                .take_while(|(a, b)| a == b)
+                .count(),
+        )
     }
 
     /// Renders a turn as [`ChatTokenizer::split_turn`] does, without tokenizing: for turns whose
@@ -580,6 +594,20 @@ impl ChatTokenizer {
             prompt_is_prefix,
         })
     }
+}
+
+/// How many of the normalised `messages` are leading `system` or `developer` messages (what
+/// [`ChatTokenizer::leading_system_prefix_len`] renders).
+pub fn leading_system_messages(messages: &[Value]) -> usize {
+    messages
+        .iter()
+        .take_while(|m| {
+            matches!(
+                m.get("role").and_then(Value::as_str),
+                Some("system" | "developer")
+            )
+        })
+        .count()
 }
 
 /// Where the start of an encoded text came from.

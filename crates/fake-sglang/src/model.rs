@@ -419,10 +419,9 @@ fn push_eos(tok: &ChatTokenizer, out: &mut Vec<SampledToken>) {
 
 /// For a conversation's first turn (one message after the leading system/developer messages),
 /// the length of `prompt_text`'s start that every conversation with the same system messages and
-/// tools shares: the common prefix with a render of them plus a placeholder user message, as
-/// `ChatTokenizer::share_leading_system` finds it. Comparing renders (not searching the first
-/// message's text) stays right when that text also occurs in the system prompt or tools. `None`
-/// for later turns (they find their previous prompt instead) or when the render fails.
+/// tools shares (`ChatTokenizer::leading_system_prefix_len`, as capture's shared prefix cache
+/// finds it). `None` for later turns (they find their previous prompt instead) or when the render
+/// fails.
 fn shared_system_prefix(
     tok: &ChatTokenizer,
     templated: &[Value],
@@ -430,28 +429,11 @@ fn shared_system_prefix(
     kwargs: Option<&Map<String, Value>>,
     prompt_text: &str,
 ) -> Option<usize> {
-    let leading = templated
-        .iter()
-        .take_while(|m| {
-            matches!(
-                m.get("role").and_then(Value::as_str),
-                Some("system" | "developer")
-            )
-        })
-        .count();
+    let leading = ps_chat_template::leading_system_messages(templated);
     if templated.len() != leading + 1 {
         return None;
     }
-    let mut probe = templated[..leading].to_vec();
-    probe.push(json!({"role": "user", "content": "\u{1}"}));
-    let rendered = tok.render(&probe, tools, true, kwargs).ok()?;
-    Some(
-        rendered
-            .bytes()
-            .zip(prompt_text.bytes())
-            .take_while(|(a, b)| a == b)
-            .count(),
-    )
+    tok.leading_system_prefix_len(&templated[..leading], tools, kwargs, prompt_text)
 }
 
 /// Samples the fake answer to a chat request. The prompt is encoded through `prompts`, which
