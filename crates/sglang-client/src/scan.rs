@@ -176,14 +176,50 @@ impl Scanner<'_> {
         &mut self,
         mut value: impl FnMut(&mut Self, &str) -> Result<Node, Fail>,
     ) -> Result<Obj, Fail> {
+        let mut obj = Obj::default();
+        self.each_entry(|s, key, escaped| {
+            let key: Box<str> = if escaped {
+                serde_json::from_slice::<String>(&s.b[key])
+                    .map_err(|_| Fail::Refused)?
+                    .into()
+            } else {
+                std::str::from_utf8(&s.b[key.start + 1..key.end - 1])
+                    .map_err(|_| Fail::Refused)?
+                    .into()
+            };
+            let node = value(s, &key)?;
+            obj.insert(key, node);
+            Ok(())
+        })?;
+        Ok(obj)
+    }
+
+    /// An array (at its `[`), each element read by `elem`.
+    fn array(
+        &mut self,
+        mut elem: impl FnMut(&mut Self) -> Result<Node, Fail>,
+    ) -> Result<Vec<Node>, Fail> {
+        let mut out = Vec::new();
+        self.each_elem(false, |s| {
+            out.push(elem(s)?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Walks an object (at its `{`): each key's text (quotes included) and whether it holds an
+    /// escape go to `entry`, which reads the value after the colon.
+    fn each_entry(
+        &mut self,
+        mut entry: impl FnMut(&mut Self, Range<usize>, bool) -> Result<(), Fail>,
+    ) -> Result<(), Fail> {
         self.enter()?;
         self.i += 1;
-        let mut obj = Obj::default();
         self.ws();
         if self.peek() == Some(b'}') {
             self.i += 1;
             self.depth -= 1;
-            return Ok(obj);
+            return Ok(());
         }
         loop {
             self.ws();
@@ -192,57 +228,54 @@ impl Scanner<'_> {
             }
             let start = self.i;
             let escaped = self.string()?;
-            let key: Box<str> = if escaped {
-                serde_json::from_slice::<String>(&self.b[start..self.i])
-                    .map_err(|_| Fail::Refused)?
-                    .into()
-            } else {
-                std::str::from_utf8(&self.b[start + 1..self.i - 1])
-                    .map_err(|_| Fail::Refused)?
-                    .into()
-            };
+            let key = start..self.i;
             self.ws();
             self.expect(b':')?;
             self.ws();
-            let node = value(self, &key)?;
-            obj.insert(key, node);
+            entry(self, key, escaped)?;
             self.ws();
             match self.peek() {
                 Some(b',') => self.i += 1,
                 Some(b'}') => {
                     self.i += 1;
                     self.depth -= 1;
-                    return Ok(obj);
+                    return Ok(());
                 }
                 _ => return Err(Fail::Refused),
             }
         }
     }
 
-    /// An array (at its `[`), each element read by `elem`.
-    fn array(
+    /// Walks an array (at its `[`), each element read by `elem`; with `ints`, a run of plain
+    /// integers is first checked in one loop ([`Self::int_elements`]), and `elem` reads from the
+    /// first element of another shape.
+    fn each_elem(
         &mut self,
-        mut elem: impl FnMut(&mut Self) -> Result<Node, Fail>,
-    ) -> Result<Vec<Node>, Fail> {
+        ints: bool,
+        mut elem: impl FnMut(&mut Self) -> Result<(), Fail>,
+    ) -> Result<(), Fail> {
         self.enter()?;
         self.i += 1;
-        let mut out = Vec::new();
         self.ws();
         if self.peek() == Some(b']') {
             self.i += 1;
             self.depth -= 1;
-            return Ok(out);
+            return Ok(());
+        }
+        if ints && self.int_elements() {
+            self.depth -= 1;
+            return Ok(());
         }
         loop {
             self.ws();
-            out.push(elem(self)?);
+            elem(self)?;
             self.ws();
             match self.peek() {
                 Some(b',') => self.i += 1,
                 Some(b']') => {
                     self.i += 1;
                     self.depth -= 1;
-                    return Ok(out);
+                    return Ok(());
                 }
                 _ => return Err(Fail::Refused),
             }
@@ -254,65 +287,8 @@ impl Scanner<'_> {
         match self.peek() {
             Some(b'"') => self.string().map(|_| ()),
             Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(b'{') => {
-                self.enter()?;
-                self.i += 1;
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.i += 1;
-                    self.depth -= 1;
-                    return Ok(());
-                }
-                loop {
-                    self.ws();
-                    if self.peek() != Some(b'"') {
-                        return Err(Fail::Refused);
-                    }
-                    self.string()?;
-                    self.ws();
-                    self.expect(b':')?;
-                    self.ws();
-                    self.value()?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            self.depth -= 1;
-                            return Ok(());
-                        }
-                        _ => return Err(Fail::Refused),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.enter()?;
-                self.i += 1;
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.i += 1;
-                    self.depth -= 1;
-                    return Ok(());
-                }
-                if self.int_elements() {
-                    self.depth -= 1;
-                    return Ok(());
-                }
-                loop {
-                    self.ws();
-                    self.value()?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            self.depth -= 1;
-                            return Ok(());
-                        }
-                        _ => return Err(Fail::Refused),
-                    }
-                }
-            }
+            Some(b'{') => self.each_entry(|s, _, _| s.value()),
+            Some(b'[') => self.each_elem(true, Self::value),
             Some(b't') => self.literal(b"true"),
             Some(b'f') => self.literal(b"false"),
             Some(b'n') => self.literal(b"null"),
