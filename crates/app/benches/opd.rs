@@ -12,13 +12,17 @@ use ps_fake_sglang::FakeSglang;
 use ps_sample_store::{SampleStore, StoreConfig};
 use serde_json::{Value, json};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, default_value_t = 200)]
+    sessions: usize,
+    #[arg(long, default_value_t = 200)]
+    store_samples: usize,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 async fn opd_run(sessions: usize, top_k: usize) -> (f64, u64, u64) {
@@ -120,7 +124,8 @@ fn topk_sample(k: usize) -> Sample {
 
 #[tokio::main]
 async fn main() {
-    let sessions = arg("--sessions", 200);
+    let args = <Args as clap::Parser>::parse();
+    let sessions = args.sessions;
     println!(
         "OPD end to end: {sessions} sessions x 2 main turns (1 distilled, 1 without next state), fake SGLang, mini tokenizer"
     );
@@ -131,7 +136,7 @@ async fn main() {
         );
     }
 
-    let n = arg("--store-samples", 200);
+    let n = args.store_samples;
     let dir = tempfile::tempdir().unwrap();
     let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
     let sample = topk_sample(50);

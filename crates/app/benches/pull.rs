@@ -9,13 +9,17 @@ use ps_core::sample::{Reward, Sample, SampleStatus};
 use ps_sample_store::{SampleStore, StoreConfig};
 use serde_json::{Value, json};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, default_value_t = 2000)]
+    samples: usize,
+    #[arg(long, default_value_t = 64)]
+    page: usize,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 fn sample(i: u64) -> Sample {
@@ -43,8 +47,9 @@ fn sample(i: u64) -> Sample {
 
 #[tokio::main]
 async fn main() {
-    let n = arg("--samples", 2000);
-    let page = arg("--page", 64);
+    let args = <Args as clap::Parser>::parse();
+    let n = args.samples;
+    let page = args.page;
     let dir = tempfile::tempdir().unwrap();
     {
         let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();

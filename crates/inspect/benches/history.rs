@@ -19,13 +19,21 @@ use ps_core::{NoObserver, SessionSource, TurnEvent, TurnObserver, TurnType};
 use ps_inspect::history::now_ms;
 use ps_inspect::{HistoryLimits, InspectHistory};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, default_value_t = 500)]
+    sessions: usize,
+    #[arg(long, default_value_t = 40)]
+    turns: usize,
+    #[arg(long, default_value_t = 2)]
+    writers: usize,
+    #[arg(long, default_value_t = 50)]
+    read_ms: usize,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 /// Tells the events of `turns` turns of `sessions` sessions; returns each call's time in ns.
@@ -134,10 +142,11 @@ fn run(
 }
 
 fn main() {
-    let sessions = arg("--sessions", 500);
-    let turns = arg("--turns", 40) as u64;
-    let writers = arg("--writers", 2);
-    let read_ms = arg("--read-ms", 50) as u64;
+    let args = <Args as clap::Parser>::parse();
+    let sessions = args.sessions;
+    let turns = args.turns as u64;
+    let writers = args.writers;
+    let read_ms = args.read_ms as u64;
     let args = (sessions, turns, writers, read_ms);
     println!(
         "{writers} writer threads × {sessions} sessions × {turns} turns × 4 events; history bounds: default ({} sessions, {} turns each)",

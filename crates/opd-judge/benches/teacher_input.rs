@@ -15,13 +15,17 @@ use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInpu
 use ps_opd_judge::{TeacherResponse, teacher_input_ids, teacher_input_text};
 use serde_json::{Value, json};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, default_value_t = 20)]
+    asks: usize,
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 fn tokenizer() -> (ChatTokenizer, &'static str) {
@@ -101,8 +105,9 @@ fn median(mut v: Vec<Duration>) -> f64 {
 }
 
 fn main() {
-    let asks = arg("--asks", 20);
-    let reps = arg("--reps", 7);
+    let args = <Args as clap::Parser>::parse();
+    let asks = args.asks;
+    let reps = args.reps;
     let (tok, which) = tokenizer();
     let tools = ps_loadgen::agent::tools();
     let turns = session(asks);

@@ -16,13 +16,17 @@ use ps_server::TokenIdsMode;
 use ps_server::capture::{CaptureJob, CaptureStats, DriftCheck, PrefixCache, capture_turn_with};
 use serde_json::{Value, json};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, default_value_t = 20)]
+    turns: usize,
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 struct Discard;
@@ -119,8 +123,9 @@ fn run(tok: &ChatTokenizer, jobs: &[CaptureJob]) -> Duration {
 }
 
 fn main() {
-    let turns = arg("--turns", 20);
-    let rounds = arg("--rounds", 5);
+    let args = <Args as clap::Parser>::parse();
+    let turns = args.turns;
+    let rounds = args.rounds;
     let (tok, which) = tokenizer();
     let mut history =
         vec![json!({"role": "system", "content": "You are a careful assistant. ".repeat(40)})];

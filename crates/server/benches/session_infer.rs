@@ -21,21 +21,20 @@ use ps_chat_template::{ChatTokenizer, EncodedPrefix, TurnInput};
 use ps_session_infer::{History, Limits, Outcome, SessionMatcher};
 use serde_json::{Value, json};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn arg_str(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, default_value_t = 64)]
+    convs: usize,
+    #[arg(long, default_value_t = 30)]
+    turns: usize,
+    /// A tokenizer directory (default: the Qwen3 fixture when present, else the mini model).
+    #[arg(long)]
+    model_dir: Option<String>,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 fn tools() -> Value {
@@ -63,14 +62,15 @@ fn secs(d: Duration) -> f64 {
 }
 
 fn main() {
-    let convs = arg("--convs", 64);
-    let turns = arg("--turns", 30);
+    let args = <Args as clap::Parser>::parse();
+    let convs = args.convs;
+    let turns = args.turns;
     let system = "You are a personal agent. Follow the rules below. ".repeat(800);
     assert!(system.len() >= 40_000);
     let tools = tools();
     // The capture as the workers run it: the policy's tokenizer (`--model-dir`, e.g. the Qwen3
     // fixture), incremental encoding from the conversation's previous prompt.
-    let tok = match arg_str("--model-dir") {
+    let tok = match args.model_dir.clone() {
         Some(dir) => ChatTokenizer::from_dir(&dir).unwrap(),
         None => ChatTokenizer::mini(),
     };

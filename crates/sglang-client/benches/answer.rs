@@ -12,13 +12,17 @@ use bytes::Bytes;
 use ps_sglang_client::Answer;
 use serde_json::{Value, json};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, default_value_t = 12_000)]
+    prompt_ids: usize,
+    #[arg(long, default_value_t = 400)]
+    reps: usize,
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 /// An answer with `prompt` prompt ids and `response` sampled tokens.
@@ -63,8 +67,9 @@ fn median(reps: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn main() {
-    let prompt = arg("--prompt-ids", 12_000);
-    let reps = arg("--reps", 400);
+    let args = <Args as clap::Parser>::parse();
+    let prompt = args.prompt_ids;
+    let reps = args.reps;
     let body = answer(prompt, 450);
     let mib = body.len() as f64 / (1 << 20) as f64;
     println!(
