@@ -29,52 +29,29 @@ const RESPONSE_TOKENS: usize = 4_096;
 const VOCAB: u64 = 151_936;
 const READ_PAGE: usize = 256;
 
+/// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
+#[derive(clap::Parser)]
 struct Options {
+    #[arg(long, default_value_t = 10_000)]
     samples: u64,
+    #[arg(long, default_value_t = 500)]
     baseline_samples: u64,
+    #[arg(long, default_value_t = 64)]
     appenders: u64,
+    #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
     max_batch: usize,
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Where the stores are created (default: a temporary directory).
+    #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// Skip the Redis Streams store.
+    #[arg(long = "no-redis", action = clap::ArgAction::SetFalse)]
     redis: bool,
-}
-
-fn options() -> Options {
-    let mut options = Options {
-        samples: 10_000,
-        baseline_samples: 500,
-        appenders: 64,
-        max_batch: DEFAULT_MAX_BATCH,
-        rounds: 3,
-        dir: None,
-        redis: true,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| -> String {
-            args.next()
-                .unwrap_or_else(|| panic!("{name} needs a value"))
-        };
-        match arg.as_str() {
-            "--samples" => options.samples = value("--samples").parse().expect("--samples N"),
-            "--baseline-samples" => {
-                options.baseline_samples = value("--baseline-samples")
-                    .parse()
-                    .expect("--baseline-samples N")
-            }
-            "--appenders" => {
-                options.appenders = value("--appenders").parse().expect("--appenders N")
-            }
-            "--max-batch" => {
-                options.max_batch = value("--max-batch").parse().expect("--max-batch N")
-            }
-            "--rounds" => options.rounds = value("--rounds").parse().expect("--rounds N"),
-            "--dir" => options.dir = Some(value("--dir").into()),
-            "--no-redis" => options.redis = false,
-            _ => {}
-        }
-    }
-    options
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(hide = true)]
+    filter: Option<String>,
 }
 
 /// xorshift64*: deterministic, no dependency.
@@ -397,7 +374,7 @@ async fn read_and_commit(
 
 #[tokio::main]
 async fn main() {
-    let options = options();
+    let options = <Options as clap::Parser>::parse();
     let root = match &options.dir {
         Some(dir) => tempfile::tempdir_in(dir),
         None => tempfile::tempdir(),
