@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::modes::TokenIdsMode;
+use bytes::Bytes;
 use ps_chat_template::{
     ChatTemplateError, ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput,
 };
@@ -21,7 +22,6 @@ use ps_core::{
     AlignPolicy, Alignment, CapturedTurn, JsonText, PositionSource, RolloutResponse, TokenSource,
     TurnGuard, TurnSink, WeightVersion, align_logprobs,
 };
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::metrics as m;
@@ -33,12 +33,12 @@ use crate::metrics as m;
 /// the job's `rollout` there, not on the chat path.
 #[derive(Debug)]
 pub struct RequestJson {
-    /// `messages` (an array).
-    pub messages: Box<RawValue>,
+    /// `messages` (an array): its JSON text, a slice of the client's body.
+    pub messages: Bytes,
     /// `tools`, unless absent or null.
-    pub tools: Option<Box<RawValue>>,
+    pub tools: Option<Bytes>,
     /// `chat_template_kwargs`, when an object.
-    pub template_kwargs: Option<Box<RawValue>>,
+    pub template_kwargs: Option<Bytes>,
     /// The upstream's whole answer (its bytes, shared), when the job's `rollout` is still to be
     /// read from it.
     pub answer: Option<ps_sglang_client::Answer>,
@@ -54,15 +54,15 @@ impl RequestJson {
             detail: format!("the request's `{part}` could not be read: {e}"),
         };
         job.messages =
-            serde_json::from_str(self.messages.get()).map_err(|e| unreadable("messages", e))?;
+            serde_json::from_slice(&self.messages).map_err(|e| unreadable("messages", e))?;
         job.tools = self
             .tools
-            .map(|t| serde_json::from_str::<Value>(t.get()))
+            .map(|t| serde_json::from_slice::<Value>(&t))
             .transpose()
             .map_err(|e| unreadable("tools", e))?;
         job.template_kwargs = self
             .template_kwargs
-            .map(|k| serde_json::from_str::<Map<String, Value>>(k.get()))
+            .map(|k| serde_json::from_slice::<Map<String, Value>>(&k))
             .transpose()
             .map_err(|e| unreadable("chat_template_kwargs", e))?;
         if let Some(answer) = self.answer {
@@ -106,9 +106,9 @@ fn queued_bytes(job: &CaptureJob, request: Option<&RequestJson>) -> usize {
             .get("tool_calls")
             .map_or(0, |c| c.to_string().len());
     let request = request.map_or(0, |r| {
-        r.messages.get().len()
-            + r.tools.as_ref().map_or(0, |t| t.get().len())
-            + r.template_kwargs.as_ref().map_or(0, |k| k.get().len())
+        r.messages.len()
+            + r.tools.as_ref().map_or(0, Bytes::len)
+            + r.template_kwargs.as_ref().map_or(0, Bytes::len)
             + r.answer.as_ref().map_or(0, |a| a.bytes().len())
     });
     request + ids + tokens + message
@@ -1411,7 +1411,7 @@ mod tests {
     /// turn is abandoned with a reason (counted like every other one).
     #[test]
     fn an_unreadable_request_abandons_the_turn_with_a_reason() {
-        let raw = |s: &str| RawValue::from_string(s.to_owned()).unwrap();
+        let raw = |s: &str| Bytes::from(s.to_owned());
         let sink = Arc::new(Reasons::default());
         let queue = CaptureQueue::start(
             Arc::new(ChatTokenizer::mini()),
@@ -1497,7 +1497,7 @@ mod tests {
             let mut j = job("g", turn, &[], false);
             j.guard = TurnGuard::new(self.sink.clone(), "g".into(), turn);
             let request = RequestJson {
-                messages: RawValue::from_string(messages.to_owned()).unwrap(),
+                messages: Bytes::from(messages.to_owned()),
                 tools: None,
                 template_kwargs: None,
                 answer: None,
@@ -1625,8 +1625,7 @@ mod tests {
             let mut j = job("a", turn, &[], false);
             j.guard = TurnGuard::new(sink.clone(), "a".into(), turn);
             let request = RequestJson {
-                messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into())
-                    .unwrap(),
+                messages: Bytes::from_static(br#"[{"role":"user","content":"q"}]"#),
                 tools: None,
                 template_kwargs: None,
                 answer: Some(answer),
@@ -1652,7 +1651,7 @@ mod tests {
         let mut j = job("b", 1, &[], false);
         j.rollout = RolloutResponse::default();
         let request = RequestJson {
-            messages: RawValue::from_string(r#"[{"role":"user","content":"q"}]"#.into()).unwrap(),
+            messages: Bytes::from_static(br#"[{"role":"user","content":"q"}]"#),
             tools: None,
             template_kwargs: None,
             answer: Some(answer.clone()),

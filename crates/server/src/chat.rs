@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use ps_core::TurnType;
 use ps_session_infer::PendingReply;
 use ps_sglang_client::{Answer, synthesize_chunks};
@@ -66,7 +67,7 @@ async fn handle(
     let bytes = read_body(headers, body, opts.max_body_bytes).await?;
     let req = request::parse_limited(&bytes, headers, opts.max_messages)?;
     let collect = admission::pause_gate(app).await?;
-    let opened = open_turn(app, headers, &req, collect);
+    let opened = open_turn(app, headers, &bytes, &req, collect);
     let (turn_type, session_header) = (
         opened.turn_type,
         HeaderValue::from_str(&opened.session_id).ok(),
@@ -106,7 +107,13 @@ struct OpenedTurn {
 /// them in the request span, and opens the turn in the session buffer: a main turn that is
 /// collected gets a guard and its capture context; a main turn served while paused only moves its
 /// session on.
-fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bool) -> OpenedTurn {
+fn open_turn(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &Bytes,
+    req: &ChatRequest<'_>,
+    collect: bool,
+) -> OpenedTurn {
     let opts = app.options();
     let inference = &opts.inference;
     let turn_type = req.session.turn_type.unwrap_or_else(|| {
@@ -198,9 +205,12 @@ fn open_turn(app: &AppState, headers: &HeaderMap, req: &ChatRequest, collect: bo
     let turn = guard.map(|(guard, _)| TurnContext {
         guard,
         arrival_seq,
-        messages: req.messages_json().to_owned(),
-        tools: req.tools_json().map(ToOwned::to_owned),
-        template_kwargs: req.template_kwargs_json().map(ToOwned::to_owned),
+        // Slices of the client's body, which capture keeps instead of a copy.
+        messages: body.slice_ref(req.messages_json().get().as_bytes()),
+        tools: req.tools_json().map(|t| body.slice_ref(t.get().as_bytes())),
+        template_kwargs: req
+            .template_kwargs_json()
+            .map(|k| body.slice_ref(k.get().as_bytes())),
         session_done: req.session.done,
         token_ids: opts.token_ids,
         // What was really sent: a client's own `return_token_ids: false` is kept.

@@ -208,9 +208,11 @@ mod tests {
     use crate::request;
     use serde_json::json;
 
-    fn request(text: &str) -> ChatRequest {
+    /// A request of one user message; its body is leaked (tests only) so that the request can
+    /// borrow it.
+    fn request(text: &str) -> ChatRequest<'static> {
         let body = json!({"messages": [{"role": "user", "content": text}]}).to_string();
-        request::parse(body.as_bytes(), &HeaderMap::new()).expect("valid")
+        request::parse(body.leak().as_bytes(), &HeaderMap::new()).expect("valid")
     }
 
     /// The server's matcher runs on tokio's clock: with the clock paused, 10,000 conversations that

@@ -5,7 +5,6 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use bytes::Bytes;
-use serde_json::value::RawValue;
 
 use crate::capture::{CaptureJob, CaptureQueue, RequestJson};
 use crate::error::ApiError;
@@ -14,11 +13,11 @@ use crate::error::ApiError;
 pub(crate) struct TurnContext {
     pub guard: ps_core::TurnGuard,
     pub arrival_seq: u64,
-    /// `messages`, `tools` and `chat_template_kwargs` as the client sent them: parsed on a capture
-    /// thread, not on the chat path.
-    pub messages: Box<RawValue>,
-    pub tools: Option<Box<RawValue>>,
-    pub template_kwargs: Option<Box<RawValue>>,
+    /// `messages`, `tools` and `chat_template_kwargs` as the client sent them: slices of the
+    /// client's body (not copies), parsed on a capture thread, not on the chat path.
+    pub messages: Bytes,
+    pub tools: Option<Bytes>,
+    pub template_kwargs: Option<Bytes>,
     pub session_done: bool,
     pub token_ids: crate::modes::TokenIdsMode,
     /// Whether the upstream call asked the engine for its ids.

@@ -2,6 +2,8 @@
 //! body forwarded upstream.
 
 use axum::http::HeaderMap;
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use ps_core::session::{SessionHeaders, TurnType, is_truthy};
 use ps_sglang_client::raw::{self, Edit, Kind, RawObject};
@@ -21,12 +23,13 @@ pub const SESSION_ID_HEADER: &str = "x-session-id";
 pub const TURN_TYPE_HEADER: &str = "x-turn-type";
 pub const SESSION_DONE_HEADER: &str = "x-session-done";
 
-/// A validated chat request. The body is not parsed into a tree: its top-level fields are kept
-/// as the client's JSON text, in order, and only what the proxy reads is read from them.
+/// A validated chat request. The body is not parsed into a tree, nor copied: its top-level fields
+/// are borrowed from the client's JSON text, in order, and only what the proxy reads is read from
+/// them.
 #[derive(Debug)]
-pub struct ChatRequest {
+pub struct ChatRequest<'a> {
     /// The client's body without our session keys, every other field as it came.
-    fields: Vec<(String, Box<RawValue>)>,
+    fields: Vec<(Cow<'a, str>, &'a RawValue)>,
     /// Where `messages` is in `fields` (validated: a non-empty array of objects).
     messages_at: usize,
     /// The last message as a tree (the previous turn's next state; one message, as before).
@@ -44,7 +47,7 @@ fn wrong_type(field: &str, expected: &str, got: Kind) -> ApiError {
 
 /// Parses and validates the body, and reads the session keys (headers win over body keys).
 #[cfg(test)]
-pub fn parse(bytes: &[u8], headers: &HeaderMap) -> Result<ChatRequest, ApiError> {
+pub fn parse<'a>(bytes: &'a [u8], headers: &HeaderMap) -> Result<ChatRequest<'a>, ApiError> {
     parse_limited(bytes, headers, usize::MAX)
 }
 
@@ -76,11 +79,11 @@ fn top_object(bytes: &[u8]) -> Result<RawObject<'_>, ApiError> {
 }
 
 /// As [`parse`], with at most `max_messages` messages (`server.max_messages`).
-pub fn parse_limited(
-    bytes: &[u8],
+pub fn parse_limited<'a>(
+    bytes: &'a [u8],
     headers: &HeaderMap,
     max_messages: usize,
-) -> Result<ChatRequest, ApiError> {
+) -> Result<ChatRequest<'a>, ApiError> {
     let body = top_object(bytes)?;
     let messages = validate_messages(body.get("messages"))?;
     let count = messages.len();
@@ -115,10 +118,9 @@ pub fn parse_limited(
     })?;
     let last_message = serde_json::from_str(last_message.get())
         .map_err(|e| ApiError::InvalidJson(e.to_string()))?;
-    let fields: Vec<(String, Box<RawValue>)> = body
-        .entries()
-        .filter(|(k, _)| ![SESSION_ID_KEY, SESSION_DONE_KEY, TURN_TYPE_KEY].contains(k))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    let fields: Vec<(Cow<'_, str>, &RawValue)> = body
+        .into_entries()
+        .filter(|(k, _)| ![SESSION_ID_KEY, SESSION_DONE_KEY, TURN_TYPE_KEY].contains(&k.as_ref()))
         .collect();
     let messages_at = fields
         .iter()
@@ -245,13 +247,10 @@ fn session_keys(body: &RawObject<'_>, headers: &HeaderMap) -> Result<SessionHead
     })
 }
 
-impl ChatRequest {
+impl<'a> ChatRequest<'a> {
     /// A top-level field as the client sent it (our session keys are gone).
-    pub fn get(&self, key: &str) -> Option<&RawValue> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| &**v)
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -259,8 +258,8 @@ impl ChatRequest {
     }
 
     /// `messages`, as the client sent it (a validated array).
-    pub fn messages_json(&self) -> &RawValue {
-        &self.fields[self.messages_at].1
+    pub fn messages_json(&self) -> &'a RawValue {
+        self.fields[self.messages_at].1
     }
 
     /// `messages` as trees (session inference; capture parses them on its own threads). The body
@@ -279,7 +278,7 @@ impl ChatRequest {
     pub fn body_map(&self) -> serde_json::Result<Map<String, Value>> {
         self.fields
             .iter()
-            .map(|(k, v)| Ok((k.clone(), serde_json::from_str(v.get())?)))
+            .map(|(k, v)| Ok((k.to_string(), serde_json::from_str(v.get())?)))
             .collect()
     }
 
@@ -326,12 +325,12 @@ impl ChatRequest {
     }
 
     /// `tools`, unless absent or null.
-    pub fn tools_json(&self) -> Option<&RawValue> {
+    pub fn tools_json(&self) -> Option<&'a RawValue> {
         self.get("tools").filter(|t| Kind::of(t) != Kind::Null)
     }
 
     /// `chat_template_kwargs`, when it is an object.
-    pub fn template_kwargs_json(&self) -> Option<&RawValue> {
+    pub fn template_kwargs_json(&self) -> Option<&'a RawValue> {
         self.get("chat_template_kwargs")
             .filter(|t| Kind::of(t) == Kind::Object)
     }
@@ -366,7 +365,7 @@ pub struct Forwarded {
 /// The body sent upstream: log-probs forced on (`top_logprobs` at least 1), `model` filled when absent,
 /// `stream` set as decided, every other field untouched. Written from the client's own text: fields
 /// keep their order and bytes; a field we set keeps its place, one we add comes last.
-pub fn forward_body(req: &ChatRequest, opts: &ForwardOptions<'_>) -> Forwarded {
+pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forwarded {
     let top = req.u64_of("top_logprobs").unwrap_or(0).max(1).to_string();
     let model_ok = req
         .get("model")
@@ -379,7 +378,7 @@ pub fn forward_body(req: &ChatRequest, opts: &ForwardOptions<'_>) -> Forwarded {
     let fields = RawObject::from_entries(
         req.fields
             .iter()
-            .map(|(k, v)| (std::borrow::Cow::Borrowed(k.as_str()), &**v)),
+            .map(|(k, v)| (Cow::Borrowed(k.as_ref()), *v)),
     );
     let mut append: Vec<(&str, &[u8])> = Vec::new();
     if !req.contains_key("logprobs") {
@@ -430,7 +429,7 @@ mod tests {
     use serde_json::json;
 
     /// The forwarded body as a tree, for assertions.
-    fn forward_body(req: &ChatRequest, opts: &ForwardOptions<'_>) -> Value {
+    fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Value {
         serde_json::from_slice(&super::forward_body(req, opts).body).expect("JSON")
     }
 
@@ -478,7 +477,8 @@ mod tests {
                 Some(v) => headers(&[("x-session-done", v)]),
                 None => HeaderMap::new(),
             };
-            let r = parse(with_body(body).as_bytes(), &h).expect("valid");
+            let body_text = with_body(body);
+            let r = parse(body_text.as_bytes(), &h).expect("valid");
             assert_eq!(r.session.done, *want, "body {body}, header {header:?}");
         }
     }

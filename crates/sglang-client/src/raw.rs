@@ -86,6 +86,10 @@ impl<K, V> Keyed<K, V> {
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
+
+    pub(crate) fn into_iter(self) -> impl Iterator<Item = (K, V)> {
+        self.entries.into_iter()
+    }
 }
 
 impl<K, V> Default for Keyed<K, V> {
@@ -170,6 +174,11 @@ impl<'a> RawObject<'a> {
 
     pub fn entries(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
         self.entries.iter().map(|(k, v)| (k.as_ref(), *v))
+    }
+
+    /// The entries, by value: keys keep their borrow of the text (or their unescaped copy).
+    pub fn into_entries(self) -> impl Iterator<Item = (Cow<'a, str>, &'a RawValue)> {
+        self.entries.into_iter()
     }
 
     pub fn len(&self) -> usize {
