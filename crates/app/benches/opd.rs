@@ -146,7 +146,7 @@ async fn main() {
     for _ in 0..n {
         let (store, sample) = (store.clone(), sample.clone());
         tasks.push(tokio::spawn(
-            async move { store.append(sample).await.unwrap() },
+            async move { store.append(&sample).await.unwrap() },
         ));
     }
     for t in tasks {

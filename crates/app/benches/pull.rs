@@ -57,7 +57,7 @@ async fn main() {
         for i in 0..n as u64 {
             let s = store.clone();
             tasks.push(tokio::spawn(
-                async move { s.append(sample(i)).await.unwrap() },
+                async move { s.append(&sample(i)).await.unwrap() },
             ));
         }
         for t in tasks {

@@ -13,9 +13,11 @@ pub enum SinkError {
 }
 
 /// Receives finished samples, in turn order per session. `submit` returns once the sample is
-/// accepted for good (for a durable store: written and synced), with the sequence number it got; the
-/// implementation sets `sample.index` and `sample.group_index` to that number (one sample per group).
+/// accepted for good (for a durable store: written and synced), with the sequence number it got;
+/// what the trainer reads back has `index` and `group_index` set to that number (one sample per
+/// group). The sample is lent, not given: a caller that retries a refused sample keeps it, and a
+/// store that only encodes it makes no copy.
 #[async_trait::async_trait]
 pub trait SampleSink: Send + Sync {
-    async fn submit(&self, sample: Sample) -> Result<u64, SinkError>;
+    async fn submit(&self, sample: &Sample) -> Result<u64, SinkError>;
 }

@@ -811,8 +811,8 @@ fn durability(appendonly: Option<&str>, appendfsync: Option<String>) -> Durabili
 
 #[async_trait::async_trait]
 impl SampleSink for RedisStore {
-    async fn submit(&self, sample: Sample) -> Result<u64, SinkError> {
-        self.append(&sample)
+    async fn submit(&self, sample: &Sample) -> Result<u64, SinkError> {
+        self.append(sample)
             .await
             .map_err(|e| SinkError::Store(e.chain()))
     }

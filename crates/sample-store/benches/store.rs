@@ -160,7 +160,7 @@ async fn write(
                 // Distinct samples: the Redis store recognises a repeated one as a retry.
                 sample.turn = n;
                 let begin = Instant::now();
-                store.submit(sample).await.expect("append");
+                store.submit(&sample).await.expect("append");
                 latencies.push(begin.elapsed());
             }
         }));

@@ -273,11 +273,10 @@ impl SampleStore {
     ///
     /// Waits for room when the writer's queue is full. If the future is dropped after the
     /// sample was queued, the sample is still stored (delivery is at-least-once).
-    pub async fn append(&self, sample: Sample) -> Result<u64, StoreError> {
+    pub async fn append(&self, sample: &Sample) -> Result<u64, StoreError> {
         // CPU only (tens of microseconds for a 5k-token sample), like a JSON body in a handler;
         // done here so appenders encode in parallel and the writer thread only writes.
-        let bytes = codec::encode(&sample)?;
-        drop(sample);
+        let bytes = codec::encode(sample)?;
         let (reply, answer) = oneshot::channel();
         self.inner
             .requests
@@ -488,7 +487,7 @@ fn into_log(err: StoreError) -> LogError {
 
 #[async_trait::async_trait]
 impl SampleSink for SampleStore {
-    async fn submit(&self, sample: Sample) -> Result<u64, SinkError> {
+    async fn submit(&self, sample: &Sample) -> Result<u64, SinkError> {
         self.append(sample)
             .await
             .map_err(|err| SinkError::Store(err.chain()))
@@ -909,7 +908,7 @@ mod tests {
     async fn a_sample_is_stored_in_chunks_and_a_missing_chunk_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
-        let seq = store.append(big_sample()).await.unwrap();
+        let seq = store.append(&big_sample()).await.unwrap();
         assert_eq!(store.read(0, 1).await.unwrap()[0].sample.session_id, "big");
         store.close().await.unwrap();
 
@@ -938,7 +937,7 @@ mod tests {
         let appends: Vec<_> = (0..20)
             .map(|_| {
                 let store = store.clone();
-                tokio::spawn(async move { store.append(big_sample()).await })
+                tokio::spawn(async move { store.append(&big_sample()).await })
             })
             .collect();
         // On this single-threaded runtime, yielding runs every append task up to waiting for
@@ -951,7 +950,7 @@ mod tests {
         }
         assert_eq!(other.stats().last_seq, 20);
         assert!(matches!(
-            other.append(big_sample()).await,
+            other.append(&big_sample()).await,
             Err(StoreError::Closed { .. })
         ));
     }

@@ -14,10 +14,10 @@ use support::sample;
 #[tokio::test(start_paused = true)]
 async fn submit_waits_for_room_and_numbers_samples() {
     let (sink, mut receiver) = channel_sink(1);
-    assert_eq!(sink.submit(sample("a")).await.unwrap(), 1);
+    assert_eq!(sink.submit(&sample("a")).await.unwrap(), 1);
 
     // Full: the second submit waits (the paused clock runs out the timeout instead).
-    let blocked = tokio::time::timeout(Duration::from_secs(5), sink.submit(sample("b"))).await;
+    let blocked = tokio::time::timeout(Duration::from_secs(5), sink.submit(&sample("b"))).await;
     assert!(
         blocked.is_err(),
         "submit must wait while the channel is full"
@@ -30,7 +30,7 @@ async fn submit_waits_for_room_and_numbers_samples() {
     assert_eq!(first.sample.session_id, "a");
 
     // The timed-out submit took no seq.
-    assert_eq!(sink.submit(sample("c")).await.unwrap(), 2);
+    assert_eq!(sink.submit(&sample("c")).await.unwrap(), 2);
     let second = receiver.recv().await.unwrap();
     assert_eq!((second.seq, second.sample.index), (2, 2));
     assert_eq!(second.sample.session_id, "c");
@@ -42,7 +42,7 @@ async fn submit_fails_with_closed_once_the_receiver_is_dropped() {
     let (sink, receiver) = channel_sink(4);
     drop(receiver);
     assert!(matches!(
-        sink.submit(sample("a")).await,
+        sink.submit(&sample("a")).await,
         Err(SinkError::Closed)
     ));
 }
@@ -55,8 +55,9 @@ async fn is_pending<F: Future>(fut: &mut Pin<&mut F>) -> bool {
 #[tokio::test]
 async fn a_waiting_submit_goes_through_once_there_is_room() {
     let (sink, mut receiver) = channel_sink(1);
-    sink.submit(sample("a")).await.unwrap();
-    let waiting = sink.submit(sample("b"));
+    sink.submit(&sample("a")).await.unwrap();
+    let b = sample("b");
+    let waiting = sink.submit(&b);
     let mut waiting = std::pin::pin!(waiting);
     assert!(is_pending(&mut waiting).await, "the channel is full");
     assert_eq!(sink.last_seq(), 1, "no seq taken while waiting");
@@ -69,8 +70,9 @@ async fn a_waiting_submit_goes_through_once_there_is_room() {
 #[tokio::test]
 async fn a_submit_waiting_for_room_fails_with_closed_when_the_receiver_goes() {
     let (sink, receiver) = channel_sink(1);
-    sink.submit(sample("a")).await.unwrap();
-    let waiting = sink.submit(sample("b"));
+    sink.submit(&sample("a")).await.unwrap();
+    let b = sample("b");
+    let waiting = sink.submit(&b);
     let mut waiting = std::pin::pin!(waiting);
     // The submit is waiting for room before the receiver goes (not merely not yet started).
     assert!(is_pending(&mut waiting).await, "the channel is full");
@@ -87,7 +89,7 @@ async fn concurrent_submitters_are_delivered_in_seq_order() {
         let sink = sink.clone();
         handles.push(tokio::spawn(async move {
             for i in 0..20 {
-                sink.submit(sample(&format!("{task}-{i}"))).await.unwrap();
+                sink.submit(&sample(&format!("{task}-{i}"))).await.unwrap();
             }
         }));
     }

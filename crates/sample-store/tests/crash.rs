@@ -105,7 +105,10 @@ fn every_printed_seq_survives_kill_9() {
             assert_eq!(*sample, stored(crash_sample::sample(*n), *seq), "seq {seq}");
         }
 
-        let next = store.append(crash_sample::sample(1_000_000)).await.unwrap();
+        let next = store
+            .append(&crash_sample::sample(1_000_000))
+            .await
+            .unwrap();
         assert!(next > last_seq, "new seq {next} must follow {last_seq}");
         store.close().await.unwrap();
     });

@@ -69,7 +69,7 @@ async fn wait_newer_wakes_on_append() {
     });
     // Whether the waiter subscribed before or after the append, it must see seq 1.
     tokio::task::yield_now().await;
-    assert_eq!(store.append(sample("a")).await.unwrap(), 1);
+    assert_eq!(store.append(&sample("a")).await.unwrap(), 1);
     assert_eq!(waiter.await.unwrap(), 1);
 
     // Already newer: returns at once with the current last seq.
@@ -82,7 +82,7 @@ async fn wait_newer_returns_the_current_seq_after_the_timeout() {
     let store = open(dir.path());
     assert_eq!(store.wait_newer(0, Duration::from_secs(30)).await, 0);
 
-    store.append(sample("a")).await.unwrap();
+    store.append(&sample("a")).await.unwrap();
     assert_eq!(store.wait_newer(1, Duration::from_secs(30)).await, 1);
 }
 
@@ -131,7 +131,7 @@ async fn commit_never_moves_back_and_survives_reopen() {
             lag: 2
         }
     );
-    assert_eq!(store.append(sample("next")).await.unwrap(), 6);
+    assert_eq!(store.append(&sample("next")).await.unwrap(), 6);
 }
 
 #[tokio::test]
@@ -176,7 +176,7 @@ async fn seqs_are_never_reused_after_compaction_and_reopen() {
     let store = open(dir.path());
     assert_eq!(store.stats().last_seq, 3);
     assert_eq!(store.stats().stored, 0);
-    assert_eq!(store.append(sample("d")).await.unwrap(), 4);
+    assert_eq!(store.append(&sample("d")).await.unwrap(), 4);
     assert_eq!(seqs(&store.read(0, 100).await.unwrap()), vec![4]);
 }
 
@@ -208,7 +208,7 @@ async fn concurrent_appenders_get_distinct_seqs_and_lose_nothing() {
             let mut got = Vec::new();
             for i in 0..EACH {
                 let tag = format!("t{task}-{i}");
-                let seq = store.append(sample(&tag)).await.unwrap();
+                let seq = store.append(&sample(&tag)).await.unwrap();
                 got.push((seq, tag));
             }
             got
@@ -299,9 +299,9 @@ async fn a_sample_round_trips_exactly_including_f64_bits() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let original = full_sample();
-    let seq = store.append(original.clone()).await.unwrap();
+    let seq = store.append(&original).await.unwrap();
     // A small one after it: chunk reassembly must not mix them.
-    store.append(sample("after")).await.unwrap();
+    store.append(&sample("after")).await.unwrap();
     store.close().await.unwrap();
 
     let store = open(dir.path());
@@ -345,7 +345,7 @@ async fn cache_after_40_large_samples(cache_bytes: usize) -> usize {
     })
     .unwrap();
     for _ in 0..40 {
-        store.append(full_sample()).await.unwrap();
+        store.append(&full_sample()).await.unwrap();
     }
     let read = store.read(0, 64).await.unwrap();
     assert_eq!(read.len(), 40);
@@ -373,10 +373,10 @@ async fn export_jsonl_writes_every_kept_sample_as_one_line_each() {
     teacher.teacher_topk_log_probs = Some(vec![vec![-0.25, -3.0], vec![-1.5, -2.0]]);
     teacher.teacher_topk_indices = Some(vec![vec![11, 12], vec![13, 14]]);
     teacher.metadata.insert("ratio".into(), json!(1.0 / 3.0));
-    store.append(sample("a")).await.unwrap();
-    store.append(sample("b")).await.unwrap();
-    store.append(teacher).await.unwrap();
-    store.append(sample("d")).await.unwrap();
+    store.append(&sample("a")).await.unwrap();
+    store.append(&sample("b")).await.unwrap();
+    store.append(&teacher).await.unwrap();
+    store.append(&sample("d")).await.unwrap();
     // Deletes seq 1 (retain 1 of the 2 committed).
     store.commit(2).await.unwrap();
 
@@ -404,8 +404,8 @@ async fn the_sink_trait_appends() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let sink: std::sync::Arc<dyn SampleSink> = std::sync::Arc::new(store.clone());
-    assert_eq!(sink.submit(sample("a")).await.unwrap(), 1);
-    assert_eq!(sink.submit(sample("b")).await.unwrap(), 2);
+    assert_eq!(sink.submit(&sample("a")).await.unwrap(), 1);
+    assert_eq!(sink.submit(&sample("b")).await.unwrap(), 2);
     assert_eq!(store.read(0, 10).await.unwrap()[1].sample.session_id, "b");
 }
 
@@ -414,17 +414,17 @@ async fn after_close_appends_and_commits_fail_with_closed_and_reads_still_work()
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let other = store.clone();
-    store.append(sample("a")).await.unwrap();
+    store.append(&sample("a")).await.unwrap();
     store.close().await.unwrap();
 
-    let err = other.append(sample("b")).await.unwrap_err();
+    let err = other.append(&sample("b")).await.unwrap_err();
     assert!(matches!(err, StoreError::Closed { .. }), "{err:?}");
     assert!(err.to_string().contains(DB_FILE_NAME), "{err}");
     assert!(matches!(
         other.commit(1).await.unwrap_err(),
         StoreError::Closed { .. }
     ));
-    let sink_err = SampleSink::submit(&other, sample("c")).await.unwrap_err();
+    let sink_err = SampleSink::submit(&other, &sample("c")).await.unwrap_err();
     assert!(sink_err.to_string().contains("closed"), "{sink_err}");
     assert_eq!(seqs(&other.read(0, 10).await.unwrap()), vec![1]);
 }
@@ -524,7 +524,7 @@ async fn a_long_read_blocks_neither_appends_nor_commits_and_sees_its_snapshot() 
         .await
         .unwrap();
 
-    assert_eq!(store.append(sample("c")).await.unwrap(), 3);
+    assert_eq!(store.append(&sample("c")).await.unwrap(), 3);
     store.commit(3).await.unwrap();
     assert!(store.read(0, 10).await.unwrap().is_empty());
 

@@ -24,7 +24,7 @@ struct FailingStore;
 
 #[async_trait::async_trait]
 impl SampleSink for FailingStore {
-    async fn submit(&self, _sample: ps_core::sample::Sample) -> Result<u64, SinkError> {
+    async fn submit(&self, _sample: &ps_core::sample::Sample) -> Result<u64, SinkError> {
         Err(SinkError::Store(FAILURE.into()))
     }
 }

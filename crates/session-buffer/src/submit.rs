@@ -93,7 +93,7 @@ pub(crate) async fn submit(sink: &dyn SampleSink, stats: &Stats, sample: Sample)
     let (session_id, turn) = (sample.session_id.clone(), sample.turn);
     let effective = sample.loss_mask.iter().any(|b| *b != 0);
     let attempt = AtomicU32::new(1);
-    let result = (|| sink.submit(sample.clone()))
+    let result = (|| sink.submit(&sample))
         .retry(
             ExponentialBuilder::new()
                 .with_min_delay(SUBMIT_BACKOFF)

@@ -56,12 +56,13 @@ struct CollectSink {
 
 #[async_trait::async_trait]
 impl SampleSink for CollectSink {
-    async fn submit(&self, mut sample: Sample) -> Result<u64, SinkError> {
+    async fn submit(&self, sample: &Sample) -> Result<u64, SinkError> {
         if self.fail_first.load(Ordering::SeqCst) > 0 {
             self.fail_first.fetch_sub(1, Ordering::SeqCst);
             return Err(SinkError::Store("disk full".into()));
         }
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut sample = sample.clone();
         sample.index = seq;
         sample.group_index = seq;
         self.samples.lock().unwrap().push(sample);

@@ -27,9 +27,9 @@ struct CollectSink(Mutex<Vec<Sample>>);
 
 #[async_trait::async_trait]
 impl SampleSink for CollectSink {
-    async fn submit(&self, sample: Sample) -> Result<u64, SinkError> {
+    async fn submit(&self, sample: &Sample) -> Result<u64, SinkError> {
         let mut v = self.0.lock().unwrap();
-        v.push(sample);
+        v.push(sample.clone());
         Ok(v.len() as u64)
     }
 }

@@ -27,9 +27,10 @@ pub struct MemLog {
 
 #[async_trait::async_trait]
 impl SampleSink for MemLog {
-    async fn submit(&self, mut sample: Sample) -> Result<u64, SinkError> {
+    async fn submit(&self, sample: &Sample) -> Result<u64, SinkError> {
         let mut s = self.samples.lock().unwrap();
         let seq = s.len() as u64 + 1;
+        let mut sample = sample.clone();
         sample.index = seq;
         sample.group_index = seq;
         s.push(StoredSample { seq, sample });
@@ -231,7 +232,7 @@ pub async fn filled() -> Inspect {
         votes: &[Some(1), Some(1), Some(-1)],
         score: 1.0,
     });
-    let seq = log.submit(rl_sample()).await.unwrap();
+    let seq = log.submit(&rl_sample()).await.unwrap();
     h.observe(TurnEvent::Submitted {
         session: "alpha",
         turn: 1,
@@ -258,7 +259,7 @@ pub async fn filled() -> Inspect {
         turn: 1,
         outcome: TeacherOutcome::Scored,
     });
-    let seq = log.submit(opd_sample()).await.unwrap();
+    let seq = log.submit(&opd_sample()).await.unwrap();
     h.observe(TurnEvent::Submitted {
         session: "beta",
         turn: 1,
@@ -283,7 +284,7 @@ pub async fn filled() -> Inspect {
         session: "beta",
         reason: "done",
     });
-    log.submit(long_sample(LONG)).await.unwrap();
+    log.submit(&long_sample(LONG)).await.unwrap();
     // A session whose id is itself hostile.
     h.observe(opened("<b>bold</b>", Some(1), TurnType::Main));
     Inspect {

@@ -36,7 +36,7 @@ async fn main() {
         tasks.push(tokio::spawn(async move {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
-                match store.append(crash_sample::sample(n)).await {
+                match store.append(&crash_sample::sample(n)).await {
                     Ok(seq) => {
                         let mut stdout = std::io::stdout().lock();
                         let printed = writeln!(stdout, "{seq} {n}").and_then(|()| stdout.flush());

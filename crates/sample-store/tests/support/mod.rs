@@ -54,7 +54,7 @@ pub fn open(dir: &Path) -> SampleStore {
 pub async fn append_tags(store: &SampleStore, tags: impl IntoIterator<Item = String>) -> Vec<u64> {
     let mut seqs = Vec::new();
     for tag in tags {
-        seqs.push(store.append(sample(&tag)).await.expect("append"));
+        seqs.push(store.append(&sample(&tag)).await.expect("append"));
     }
     seqs
 }
