@@ -1,6 +1,6 @@
 //! The chat path's single pass over a non-streamed answer (`Answer::parse`) on an agent-shaped
 //! answer (the engine's prompt ids, the response ids and a log-prob per response token, as
-//! `loadgen agent` gets them from the fake), against `serde_json`'s validating skip of the same
+//! `loadgen agent` gets them from the fake: each entry with its `bytes` and a top-1 list), against `serde_json`'s validating skip of the same
 //! bytes (`IgnoredAny`) and a full tree parse, measured in the same run; then what the capture
 //! thread reads from it (`Answer::rollout`, engine ids included).
 //! Run: `cargo bench -p ps-sglang-client --bench answer -- [--prompt-ids N] [--reps R]`.
@@ -29,8 +29,14 @@ struct Args {
 fn answer(prompt: usize, response: usize) -> Bytes {
     // Ids spread like a real vocabulary's (1 to 6 digits).
     let id = |i: usize| ((i * 7919 + 13) % 151_000) as u64;
+    // Entries as the engines write them (and the fake): the token, its bytes, a log-prob with
+    // all its digits, and the top-1 list repeating them.
     let content: Vec<Value> = (0..response)
-        .map(|i| json!({"token": format!("w{i}"), "logprob": -((i % 97) as f64) / 31.0, "bytes": null, "top_logprobs": []}))
+        .map(|i| {
+            let (token, logprob) = (format!("w{i}"), -((i % 97) as f64) / 31.0 - 1e-3 / 7.0);
+            json!({"token": token, "bytes": token.as_bytes(), "logprob": logprob,
+                "top_logprobs": [{"token": token, "bytes": token.as_bytes(), "logprob": logprob}]})
+        })
         .collect();
     let text: String = (0..response).map(|i| format!("w{i}")).collect();
     let body = json!({
