@@ -1,8 +1,9 @@
 //! The chat path's single pass over a non-streamed answer (`Answer::parse`) on an agent-shaped
-//! answer (the engine's prompt ids, the response ids and a log-prob per response token, as
-//! `loadgen agent` gets them from the fake: each entry with its `bytes` and a top-1 list), against `serde_json`'s validating skip of the same
-//! bytes (`IgnoredAny`) and a full tree parse, measured in the same run; then what the capture
-//! thread reads from it (`Answer::rollout`, engine ids included).
+//! answer (the engine's prompt ids, the response ids and a log-prob per response token, each
+//! entry with its `bytes` and a top-1 list, as `loadgen agent` gets them from the fake), against
+//! `serde_json`'s validating skip of the same bytes (`IgnoredAny`) and a full tree parse,
+//! measured in the same run; then what the capture thread reads from it (`Answer::rollout`,
+//! engine ids included).
 //! Run: `cargo bench -p ps-sglang-client --bench answer -- [--prompt-ids N] [--reps R]`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
