@@ -1,81 +1,102 @@
-//! The process's allocator: mimalloc, told to give freed memory back to the system.
+//! The process's allocator: jemalloc, set to give freed memory back to the system within 100 ms.
 //!
-//! Two settings, both measured on the agent scenario (docs/benchmarks.md, "Memory: one tokenizer,
-//! the start-up peak and what the heap keeps"):
+//! Measured on the agent scenario (docs/benchmarks.md, "jemalloc instead of mimalloc"): the proxy
+//! allocates and frees ~300 kB a request in blocks of 50–100 kB (bodies, answers, rendered
+//! prompts) on ~20 threads. mimalloc, even purging at once, kept most of what a burst had
+//! touched (peak 211–234 MiB, 4× its start at the end): such blocks share its larger pages, and a
+//! page goes back only when all of it is free. jemalloc gives back free runs of 4 KiB pages
+//! after `dirty_decay_ms`; with 100 ms the peak was 137–141 MiB and the end 2× the start, at the
+//! same CPU per request (0.50–0.56 of the fake's against mimalloc's 0.53–0.61). With 0 ms the
+//! peak was 118–124 MiB at ~15 % more CPU; an operator who prefers that sets
+//! `_RJEM_MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0` (read after the settings compiled in
+//! here, so it wins; any other jemalloc option the same way).
 //!
-//! - **Purge at once.** mimalloc gives freed pages back ("purges" them) only some time after they
-//!   become free (`purge_delay`, 1 s in mimalloc 3) and only when a thread allocates again after
-//!   that, so a proxy that goes quiet after a burst keeps every page the burst touched.
-//!   `MIMALLOC_PURGE_DELAY` set by the operator still wins.
-//! - **No transparent huge pages for this process.** Where THP is on, the kernel's `khugepaged`
-//!   fills a 2 MiB huge page around every few small pages still in use, so a heap that was just
-//!   purged grows back in RSS while the proxy is idle (seen with THP `madvise` as with `always`).
+//! Transparent huge pages stay off for this process: where THP is on, the kernel's `khugepaged`
+//! fills a 2 MiB huge page around every few small pages still in use, so a heap that was just
+//! given back grows again in RSS while the proxy is idle. `MIMALLOC_ALLOW_THP=1` (the name it had
+//! with mimalloc) or `POLICY_SERVING_ALLOW_THP=1` keeps them.
 //!
-//! The `system-alloc` feature leaves the system allocator in place (mimalloc is still linked and
-//! tuned, but unused), so that `heaptrack` and `valgrind --tool=massif`, which intercept
-//! `malloc`, see every allocation: the heap profile of docs/benchmarks.md ("Memory, round two")
-//! was made that way. Not for production: it costs CPU (see main.rs).
+//! The `system-alloc` feature leaves the system allocator in place, so that `heaptrack` and
+//! `valgrind --tool=massif`, which intercept `malloc`, see every allocation (the heap profiles of
+//! docs/benchmarks.md were made that way). Not for production: it costs CPU and memory.
 //!
-//! The only `unsafe` of the workspace: calls into mimalloc's C API (which the `mimalloc` crate
-//! links but does not wrap) and one `prctl`.
+//! The only `unsafe` of the workspace: jemalloc's configuration symbol, the read of one of its
+//! settings, and one `prctl`.
 #![allow(unsafe_code)]
-
-use std::ffi::{c_int, c_long};
 
 #[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Without it the `mimalloc` crate would be unused under `system-alloc`, and its C library,
-/// which the option calls below need, not linked.
-#[cfg(feature = "system-alloc")]
-#[allow(dead_code, reason = "only its crate's C library is needed")]
-static UNUSED: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// The settings jemalloc reads at its first allocation, before `main` runs: background threads
+/// that give freed pages back while the proxy is idle, dirty pages kept at most 100 ms, none
+/// kept "muzzy" (lazily freed pages still counted in RSS).
+#[cfg(not(feature = "system-alloc"))]
+const MALLOC_CONF: &[u8] = b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0\0";
 
-/// `mi_option_purge_delay` in mimalloc 3's `mi_option_t` (libmimalloc-sys 0.1.49, `mimalloc.h`).
-/// The test below checks it against the option's documented default.
-const MI_OPTION_PURGE_DELAY: c_int = 15;
+/// jemalloc's `malloc_conf` (the `_rjem_` prefix is the one `tikv-jemalloc-sys` builds it with).
+// SAFETY: jemalloc reads this symbol as a `const char *` to a NUL-terminated string, and nothing
+// else defines it (jemalloc only declares it, weakly). A reference to an array is one pointer to
+// its first byte, and `MALLOC_CONF` ends with NUL (checked by the test below).
+#[cfg(not(feature = "system-alloc"))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_CONF: &[u8; MALLOC_CONF.len()] = match MALLOC_CONF.as_array() {
+    Some(conf) => conf,
+    None => unreachable!(),
+};
 
-// SAFETY (for both): plain C functions of the linked mimalloc without pointer arguments; an
-// option number out of range is ignored by mimalloc.
-unsafe extern "C" {
-    fn mi_option_get(option: c_int) -> c_long;
-    fn mi_option_set_default(option: c_int, value: c_long);
-}
-
-/// What [`give_memory_back`] set, for the start-up log line.
+/// The allocator's settings in effect, for the start-up log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
-    /// The purge delay in effect, in ms (0 unless `MIMALLOC_PURGE_DELAY` says otherwise).
-    pub purge_delay_ms: i64,
+    /// `jemalloc` or `system`.
+    pub allocator: &'static str,
+    /// How long jemalloc keeps freed pages before giving them back, in ms (`None`: the system
+    /// allocator).
+    pub dirty_decay_ms: Option<i64>,
+    /// Whether jemalloc's background threads run (they give pages back while the proxy is idle).
+    pub background_thread: Option<bool>,
     /// Whether transparent huge pages are off for this process.
     pub thp_disabled: bool,
 }
 
-/// Freed pages go back to the system at once, and this process gets no transparent huge pages.
+/// Turns transparent huge pages off for this process and reports the allocator's settings.
 /// Call first thing in `main`, before threads start.
 pub fn give_memory_back() -> Tuning {
-    // SAFETY: see the extern block.
-    unsafe { mi_option_set_default(MI_OPTION_PURGE_DELAY, 0) };
     Tuning {
-        purge_delay_ms: purge_delay_ms(),
         thp_disabled: disable_thp(),
+        ..settings()
     }
 }
 
-/// The purge delay in effect, in ms.
-#[allow(
-    clippy::useless_conversion,
-    reason = "`c_long` is 64 bits here but 32 on other targets"
-)]
-fn purge_delay_ms() -> i64 {
-    // SAFETY: see the extern block.
-    i64::from(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) })
+#[cfg(not(feature = "system-alloc"))]
+fn settings() -> Tuning {
+    // SAFETY: `opt.dirty_decay_ms` is an `ssize_t` option (jemalloc's mallctl namespace), read as
+    // one.
+    let decay = unsafe { tikv_jemalloc_ctl::raw::read::<libc::ssize_t>(b"opt.dirty_decay_ms\0") };
+    Tuning {
+        allocator: "jemalloc",
+        dirty_decay_ms: decay.ok().and_then(|d| i64::try_from(d).ok()),
+        background_thread: tikv_jemalloc_ctl::background_thread::read().ok(),
+        thp_disabled: false,
+    }
 }
 
-/// An operator who wants huge pages back sets `MIMALLOC_ALLOW_THP` to a non-zero value.
+#[cfg(feature = "system-alloc")]
+fn settings() -> Tuning {
+    Tuning {
+        allocator: "system",
+        dirty_decay_ms: None,
+        background_thread: None,
+        thp_disabled: false,
+    }
+}
+
+/// An operator who wants huge pages back sets `POLICY_SERVING_ALLOW_THP` (or, as before,
+/// `MIMALLOC_ALLOW_THP`) to a non-zero value.
 fn thp_allowed_by_operator() -> bool {
-    std::env::var("MIMALLOC_ALLOW_THP").is_ok_and(|v| !v.trim().is_empty() && v.trim() != "0")
+    ["POLICY_SERVING_ALLOW_THP", "MIMALLOC_ALLOW_THP"]
+        .iter()
+        .any(|var| std::env::var(var).is_ok_and(|v| !v.trim().is_empty() && v.trim() != "0"))
 }
 
 #[cfg(target_os = "linux")]
@@ -99,17 +120,24 @@ fn disable_thp() -> bool {
 mod tests {
     use super::*;
 
+    /// The settings compiled in are the ones in effect (unless the environment running the tests
+    /// sets jemalloc's own), and huge pages go off.
     #[test]
-    fn the_purge_delay_is_the_option_set_and_thp_goes_off() {
-        // The option number is mimalloc's purge delay: its default (1000 ms in mimalloc 3) before
-        // it is set, unless the environment running the tests sets it; 0 after.
-        let from_env = std::env::var_os("MIMALLOC_PURGE_DELAY").is_some();
-        if !from_env {
-            assert_eq!(purge_delay_ms(), 1000);
-        }
+    fn jemalloc_gives_pages_back_within_100_ms_and_thp_goes_off() {
         let tuning = give_memory_back();
-        if !from_env {
-            assert_eq!(tuning.purge_delay_ms, 0);
+        #[cfg(not(feature = "system-alloc"))]
+        {
+            assert_eq!(MALLOC_CONF.last(), Some(&0), "NUL-terminated");
+            assert_eq!(tuning.allocator, "jemalloc");
+            if std::env::var_os("_RJEM_MALLOC_CONF").is_none() {
+                assert_eq!(tuning.dirty_decay_ms, Some(100));
+                assert_eq!(tuning.background_thread, Some(true));
+                // SAFETY: as in `settings`.
+                let muzzy = unsafe {
+                    tikv_jemalloc_ctl::raw::read::<libc::ssize_t>(b"opt.muzzy_decay_ms\0")
+                };
+                assert_eq!(muzzy.ok(), Some(0));
+            }
         }
         #[cfg(target_os = "linux")]
         if !thp_allowed_by_operator() {

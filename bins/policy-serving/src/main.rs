@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ps_chat_template::ChatTokenizer;
 use ps_config::{LogFormat, Overrides, Settings};
 
-/// mimalloc: the proxy allocates many short-lived buffers (JSON values, token vectors); with the
+/// jemalloc: the proxy allocates many short-lived buffers (JSON values, token vectors); with the
 /// system allocator malloc/free were 43% of its CPU samples under load (docs/benchmarks.md).
 /// Set to give freed memory back (`alloc.rs`).
 mod alloc;
@@ -140,7 +140,7 @@ fn load(config: Option<&std::path::Path>, overrides: &Overrides) -> Result<Setti
 /// Threads of tokio's blocking pool (tokio's default is 512). What runs there is short: rendering a
 /// judge prompt per PRM or hint vote, tokenizing an OPD teacher prompt, reading a page of samples
 /// for the trainer. Under load tokio starts a thread whenever none is idle, so with hundreds of
-/// judge votes in flight the proxy grew to ~110 threads, and each thread's mimalloc heap (on
+/// judge votes in flight the proxy grew to ~110 threads, and each thread's mimalloc heap (then; on
 /// transparent huge pages) kept its memory after the load: RSS ended the soak at 2.3-3.9 x its
 /// baseline instead of 1.06 x (docs/benchmarks.md, "Soak"). A few threads per core do the same work.
 const MAX_BLOCKING_THREADS: usize = 16;
@@ -178,7 +178,9 @@ fn run(cli: Cli, tuning: alloc::Tuning) -> Result<(), ExitCode> {
             let settings = load(config.as_deref(), &overrides)?;
             init_tracing(&settings.logging.level, settings.logging.format);
             tracing::debug!(
-                purge_delay_ms = tuning.purge_delay_ms,
+                allocator = tuning.allocator,
+                dirty_decay_ms = tuning.dirty_decay_ms,
+                background_thread = tuning.background_thread,
                 thp_disabled = tuning.thp_disabled,
                 "allocator: freed pages go back to the system"
             );
