@@ -1,6 +1,8 @@
 //! Crash safety with a real process: `kill -9` of the server under load loses no sample whose
 //! submission completed (every sample the trainer could already see is served again after restart,
-//! with its original seq), and new samples continue the sequence.
+//! with its original seq), and new samples continue the sequence. The start after the kill says
+//! that it checks the store's file (the store commits without redb's quick repair); a start after
+//! a graceful stop does not.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "harness.rs"]
@@ -17,16 +19,20 @@ use serde_json::{Value, json};
 
 use harness::{KillOnDrop, free_port};
 
-fn spawn_server(config: &std::path::Path) -> Child {
+/// The server on `config`; its log (warnings and errors) goes to `log`.
+fn spawn_server(config: &std::path::Path, log: &std::path::Path) -> Child {
     Command::new(harness::policy_serving())
         .args(["serve", "--config"])
         .arg(config)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap()
 }
+
+/// What the store logs when it finds its file not closed cleanly.
+const STORE_CHECKED: &str = "the sample store was not closed cleanly";
 
 async fn wait_healthy(base: &str) {
     for _ in 0..200 {
@@ -80,7 +86,8 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
     )
     .unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let mut server = KillOnDrop(spawn_server(&config));
+    let log = |n: u32| dir.path().join(format!("server-{n}.log"));
+    let mut server = KillOnDrop(spawn_server(&config, &log(1)));
     wait_healthy(&base).await;
 
     // Load: 8 agents, each running two-turn sessions back to back.
@@ -132,8 +139,14 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
         let _ = a.await;
     }
 
-    let mut server = KillOnDrop(spawn_server(&config));
+    let mut server = KillOnDrop(spawn_server(&config, &log(2)));
     wait_healthy(&base).await;
+    let restarted_log = std::fs::read_to_string(log(2)).unwrap();
+    assert!(
+        restarted_log.contains(STORE_CHECKED)
+            && restarted_log.contains("no committed sample is lost"),
+        "the start after kill -9 says that it checks the store: {restarted_log}"
+    );
     let after_restart = pull_all(&base, 0).await;
     for (seq, sample) in &seen {
         assert_eq!(
@@ -164,6 +177,26 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
     }
     assert!(newer.keys().all(|s| *s > last), "seqs are never reused");
     assert!(!newer.is_empty());
+
+    // A graceful stop (SIGTERM) closes the store: the next start finds nothing to check.
+    let pid = server.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "a graceful stop: {status:?}");
+    let mut server = KillOnDrop(spawn_server(&config, &log(3)));
+    wait_healthy(&base).await;
+    assert!(pull_all(&base, 0).await.len() >= after_restart.len() + newer.len());
+    let clean_log = std::fs::read_to_string(log(3)).unwrap();
+    assert!(
+        !clean_log.contains(STORE_CHECKED),
+        "no check after a graceful stop: {clean_log}"
+    );
     server.0.kill().unwrap();
     server.0.wait().unwrap();
 }

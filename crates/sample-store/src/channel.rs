@@ -55,10 +55,10 @@ impl SampleSink for ChannelSink {
     async fn submit(&self, sample: &Sample) -> Result<u64, SinkError> {
         // Wait for room first, so that a seq is only taken by a sample that is then sent.
         let permit = self.sender.reserve().await.map_err(|_| SinkError::Closed)?;
+        // The receiver gets a sample of its own, copied before the lock that orders submitters.
+        let mut sample = sample.clone();
         let mut last_seq = self.last_seq.lock().unwrap_or_else(PoisonError::into_inner);
         let seq = *last_seq + 1;
-        // The receiver gets a sample of its own.
-        let mut sample = sample.clone();
         sample.index = seq;
         sample.group_index = seq;
         permit.send(StoredSample { seq, sample });

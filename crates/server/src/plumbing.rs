@@ -104,5 +104,10 @@ pub(crate) async fn read_body(
             buf.extend_from_slice(data);
         }
     }
+    // Without a `Content-Length` the buffer grew by doubling; capture keeps slices of it (and so
+    // all of it) while a turn waits, counted by its length (`capture.max_queued_mib`).
+    if buf.capacity() > buf.len() + buf.len() / 8 {
+        buf.shrink_to_fit();
+    }
     Ok(Bytes::from(buf))
 }
