@@ -95,7 +95,9 @@ pub async fn build_full(
         store.clone() as Arc<dyn ps_core::SampleSink>,
         (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
     );
-    let buffer = buffer.with_pending_store(store.clone() as Arc<dyn ps_core::PendingStore>);
+    let buffer = buffer
+        .with_pending_store(store.clone() as Arc<dyn ps_core::PendingStore>)
+        .with_tokenizer_fingerprint(tokenizer.fingerprint());
     let workers = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(MAX_CAPTURE_WORKERS);

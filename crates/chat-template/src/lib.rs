@@ -54,6 +54,8 @@ const MINI_TOKENIZER_CONFIG_JSON: &str =
 /// then shared: it is `Send + Sync` and every method takes `&self`.
 pub struct ChatTokenizer {
     tokenizer: tokenizers::Tokenizer,
+    /// XXH3-64 of what it was built from (see [`ChatTokenizer::fingerprint`]).
+    fingerprint: u64,
     templates: Templates,
     special_tokens: Vec<(&'static str, MjValue)>,
     eos_token: Option<String>,
@@ -237,6 +239,7 @@ impl ChatTokenizer {
         template_override: Option<String>,
     ) -> Result<Self, ChatTemplateError> {
         BUILT.fetch_add(1, Ordering::Relaxed);
+        let fingerprint = fingerprint_of(tokenizer_json, config_json, template_override.as_deref());
         // Streamed into the model's maps rather than through the library's intermediate trees:
         // the same tokenizer at a fraction of the start-up peak (`load.rs`).
         let mut tokenizer = load::parse_tokenizer(tokenizer_json).map_err(|source| {
@@ -282,6 +285,7 @@ impl ChatTokenizer {
         let split_tokens = split_tokens.filter(|_| added_matcher.is_some());
         Ok(Self {
             tokenizer,
+            fingerprint,
             templates,
             special_tokens: cfg.special_tokens,
             eos_token: cfg.eos_token,
@@ -291,6 +295,14 @@ impl ChatTokenizer {
             added_matcher,
             splice,
         })
+    }
+
+    /// Identifies the files this tokenizer was built from (`tokenizer.json`, `tokenizer_config.json`
+    /// and a `chat_template.jinja` beside them): equal for the same files, different (but for a
+    /// 64-bit hash collision) when any of them differs. What a turn persisted at shutdown carries,
+    /// so that a restart with another tokenizer or template does not train on ids it did not make.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// Renders already-normalised `messages` with the chat template, as
@@ -594,6 +606,22 @@ impl ChatTokenizer {
             prompt_is_prefix,
         })
     }
+}
+
+/// XXH3-64 over the inputs of [`ChatTokenizer::build`], each part's length first so that no two
+/// different inputs run together into the same bytes.
+fn fingerprint_of(tokenizer_json: &str, config_json: &str, template: Option<&str>) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for part in [Some(tokenizer_json), Some(config_json), template] {
+        match part {
+            Some(p) => {
+                h.update(&(p.len() as u64).to_le_bytes());
+                h.update(p.as_bytes());
+            }
+            None => h.update(&u64::MAX.to_le_bytes()),
+        }
+    }
+    h.digest()
 }
 
 /// How many of the normalised `messages` are leading `system` or `developer` messages (what

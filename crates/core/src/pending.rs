@@ -21,6 +21,11 @@ pub struct PendingTurn {
     /// `X-Session-Done`): its at-least-one state starts afresh here after the restart too.
     #[serde(default)]
     pub conversation_start: bool,
+    /// The fingerprint of the policy tokenizer that made its ids (`ChatTokenizer::fingerprint`):
+    /// a restart with another tokenizer or chat template does not resume it. (Absent in turns
+    /// persisted by older versions, or by a buffer told no fingerprint: resumed as before.)
+    #[serde(default)]
+    pub tokenizer: Option<u64>,
 }
 
 /// Durable keeping of pending turns across a restart.

@@ -503,6 +503,7 @@ async fn pending_turns_are_kept_per_replica_and_taken_once() {
         next: Some(serde_json::json!({"role": "user", "content": "next"})),
         session_had_effective: t == 2,
         conversation_start: false,
+        tokenizer: Some(0x0123_4567_89ab_cdef),
     };
     assert_eq!(
         one.save_pending(vec![turn("a", 2), turn("a", 1)])

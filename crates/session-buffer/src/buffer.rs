@@ -40,6 +40,8 @@ struct Inner {
     /// Turns being judged, by (session, turn): what to persist if the server stops first.
     inflight: Mutex<HashMap<(String, u64), Unfinished>>,
     pending_store: std::sync::OnceLock<Arc<dyn PendingStore>>,
+    /// The policy tokenizer's fingerprint, written on persisted turns and checked on resumed ones.
+    tokenizer: std::sync::OnceLock<u64>,
 }
 
 /// The per-session state machine. Cheap to clone.
@@ -86,6 +88,7 @@ impl SessionBuffer {
             runtime: tokio::runtime::Handle::current(),
             inflight: Mutex::new(HashMap::new()),
             pending_store: std::sync::OnceLock::new(),
+            tokenizer: std::sync::OnceLock::new(),
         }))
     }
 
@@ -94,6 +97,16 @@ impl SessionBuffer {
     #[must_use]
     pub fn with_pending_store(self, store: Arc<dyn PendingStore>) -> Self {
         let _ = self.0.pending_store.set(store);
+        self
+    }
+
+    /// The fingerprint of the policy tokenizer (`ChatTokenizer::fingerprint`) that makes the turns'
+    /// ids: turns persisted at shutdown carry it, and [`SessionBuffer::resume`] abandons those
+    /// persisted with another one (`tokenizer_changed`) instead of training on ids the current
+    /// tokenizer did not make. Set once, before traffic.
+    #[must_use]
+    pub fn with_tokenizer_fingerprint(self, fingerprint: u64) -> Self {
+        let _ = self.0.tokenizer.set(fingerprint);
         self
     }
 
@@ -112,12 +125,45 @@ impl SessionBuffer {
     /// either submitted now or returned here, never both.
     pub fn take_unfinished(&self) -> Vec<PendingTurn> {
         let mut sessions = lock(&self.0.sessions);
-        persist::take_unfinished(&mut sessions, &mut lock(&self.0.inflight))
+        let mut turns = persist::take_unfinished(&mut sessions, &mut lock(&self.0.inflight));
+        for t in &mut turns {
+            t.tokenizer = self.0.tokenizer.get().copied();
+        }
+        turns
     }
 
     /// Resumes turns persisted by an earlier run: each is judged again (its next state, or its
     /// absence, is known) and submitted in turn order within its session.
+    ///
+    /// A turn persisted with another tokenizer's fingerprint than this buffer's is abandoned
+    /// (`tokenizer_changed`, counted in `turns_abandoned_by_reason`, one warning for all of them):
+    /// its ids and texts were made by a tokenizer or chat template this run does not use.
     pub fn resume(&self, turns: Vec<PendingTurn>) {
+        let now = self.0.tokenizer.get().copied();
+        let (turns, changed): (Vec<_>, Vec<_>) = turns
+            .into_iter()
+            .partition(|t| t.tokenizer.zip(now).is_none_or(|(was, now)| was == now));
+        if let Some(first) = changed.first() {
+            tracing::warn!(
+                turns = changed.len(),
+                "{} turns persisted by the previous run were made with another tokenizer or chat \
+                 template (fingerprint {:016x}, now {:016x}): they yield no samples (abandoned as \
+                 tokenizer_changed); if the model did not change, check server.model_dir",
+                changed.len(),
+                first.tokenizer.unwrap_or_default(),
+                now.unwrap_or_default(),
+            );
+        }
+        for t in &changed {
+            let reason = "tokenizer_changed";
+            self.0.stats.abandoned(reason);
+            metrics::counter!(m::TURNS_ABANDONED_TOTAL, "reason" => reason).increment(1);
+            self.0.stats.observer.tell(TurnEvent::Abandoned {
+                session: &t.turn.session_id,
+                turn: t.turn.turn,
+                reason,
+            });
+        }
         let mut jobs = Vec::new();
         {
             let mut sessions = lock(&self.0.sessions);

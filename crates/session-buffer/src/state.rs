@@ -81,6 +81,7 @@ impl Unfinished {
             next: self.next,
             session_had_effective: false,
             conversation_start: false,
+            tokenizer: None,
         }
     }
 }

@@ -500,6 +500,64 @@ async fn turns_unfinished_at_the_shutdown_deadline_are_persisted_and_resumed_in_
     .await;
 }
 
+/// Turns persisted at shutdown carry the policy tokenizer's fingerprint: a restart with the same
+/// one resumes them; a restart with another abandons them with a reason (counted, visible in the
+/// status), and none becomes a sample made of the old tokenizer's ids.
+#[tokio::test]
+async fn turns_persisted_with_another_tokenizer_are_abandoned_not_resumed() {
+    let persist_two = |fingerprint: u64| async move {
+        let r = rig();
+        let pending = Arc::new(MemPending::default());
+        let buffer = r
+            .buffer
+            .clone()
+            .with_pending_store(pending.clone())
+            .with_tokenizer_fingerprint(fingerprint);
+        let t1 = buffer.begin("s", &user("a"), false);
+        buffer.accept(captured("s", t1));
+        let t2 = buffer.begin("s", &user("hold score:1"), true); // turn 1's judge hangs
+        buffer.accept(captured("s", t2));
+        wait_for("turn 2 waiting behind turn 1", || {
+            buffer.status().pending.waiting_order >= 1
+        })
+        .await;
+        assert!(!buffer.shutdown(Duration::from_millis(200)).await);
+        let saved = std::mem::take(&mut *pending.0.lock().unwrap());
+        assert_eq!(saved.len(), 2);
+        assert!(saved.iter().all(|t| t.tokenizer == Some(fingerprint)));
+        saved
+    };
+
+    // The same tokenizer: resumed.
+    let r = rig();
+    let same = r.buffer.clone().with_tokenizer_fingerprint(7);
+    same.resume(persist_two(7).await);
+    for _ in 0..2000 {
+        r.scorer.release.notify_waiters();
+        if r.sink.taken().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(r.sink.taken().len(), 2);
+    assert!(same.status().turns_abandoned_by_reason.is_empty());
+
+    // Another tokenizer: abandoned, counted by reason, no sample.
+    let r = rig();
+    let other = r.buffer.clone().with_tokenizer_fingerprint(8);
+    other.resume(persist_two(7).await);
+    let st = other.status();
+    assert_eq!(st.turns_abandoned, 2);
+    assert_eq!(
+        st.turns_abandoned_by_reason.get("tokenizer_changed"),
+        Some(&2)
+    );
+    r.scorer.release.notify_waiters();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(r.sink.taken().is_empty());
+    assert_eq!(other.status().live_sessions, 0, "nothing is held for them");
+}
+
 #[tokio::test]
 async fn a_resumed_session_remembers_it_already_had_an_effective_sample() {
     let r = rig();
