@@ -77,6 +77,54 @@ mod tests {
         assert!(text.contains("rollout_log_probs"), "{text}");
     }
 
+    /// A pending turn's tokenizer fingerprint round-trips (all 64 bits), and a record written
+    /// before the field existed reads as having none.
+    #[test]
+    fn a_pending_turns_fingerprint_round_trips_and_older_records_have_none() {
+        let turn = crate::CapturedTurn {
+            session_id: "s".into(),
+            turn: 2,
+            arrival_seq: 2,
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})].into(),
+            tools: None,
+            template_kwargs: None,
+            response_message: serde_json::json!({"role": "assistant", "content": "yo"}),
+            prompt_text: "p".into(),
+            response_text: "yo".into(),
+            prompt_is_prefix: true,
+            prompt_ids: vec![1, 2],
+            response_ids: vec![3],
+            alignment: crate::Alignment {
+                logprobs: vec![Some(-0.25)],
+                sources: vec![crate::PositionSource::Sampled],
+                loss_mask: vec![1],
+                matched_by_ids: true,
+                unmatched_upstream: 0,
+                first_unmatched_upstream: None,
+            },
+            finish_reason: Some("stop".into()),
+            streamed: false,
+            token_source: crate::TokenSource::Engine,
+            weight_version: None,
+            origin: Default::default(),
+        };
+        let pending = PendingTurn {
+            turn,
+            next: None,
+            session_had_effective: true,
+            conversation_start: false,
+            tokenizer: Some(u64::MAX),
+        };
+        let back = decode_pending(&encode_pending(&pending).unwrap()).unwrap();
+        assert_eq!(back, pending);
+        // The same record without the key, as an older version wrote it.
+        let mut old = serde_json::to_value(&pending).unwrap();
+        old.as_object_mut().unwrap().remove("tokenizer");
+        let back = decode_pending(&rmp_serde::to_vec_named(&old).unwrap()).unwrap();
+        assert_eq!(back.tokenizer, None);
+        assert_eq!(back.turn, pending.turn);
+    }
+
     #[test]
     fn garbage_is_a_decode_error() {
         assert!(decode_sample(9, b"\xc1 not msgpack").is_err());

@@ -39,7 +39,9 @@ pub enum TurnEvent<'a> {
         turn: u64,
         response_tokens: usize,
     },
-    /// The main turn will never be captured (`reason`: a short snake_case word).
+    /// The main turn will never become a sample (`reason`: a short snake_case word): it was not
+    /// captured, or (`tokenizer_changed`) it was persisted at a shutdown by a run with another
+    /// policy tokenizer.
     Abandoned {
         session: &'a str,
         turn: u64,

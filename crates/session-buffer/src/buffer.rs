@@ -126,6 +126,8 @@ impl SessionBuffer {
     pub fn take_unfinished(&self) -> Vec<PendingTurn> {
         let mut sessions = lock(&self.0.sessions);
         let mut turns = persist::take_unfinished(&mut sessions, &mut lock(&self.0.inflight));
+        // This run's fingerprint, also on a turn resumed from an older version's record (which
+        // had none): its ids passed this run's check, or it would not have been resumed.
         for t in &mut turns {
             t.tokenizer = self.0.tokenizer.get().copied();
         }
@@ -146,10 +148,10 @@ impl SessionBuffer {
         if let Some(first) = changed.first() {
             tracing::warn!(
                 turns = changed.len(),
-                "{} turns persisted by the previous run were made with another tokenizer or chat \
-                 template (fingerprint {:016x}, now {:016x}): they yield no samples (abandoned as \
-                 tokenizer_changed); if the model did not change, check server.model_dir",
-                changed.len(),
+                "turns persisted by the previous run were made with another policy tokenizer or \
+                 chat template (fingerprint {:016x}, now {:016x}): they yield no samples \
+                 (abandoned as tokenizer_changed); if the model did not change, check where the \
+                 tokenizer comes from (server.model_dir, or the policy server's model path)",
                 first.tokenizer.unwrap_or_default(),
                 now.unwrap_or_default(),
             );
@@ -173,10 +175,12 @@ impl SessionBuffer {
                 }
             }
         }
-        tracing::info!(
-            turns = jobs.len(),
-            "resuming turns persisted by the previous run"
-        );
+        if !jobs.is_empty() {
+            tracing::info!(
+                turns = jobs.len(),
+                "resuming turns persisted by the previous run"
+            );
+        }
         self.dispatch(jobs);
     }
 
