@@ -81,39 +81,11 @@ mod tests {
     /// before the field existed reads as having none.
     #[test]
     fn a_pending_turns_fingerprint_round_trips_and_older_records_have_none() {
-        let turn = crate::CapturedTurn {
-            session_id: "s".into(),
-            turn: 2,
-            arrival_seq: 2,
-            messages: vec![serde_json::json!({"role": "user", "content": "hi"})].into(),
-            tools: None,
-            template_kwargs: None,
-            response_message: serde_json::json!({"role": "assistant", "content": "yo"}),
-            prompt_text: "p".into(),
-            response_text: "yo".into(),
-            prompt_is_prefix: true,
-            prompt_ids: vec![1, 2],
-            response_ids: vec![3],
-            alignment: crate::Alignment {
-                logprobs: vec![Some(-0.25)],
-                sources: vec![crate::PositionSource::Sampled],
-                loss_mask: vec![1],
-                matched_by_ids: true,
-                unmatched_upstream: 0,
-                first_unmatched_upstream: None,
-            },
-            finish_reason: Some("stop".into()),
-            streamed: false,
-            token_source: crate::TokenSource::Engine,
-            weight_version: None,
-            origin: Default::default(),
-        };
         let pending = PendingTurn {
-            turn,
             next: None,
             session_had_effective: true,
-            conversation_start: false,
             tokenizer: Some(u64::MAX),
+            ..crate::pending::testing::pending_turn("s", 2)
         };
         let back = decode_pending(&encode_pending(&pending).unwrap()).unwrap();
         assert_eq!(back, pending);

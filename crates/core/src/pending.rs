@@ -28,6 +28,52 @@ pub struct PendingTurn {
     pub tokenizer: Option<u64>,
 }
 
+/// Fixtures for the tests of this and other crates (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing {
+    use super::PendingTurn;
+    use crate::{Alignment, CapturedTurn, PositionSource, TokenSource};
+
+    /// Turn `turn` of session `session` as persisted at a shutdown: one user message, a
+    /// one-token retokenized answer with its log-prob, a next state, no flags, no fingerprint.
+    /// What the stores' round-trip tests keep and read back.
+    pub fn pending_turn(session: &str, turn: u64) -> PendingTurn {
+        PendingTurn {
+            turn: CapturedTurn {
+                session_id: session.into(),
+                turn,
+                arrival_seq: turn,
+                messages: vec![serde_json::json!({"role": "user", "content": "hi"})].into(),
+                tools: None,
+                template_kwargs: None,
+                response_message: serde_json::json!({"role": "assistant", "content": "yo"}),
+                prompt_text: "p".into(),
+                response_text: "yo".into(),
+                prompt_is_prefix: true,
+                prompt_ids: vec![1, 2],
+                response_ids: vec![3],
+                alignment: Alignment {
+                    logprobs: vec![Some(-0.25)],
+                    sources: vec![PositionSource::Sampled],
+                    loss_mask: vec![1],
+                    matched_by_ids: true,
+                    unmatched_upstream: 0,
+                    first_unmatched_upstream: None,
+                },
+                finish_reason: Some("stop".into()),
+                streamed: false,
+                token_source: TokenSource::Retokenized,
+                weight_version: None,
+                origin: Default::default(),
+            },
+            next: Some(serde_json::json!({"role": "user", "content": "next"})),
+            session_had_effective: false,
+            conversation_start: false,
+            tokenizer: None,
+        }
+    }
+}
+
 /// Durable keeping of pending turns across a restart.
 #[async_trait::async_trait]
 pub trait PendingStore: Send + Sync {

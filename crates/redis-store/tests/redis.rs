@@ -473,37 +473,9 @@ async fn pending_turns_are_kept_per_replica_and_taken_once() {
         RedisStore::open(two).await.unwrap(),
     );
     let turn = |s: &str, t: u64| ps_core::PendingTurn {
-        turn: ps_core::CapturedTurn {
-            session_id: s.into(),
-            turn: t,
-            arrival_seq: t,
-            messages: vec![serde_json::json!({"role": "user", "content": "hi"})].into(),
-            tools: None,
-            template_kwargs: None,
-            response_message: serde_json::json!({"role": "assistant", "content": "yo"}),
-            prompt_text: "p".into(),
-            response_text: "yo".into(),
-            prompt_is_prefix: true,
-            prompt_ids: vec![1, 2],
-            response_ids: vec![3],
-            alignment: ps_core::Alignment {
-                logprobs: vec![Some(-0.25)],
-                sources: vec![ps_core::PositionSource::Sampled],
-                loss_mask: vec![1],
-                matched_by_ids: true,
-                unmatched_upstream: 0,
-                first_unmatched_upstream: None,
-            },
-            finish_reason: Some("stop".into()),
-            streamed: false,
-            token_source: ps_core::TokenSource::Retokenized,
-            weight_version: None,
-            origin: Default::default(),
-        },
-        next: Some(serde_json::json!({"role": "user", "content": "next"})),
         session_had_effective: t == 2,
-        conversation_start: false,
         tokenizer: Some(0x0123_4567_89ab_cdef),
+        ..ps_core::pending::testing::pending_turn(s, t)
     };
     assert_eq!(
         one.save_pending(vec![turn("a", 2), turn("a", 1)])
