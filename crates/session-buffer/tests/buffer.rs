@@ -113,6 +113,20 @@ fn rig() -> Rig {
     rig_with(true, 100)
 }
 
+impl Rig {
+    /// Releases the fake judge's held votes until the sink has `samples` samples (at most ~10 s;
+    /// the caller asserts what it got).
+    async fn release_judge_until(&self, samples: usize) {
+        for _ in 0..2000 {
+            self.scorer.release.notify_waiters();
+            if self.sink.taken().len() == samples {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})
 }
@@ -475,13 +489,7 @@ async fn turns_unfinished_at_the_shutdown_deadline_are_persisted_and_resumed_in_
             .await
             .unwrap(),
     );
-    for _ in 0..2000 {
-        r2.scorer.release.notify_waiters();
-        if r2.sink.taken().len() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    r2.release_judge_until(3).await;
     let got: Vec<(u64, f64)> = r2
         .sink
         .taken()
@@ -532,13 +540,7 @@ async fn turns_persisted_with_another_tokenizer_are_abandoned_not_resumed() {
     let r = rig();
     let same = r.buffer.clone().with_tokenizer_fingerprint(7);
     same.resume(persist_two(7).await);
-    for _ in 0..2000 {
-        r.scorer.release.notify_waiters();
-        if r.sink.taken().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    r.release_judge_until(2).await;
     assert_eq!(r.sink.taken().len(), 2);
     assert!(same.status().turns_abandoned_by_reason.is_empty());
 
@@ -550,13 +552,7 @@ async fn turns_persisted_with_another_tokenizer_are_abandoned_not_resumed() {
         t.tokenizer = None;
     }
     older.resume(unmarked);
-    for _ in 0..2000 {
-        r.scorer.release.notify_waiters();
-        if r.sink.taken().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    r.release_judge_until(2).await;
     assert_eq!(r.sink.taken().len(), 2);
 
     // Another tokenizer: abandoned, counted by reason, nothing restored, no sample.
@@ -610,13 +606,7 @@ async fn a_resumed_session_remembers_it_already_had_an_effective_sample() {
             .await
             .unwrap(),
     );
-    for _ in 0..2000 {
-        r2.scorer.release.notify_waiters();
-        if r2.sink.taken().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    r2.release_judge_until(2).await;
     let s = r2.sink.taken();
     assert_eq!(s.len(), 2);
     assert_eq!((s[0].turn, s[0].reward.score), (2, 0.0));
@@ -776,13 +766,7 @@ async fn a_restart_keeps_each_conversations_own_at_least_one_state() {
             .await
             .unwrap(),
     );
-    for _ in 0..2000 {
-        r2.scorer.release.notify_waiters();
-        if r2.sink.taken().len() == saved.len() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    r2.release_judge_until(saved.len()).await;
     let s = r2.sink.taken();
     let turn3 = s.iter().find(|x| x.turn == 3).expect("turn 3 resumed");
     assert_eq!(
