@@ -157,14 +157,9 @@ impl SessionBuffer {
             );
         }
         for t in &changed {
-            let reason = "tokenizer_changed";
-            self.0.stats.abandoned(reason);
-            metrics::counter!(m::TURNS_ABANDONED_TOTAL, "reason" => reason).increment(1);
-            self.0.stats.observer.tell(TurnEvent::Abandoned {
-                session: &t.turn.session_id,
-                turn: t.turn.turn,
-                reason,
-            });
+            self.0
+                .stats
+                .abandoned(&t.turn.session_id, t.turn.turn, "tokenizer_changed");
         }
         let mut jobs = Vec::new();
         {
@@ -460,13 +455,7 @@ impl TurnSink for SessionBuffer {
     }
 
     fn abandon(&self, session_id: &str, turn: u64, reason: &str) {
-        self.0.stats.abandoned(reason);
-        metrics::counter!(m::TURNS_ABANDONED_TOTAL, "reason" => reason.to_owned()).increment(1);
-        self.0.stats.observer.tell(TurnEvent::Abandoned {
-            session: session_id,
-            turn,
-            reason,
-        });
+        self.0.stats.abandoned(session_id, turn, reason);
         tracing::info!(%session_id, turn, reason, "turn abandoned: it will not become a sample");
         let start_drain = {
             let mut sessions = lock(&self.0.sessions);

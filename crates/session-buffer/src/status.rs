@@ -114,12 +114,21 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Stats {
-    /// Counts an abandoned turn by its reason.
-    pub fn abandoned(&self, reason: &str) {
+    /// Counts an abandoned turn by its reason (the status and `turns_abandoned_total`) and tells
+    /// the observer.
+    pub fn abandoned(&self, session: &str, turn: u64, reason: &str) {
         self.abandoned.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::TURNS_ABANDONED_TOTAL, "reason" => reason.to_owned()).increment(1);
         // Reasons are a small fixed set of snake_case words chosen by the server.
-        let mut t = lock(&self.tallies);
-        *t.abandoned.entry(reason.to_owned()).or_default() += 1;
+        *lock(&self.tallies)
+            .abandoned
+            .entry(reason.to_owned())
+            .or_default() += 1;
+        self.observer.tell(TurnEvent::Abandoned {
+            session,
+            turn,
+            reason,
+        });
     }
 
     /// Collects one eval score for `rollout/prm_eval_score`.
