@@ -36,22 +36,16 @@ struct Options {
     write: Option<bool>,
 }
 
-/// This process's user + system CPU time, in seconds (Linux).
+/// This process's CPU time in seconds: the nanoseconds on CPU of each of its threads, from
+/// `/proc/self/task/*/schedstat`, as the store bench measures its writer (Linux).
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
 }
 
 fn file_of(dir: &Path, quick_repair: bool) -> PathBuf {
