@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use ps_loadgen::trainer::PageFormat;
 use ps_loadgen::{BenchConfig, ProxyMode, SessionClose, SoakConfig};
 use ps_loadgen::{agent, runs, soak};
 
@@ -67,6 +68,10 @@ struct AgentArgs {
     /// Long-poll bound of a trainer pull, in ms.
     #[arg(long, default_value_t = 500)]
     trainer_wait_ms: u64,
+    /// What the trainer asks its pages in: MessagePack, as the Python bridge does whenever
+    /// `msgpack` is installed (every Ray environment), or JSON.
+    #[arg(long, value_enum, default_value_t = FormatArg::Msgpack)]
+    trainer_format: FormatArg,
     /// Period of the proxy's RSS readings, in ms.
     #[arg(long, default_value_t = 1000)]
     rss_every_ms: u64,
@@ -105,6 +110,21 @@ impl From<ModeArg> for ProxyMode {
             ModeArg::Rl => ProxyMode::Rl,
             ModeArg::Opd => ProxyMode::Opd,
             ModeArg::Combine => ProxyMode::Combine,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Msgpack,
+    Json,
+}
+
+impl From<FormatArg> for PageFormat {
+    fn from(f: FormatArg) -> Self {
+        match f {
+            FormatArg::Msgpack => PageFormat::Msgpack,
+            FormatArg::Json => PageFormat::Json,
         }
     }
 }
@@ -202,6 +222,10 @@ struct SoakArgs {
     /// Long-poll bound of a trainer pull, in ms.
     #[arg(long, default_value_t = 500)]
     trainer_wait_ms: u64,
+    /// What the trainer asks its pages in: MessagePack, as the Python bridge does whenever
+    /// `msgpack` is installed (every Ray environment), or JSON.
+    #[arg(long, value_enum, default_value_t = FormatArg::Msgpack)]
+    trainer_format: FormatArg,
     /// Period of the proxy's RSS readings, in ms.
     #[arg(long, default_value_t = 1000)]
     rss_every_ms: u64,
@@ -311,6 +335,7 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
         retain_committed: args.retain_committed,
         trainer_page: args.trainer_page,
         trainer_wait: Duration::from_millis(args.trainer_wait_ms),
+        trainer_format: args.trainer_format.into(),
         rss_every: Duration::from_millis(args.rss_every_ms),
         max_duration: Duration::from_secs(args.max_seconds),
     };
@@ -349,6 +374,7 @@ fn agent(args: AgentArgs) -> anyhow::Result<()> {
         prm_max_concurrency: args.prm_concurrency,
         trainer_page: args.trainer_page,
         trainer_wait: Duration::from_millis(args.trainer_wait_ms),
+        trainer_format: args.trainer_format.into(),
         rss_every: Duration::from_millis(args.rss_every_ms),
         max_duration: Duration::from_secs(args.max_seconds),
         retokenize: args.retokenize,

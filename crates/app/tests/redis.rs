@@ -286,3 +286,46 @@ async fn redis_unreachable_at_start_names_the_url_and_the_setting() {
     assert!(text.contains("store.redis.url"), "{text}");
     assert!(!text.contains("topsecret"), "{text}");
 }
+
+/// Over Redis a MessagePack page is the stored entries decoded and encoded again (the store's
+/// default `read_records`): the same values as the JSON page, and exactly what encoding the
+/// samples writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messagepack_pages_over_redis_carry_the_json_pages_values() {
+    let Some(redis) = TestRedis::shared_or_start() else {
+        return;
+    };
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let a = start(&fake, &redis.url(), redis.deployment(), "mp").await;
+    a.session("mp0", 2).await;
+    a.wait_submitted(2).await;
+    // Delivered to the default consumer and not committed: both pulls return the same entries.
+    let json_page: Value = a
+        .get("/v1/rollout/samples?after=0&max=1024")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let r = a
+        .get("/v1/rollout/samples?after=0&max=1024&format=msgpack")
+        .await;
+    assert_eq!(r.headers()["content-type"], "application/msgpack");
+    let bytes = r.bytes().await.unwrap();
+    let decoded: Value = rmp_serde::from_slice(&bytes).unwrap();
+    assert!(
+        !json_page["samples"].as_array().unwrap().is_empty(),
+        "{json_page}"
+    );
+    assert_eq!(decoded["samples"], json_page["samples"]);
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Page {
+        samples: Vec<ps_core::StoredSample>,
+        last_seq: u64,
+    }
+    let typed: Page = rmp_serde::from_slice(&bytes).unwrap();
+    for s in &typed.samples {
+        assert_eq!((s.sample.index, s.sample.group_index), (s.seq, s.seq));
+    }
+    assert!(rmp_serde::to_vec_named(&typed).unwrap() == bytes.as_ref());
+    a.stop().await;
+}

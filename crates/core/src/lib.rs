@@ -31,7 +31,7 @@ pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use errors::error_chain;
 pub use json_text::JsonText;
-pub use log::{LogError, SampleLog, StoreStats, StoredSample};
+pub use log::{EncodedSample, LogError, SampleLog, StoreStats, StoredSample};
 pub use observe::{NoObserver, Observers, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};

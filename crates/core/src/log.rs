@@ -19,6 +19,15 @@ pub struct StoredSample {
     pub sample: Sample,
 }
 
+/// A stored sample as its store keeps it: the record [`crate::codec::encode_sample`] wrote, whose
+/// `index` and `group_index` are not yet the seq. What a MessagePack page is written from
+/// ([`crate::codec::write_stored_sample`]) without decoding the sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedSample {
+    pub seq: u64,
+    pub record: Vec<u8>,
+}
+
 /// A snapshot of a store's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct StoreStats {
@@ -67,6 +76,27 @@ pub trait SampleLog: SampleSink + PendingStore {
         max: usize,
         consumer: &str,
     ) -> Result<Vec<StoredSample>, LogError>;
+
+    /// The samples [`SampleLog::read`] returns, as records of the sample codec: for a trainer page
+    /// in MessagePack, which is then written from them without decoding any. By default the
+    /// samples are read and encoded again; a store that keeps the codec's records returns them.
+    async fn read_records(
+        &self,
+        after: u64,
+        max: usize,
+        consumer: &str,
+    ) -> Result<Vec<EncodedSample>, LogError> {
+        self.read(after, max, consumer)
+            .await?
+            .into_iter()
+            .map(|s| {
+                let record = crate::codec::encode_sample(&s.sample).map_err(|e| {
+                    LogError::store(format!("sample {} could not be encoded: {e}", s.seq))
+                })?;
+                Ok(EncodedSample { seq: s.seq, record })
+            })
+            .collect()
+    }
 
     /// The kept sample stored under `seq`, without delivering it to any reader (no consumer
     /// group sees it as read): for the inspection page. `None` when no such sample is kept (never

@@ -84,6 +84,8 @@ pub struct AgentConfig {
     pub prm_max_concurrency: Option<usize>,
     pub trainer_page: usize,
     pub trainer_wait: Duration,
+    /// What the trainer asks its pages in (MessagePack, as the Python bridge does).
+    pub trainer_format: crate::trainer::PageFormat,
     pub rss_every: Duration,
     pub max_duration: Duration,
     /// The proxy re-tokenizes every turn (`sglang.token_ids = "retokenize"`) instead of taking the
@@ -1067,7 +1069,7 @@ async fn run_to_end(
         &progress,
     )
     .await?
-    .with_trainer(cfg.trainer_page, cfg.trainer_wait)?;
+    .with_trainer(cfg.trainer_page, cfg.trainer_wait, cfg.trainer_format)?;
 
     // Warm-up, both kinds, unmeasured (other seeds than the measured sessions).
     let warm_turns = Turns::Seeded {
@@ -1471,11 +1473,13 @@ impl AgentReport {
         let cv = &self.coverage;
         let _ = writeln!(
             out,
-            "trainer: {} samples ({} effective) in {} pages, {} commits, {} errors; answered main \
-             turns {} -> received {}, missing {}, unexpected {}, duplicates {}; proxy log lines {}",
+            "trainer: {} samples ({} effective) in {} {} pages, {} commits, {} errors; answered \
+             main turns {} -> received {}, missing {}, unexpected {}, duplicates {}; proxy log \
+             lines {}",
             t.samples,
             t.effective,
             t.pages,
+            t.format.name(),
             t.commits,
             t.errors,
             cv.turns,

@@ -308,11 +308,12 @@ impl Rig {
 
     /// The start of a run with a trainer (the soak, the agent scenario): reads the proxy's RSS
     /// right after its start, starts the trainer pulling `trainer_page` samples at a time (long
-    /// polls bounded by `trainer_wait`), and makes the `direct` and `proxy` phases.
+    /// polls bounded by `trainer_wait`, pages in `trainer_format`), and makes the `direct` and `proxy` phases.
     pub(crate) fn with_trainer(
         self,
         trainer_page: usize,
         trainer_wait: Duration,
+        trainer_format: trainer::PageFormat,
     ) -> Result<TrainedRig, LoadgenError> {
         let procs = self.procs;
         let start_kib = procs.proxy.rss_kib()?.0;
@@ -323,6 +324,7 @@ impl Rig {
                 base_url: proxy_url.clone(),
                 page: trainer_page,
                 wait: trainer_wait,
+                format: trainer_format,
             },
         );
         Ok(TrainedRig {

@@ -765,10 +765,11 @@ impl SoakReport {
         let t = &self.trainer;
         let _ = writeln!(
             out,
-            "trainer: {} samples in {} pages ({:.1} MB), {} effective, excluded {:?}, {} duplicates; \
-             {} PRM scores drained (mean {}); committed through seq {}",
+            "trainer: {} samples in {} {} pages ({:.1} MB), {} effective, excluded {:?}, {} \
+             duplicates; {} PRM scores drained (mean {}); committed through seq {}",
             t.samples,
             t.pages,
+            t.format.name(),
             t.page_bytes as f64 / 1e6,
             t.effective,
             t.excluded,

@@ -82,6 +82,8 @@ pub struct SoakConfig {
     /// The trainer's page size and long-poll bound.
     pub trainer_page: usize,
     pub trainer_wait: Duration,
+    /// What the trainer asks its pages in (MessagePack, as the Python bridge does).
+    pub trainer_format: crate::trainer::PageFormat,
     /// Period of the RSS readings.
     pub rss_every: Duration,
     /// The whole run stops by itself after this long.
@@ -235,7 +237,7 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         &progress,
     )
     .await?
-    .with_trainer(cfg.trainer_page, cfg.trainer_wait)?;
+    .with_trainer(cfg.trainer_page, cfg.trainer_wait, cfg.trainer_format)?;
     let turns = cfg.turns();
     if cfg.warmup_sessions > 0 {
         // Other seeds than the soak's, so the warm-up is not a replay of its first sessions.

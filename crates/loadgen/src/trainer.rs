@@ -18,6 +18,28 @@ const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// Error messages kept.
 const KEPT_ERRORS: usize = 5;
 
+/// The encoding the trainer asks its pages in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PageFormat {
+    /// `format=msgpack`, as the Python bridge pulls whenever `msgpack` is installed (it is in
+    /// every Ray, so every Slime, environment).
+    #[default]
+    Msgpack,
+    /// JSON, the API's default.
+    Json,
+}
+
+impl PageFormat {
+    /// The name used by the `format` query parameter and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Msgpack => "msgpack",
+            Self::Json => "json",
+        }
+    }
+}
+
 /// How the trainer pulls.
 #[derive(Debug, Clone)]
 pub struct TrainerSpec {
@@ -27,6 +49,8 @@ pub struct TrainerSpec {
     pub page: usize,
     /// Long-poll bound of each pull (`wait_ms`).
     pub wait: Duration,
+    /// What the pages are asked in.
+    pub format: PageFormat,
 }
 
 /// One page of `GET /v1/rollout/samples`, reduced to what the tally needs (the rest of each
@@ -69,6 +93,8 @@ struct EvalScores {
 pub struct TrainerTally {
     /// Pull requests answered (empty long-polls included).
     pub pulls: u64,
+    /// What the pages were asked in.
+    pub format: PageFormat,
     /// Pages that carried samples.
     pub pages: u64,
     pub samples: u64,
@@ -178,7 +204,10 @@ async fn pull_loop(
     committed: Arc<AtomicU64>,
     stopped: watch::Receiver<bool>,
 ) -> TrainerTally {
-    let mut tally = TrainerTally::default();
+    let mut tally = TrainerTally {
+        format: spec.format,
+        ..TrainerTally::default()
+    };
     let mut after = 0u64;
     loop {
         // Read before the pull: a stop requested during an empty pull ends the loop at the next one.
@@ -245,13 +274,18 @@ async fn pull(
     after: u64,
 ) -> Result<(Page, u64), String> {
     let url = format!(
-        "{}/v1/rollout/samples?after={after}&max={}&wait_ms={}",
+        "{}/v1/rollout/samples?after={after}&max={}&wait_ms={}&format={}",
         spec.base_url,
         spec.page,
-        spec.wait.as_millis()
+        spec.wait.as_millis(),
+        spec.format.name()
     );
     let body = success_body(client.get(&url).send().await).await?;
-    let page = serde_json::from_slice(&body).map_err(|e| format!("unusable page: {e}"))?;
+    let page = match spec.format {
+        PageFormat::Json => serde_json::from_slice(&body).map_err(|e| e.to_string()),
+        PageFormat::Msgpack => rmp_serde::from_slice(&body).map_err(|e| e.to_string()),
+    }
+    .map_err(|e| format!("unusable {} page: {e}", spec.format.name()))?;
     Ok((page, body.len() as u64))
 }
 
@@ -366,6 +400,32 @@ mod tests {
         assert_eq!((t.samples, t.effective, t.duplicates), (3, 1, 1));
         assert_eq!(t.excluded.get("no_next_state"), Some(&2));
         assert_eq!(t.received.len(), 2);
+    }
+
+    /// The MessagePack form of a page (what `format=msgpack` answers) reads the same.
+    #[test]
+    fn a_messagepack_page_reads_as_its_json() {
+        let json = r#"{"samples": [
+            {"seq": 300, "sample": {"index": 300, "tokens": [1, 70000], "rollout_log_probs": [-0.5],
+              "session_id": "s-1", "turn": 4, "metadata": {"excluded": null, "votes": [1, -1]}}},
+            {"seq": 301, "sample": {"session_id": "s-1", "turn": 5,
+              "metadata": {"excluded": "score_zero"}}}
+        ], "last_seq": 70000}"#;
+        let tree: serde_json::Value = serde_json::from_str(json).unwrap();
+        let p: Page = rmp_serde::from_slice(&rmp_serde::to_vec_named(&tree).unwrap()).unwrap();
+        let j = page(json);
+        assert_eq!(p.last_seq, 70_000);
+        let view = |p: &Page| -> Vec<(u64, String, u64, Option<String>)> {
+            p.samples
+                .iter()
+                .map(|i| {
+                    let s = &i.sample;
+                    (i.seq, s.session_id.clone(), s.turn, s.metadata.excluded.clone())
+                })
+                .collect()
+        };
+        assert_eq!(view(&p), view(&j));
+        assert_eq!(view(&p)[1].3.as_deref(), Some("score_zero"));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use ps_core::sample::Sample;
 use ps_core::sink::{SampleSink, SinkError};
-use ps_core::{LogError, StoreStats, StoredSample};
+use ps_core::{EncodedSample, LogError, StoreStats, StoredSample};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -289,12 +289,38 @@ impl SampleStore {
     /// Up to `max` stored samples with `seq > after`, ascending. Samples already deleted by
     /// compaction are skipped; an empty result means nothing newer is stored yet.
     pub async fn read(&self, after: u64, max: usize) -> Result<Vec<StoredSample>, StoreError> {
+        self.read_with(after, max, |seq, record, file| {
+            let sample = codec::decode(seq, &record, file)?;
+            Ok(StoredSample { seq, sample })
+        })
+        .await
+    }
+
+    /// The samples [`SampleStore::read`] returns, as the records they are stored as (not
+    /// decoded): what a trainer's MessagePack page is written from.
+    pub async fn read_records(
+        &self,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<EncodedSample>, StoreError> {
+        self.read_with(after, max, |seq, record, _| {
+            Ok(EncodedSample { seq, record })
+        })
+        .await
+    }
+
+    async fn read_with<T: Send + 'static>(
+        &self,
+        after: u64,
+        max: usize,
+        each: fn(u64, Vec<u8>, &Path) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
         if max == 0 || after >= self.stats().last_seq {
             return Ok(Vec::new());
         }
         let db = Arc::clone(&self.inner.db);
         let file = self.inner.file.clone();
-        let read = tokio::task::spawn_blocking(move || read_range(&db, &file, after, max));
+        let read = tokio::task::spawn_blocking(move || read_range(&db, &file, after, max, each));
         match read.await {
             Ok(result) => result,
             Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
@@ -447,6 +473,17 @@ impl ps_core::SampleLog for SampleStore {
         SampleStore::read(self, after, max).await.map_err(into_log)
     }
 
+    async fn read_records(
+        &self,
+        after: u64,
+        max: usize,
+        _consumer: &str,
+    ) -> Result<Vec<EncodedSample>, LogError> {
+        SampleStore::read_records(self, after, max)
+            .await
+            .map_err(into_log)
+    }
+
     async fn get(&self, seq: u64) -> Result<Option<StoredSample>, LogError> {
         let Some(after) = seq.checked_sub(1) else {
             return Ok(None);
@@ -572,12 +609,13 @@ fn compact(
     Ok(())
 }
 
-fn read_range(
+fn read_range<T>(
     db: &Database,
     file: &Path,
     after: u64,
     max: usize,
-) -> Result<Vec<StoredSample>, StoreError> {
+    each: fn(u64, Vec<u8>, &Path) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
     let txn = db
         .begin_read()
         .map_err(|err| StoreError::storage(file, err))?;
@@ -591,8 +629,8 @@ fn read_range(
         .range::<(u64, u32)>((first, 0)..)
         .map_err(|err| StoreError::storage(file, err))?;
     let mut out = Vec::with_capacity(max.min(1024));
-    for_each_sample(range, file, |stored| {
-        out.push(stored);
+    for_each_record(range, file, |seq, record| {
+        out.push(each(seq, record, file)?);
         Ok(out.len() < max)
     })?;
     Ok(out)
@@ -604,6 +642,19 @@ fn for_each_sample(
     range: redb::Range<'_, (u64, u32), &'static [u8]>,
     file: &Path,
     mut each: impl FnMut(StoredSample) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    for_each_record(range, file, |seq, record| {
+        let sample = codec::decode(seq, &record, file)?;
+        each(StoredSample { seq, sample })
+    })
+}
+
+/// Reassembles the records whose chunks `range` yields, calling `each` with every sample's seq
+/// and record in seq order while it returns `Ok(true)`.
+fn for_each_record(
+    range: redb::Range<'_, (u64, u32), &'static [u8]>,
+    file: &Path,
+    mut each: impl FnMut(u64, Vec<u8>) -> Result<bool, StoreError>,
 ) -> Result<(), StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         path: file.to_path_buf(),
@@ -625,11 +676,10 @@ fn for_each_sample(
                 bytes.extend_from_slice(value.value());
             }
             _ => {
-                if let Some((done, _, bytes)) = current.take() {
-                    let sample = codec::decode(done, &bytes, file)?;
-                    if !each(StoredSample { seq: done, sample })? {
-                        return Ok(());
-                    }
+                if let Some((done, _, bytes)) = current.take()
+                    && !each(done, bytes)?
+                {
+                    return Ok(());
                 }
                 if chunk != 0 {
                     return Err(corrupt(format!("sample {seq} starts at chunk {chunk}")));
@@ -639,8 +689,7 @@ fn for_each_sample(
         }
     }
     if let Some((done, _, bytes)) = current {
-        let sample = codec::decode(done, &bytes, file)?;
-        each(StoredSample { seq: done, sample })?;
+        each(done, bytes)?;
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use ps_core::{LogError, StoredSample};
+use ps_core::{EncodedSample, LogError, StoredSample};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
@@ -140,13 +140,45 @@ pub async fn samples(
         "invalid_query",
         "query parameter",
     )?;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    // Returns at once when something newer than `after` exists (or `wait_ms` is 0).
-    let mut last_seq = r
-        .store
-        .wait_newer(after, Duration::from_millis(wait_ms))
+    let wait = Duration::from_millis(wait_ms);
+    let (body, content_type) = if msgpack {
+        let records = long_poll(r, after, wait, || {
+            r.store.read_records(after, max, consumer)
+        })
         .await?;
-    let mut samples = r.store.read(after, max, consumer).await?;
+        let last_seq = r.store.stats().await?.last_seq;
+        (msgpack_page(&records, last_seq)?, MSGPACK)
+    } else {
+        let samples = long_poll(r, after, wait, || r.store.read(after, max, consumer)).await?;
+        let page = Page {
+            samples: &samples,
+            last_seq: r.store.stats().await?.last_seq,
+        };
+        let mut body = Vec::with_capacity(page_size_hint(&samples));
+        serde_json::to_writer(&mut body, &page).map_err(|e| ApiError::Encode(e.to_string()))?;
+        (body, "application/json")
+    };
+    let mut resp = body.into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    Ok(resp)
+}
+
+/// What `read` returns once something newer than `after` was stored (at once when there is, or
+/// when `wait` is 0), or empty once `wait` has passed.
+async fn long_poll<T, F, Fut>(
+    r: &Rollout,
+    after: u64,
+    wait: Duration,
+    read: F,
+) -> Result<Vec<T>, ApiError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<T>, LogError>>,
+{
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut last_seq = r.store.wait_newer(after, wait).await?;
+    let mut samples = read().await?;
     // Newer samples exist but went to other consumers (Redis consumer groups): wait for the next
     // append within what is left of `wait_ms` instead of answering at once (no busy polling).
     while samples.is_empty() && tokio::time::Instant::now() < deadline {
@@ -156,27 +188,36 @@ pub async fn samples(
             break;
         }
         last_seq = newest;
-        samples = r.store.read(after, max, consumer).await?;
+        samples = read().await?;
     }
-    let page = Page {
-        samples: &samples,
-        last_seq: r.store.stats().await?.last_seq,
-    };
-    let mut body = Vec::with_capacity(page_size_hint(&samples, msgpack));
-    let content_type = if msgpack {
-        // Named fields: the trainer decodes it with `msgpack.unpackb` into the same dicts as JSON,
-        // at about half the size (floats stay f64, bit-exact).
-        rmp_serde::encode::write_named(&mut body, &page)
-            .map_err(|e| ApiError::Encode(e.to_string()))?;
-        MSGPACK
-    } else {
-        serde_json::to_writer(&mut body, &page).map_err(|e| ApiError::Encode(e.to_string()))?;
-        "application/json"
-    };
-    let mut resp = body.into_response();
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    Ok(resp)
+    Ok(samples)
+}
+
+/// A page in MessagePack with named fields, as `rmp_serde::encode::write_named` writes [`Page`]:
+/// the trainer decodes it with `msgpack.unpackb` into the same dicts as JSON, at about half the
+/// size (floats stay f64, bit-exact). Written from the stores' records without decoding them
+/// ([`ps_core::codec::write_stored_sample`]): each sample is copied, not decoded and encoded
+/// again, which was ~12 % of the proxy's CPU in the agent scenario (docs/benchmarks.md).
+fn msgpack_page(records: &[EncodedSample], last_seq: u64) -> Result<Vec<u8>, ApiError> {
+    use rmp::encode::{write_array_len, write_map_len, write_str, write_uint};
+    // Each record grows by its seq (the envelope and the index fields, at most ~40 bytes).
+    let size = records.iter().map(|s| s.record.len() + 48).sum::<usize>() + 32;
+    let mut body = Vec::with_capacity(size);
+    // Writing into a Vec cannot fail.
+    let _ = write_map_len(&mut body, 2);
+    let _ = write_str(&mut body, "samples");
+    let _ = write_array_len(&mut body, u32::try_from(records.len()).unwrap_or(u32::MAX));
+    for s in records {
+        ps_core::codec::write_stored_sample(&mut body, s.seq, &s.record).map_err(|e| {
+            ApiError::Encode(format!(
+                "sample {} could not be read from its record: {e}",
+                s.seq
+            ))
+        })?;
+    }
+    let _ = write_str(&mut body, "last_seq");
+    let _ = write_uint(&mut body, last_seq);
+    Ok(body)
 }
 
 /// About how many bytes `samples` take in a page (a little more than the usual shapes need): the
@@ -184,16 +225,12 @@ pub async fn samples(
 /// fills, as before, each doubling copied what was written and faulted in fresh pages: ~5 % of
 /// the proxy's CPU in the agent scenario (docs/benchmarks.md). A page larger than the hint only
 /// grows its buffer; the bytes written are the same either way.
-fn page_size_hint(samples: &[StoredSample], msgpack: bool) -> usize {
-    // Per id (up to 6 digits and a comma, or MessagePack's up to 5 bytes) and per float (up to
-    // ~24 characters, or 9 bytes).
-    let (per_id, per_float) = if msgpack { (5, 9) } else { (7, 24) };
+fn page_size_hint(samples: &[StoredSample]) -> usize {
+    // Per id (up to 6 digits and a comma) and per float (up to ~24 characters).
+    let (per_id, per_float) = (7, 24);
     // A text's length as written: JSON escapes quotes, backslashes and control characters
     // (agent prompts are full of the JSON of tool schemas).
     let text = |t: &str| {
-        if msgpack {
-            return t.len() + 5;
-        }
         t.len()
             + t.bytes()
                 .map(|b| match b {
@@ -434,16 +471,75 @@ mod tests {
                 samples: &samples,
                 last_seq: n,
             };
-            let json = serde_json::to_vec(&page).unwrap();
-            let msgpack = rmp_serde::to_vec_named(&page).unwrap();
-            for (bytes, hint) in [
-                (json.len(), page_size_hint(&samples, false)),
-                (msgpack.len(), page_size_hint(&samples, true)),
-            ] {
-                assert!(bytes <= hint, "{bytes} bytes, hint {hint}");
-                assert!(hint < 2 * bytes, "{bytes} bytes, hint {hint}");
-            }
+            let bytes = serde_json::to_vec(&page).unwrap().len();
+            let hint = page_size_hint(&samples);
+            assert!(bytes <= hint, "{bytes} bytes, hint {hint}");
+            assert!(hint < 2 * bytes, "{bytes} bytes, hint {hint}");
         }
-        assert_eq!(page_size_hint(&[], false), 64);
+        assert_eq!(page_size_hint(&[]), 64);
+    }
+
+    /// The MessagePack page written from the records is byte for byte what `write_named` makes of
+    /// the decoded samples, and its buffer is allocated once.
+    #[test]
+    fn a_msgpack_page_from_records_is_the_page_encoded_whole() {
+        let shapes: [fn(u64) -> StoredSample; 3] = [sample, escaped, top_one];
+        for (shape, n) in shapes.into_iter().zip([3u64, 2, 1]) {
+            // Seqs of three widths; records written before their seq was known (index 0).
+            let samples: Vec<StoredSample> = [1, 300, 70_000]
+                .into_iter()
+                .take(n as usize)
+                .map(|seq| {
+                    // As the store reads them back: index and group index are the seq.
+                    let mut s = shape(seq);
+                    (s.sample.index, s.sample.group_index) = (seq, seq);
+                    s
+                })
+                .collect();
+            let records: Vec<EncodedSample> = samples
+                .iter()
+                .map(|s| EncodedSample {
+                    seq: s.seq,
+                    record: ps_core::codec::encode_sample(&Sample {
+                        index: 0,
+                        group_index: 0,
+                        ..s.sample.clone()
+                    })
+                    .unwrap(),
+                })
+                .collect();
+            let page = msgpack_page(&records, 70_001).unwrap();
+            let whole = rmp_serde::to_vec_named(&Page {
+                samples: &samples,
+                last_seq: 70_001,
+            })
+            .unwrap();
+            let differs = page.iter().zip(&whole).position(|(a, b)| a != b);
+            assert!(
+                page.len() == whole.len() && differs.is_none(),
+                "{} bytes against {}, first difference at {differs:?}",
+                page.len(),
+                whole.len()
+            );
+            assert!(page.len() <= page.capacity() && page.capacity() < 2 * page.len());
+        }
+        assert_eq!(
+            msgpack_page(&[], 0).unwrap(),
+            rmp_serde::to_vec_named(&Page {
+                samples: &[],
+                last_seq: 0
+            })
+            .unwrap()
+        );
+    }
+
+    #[test]
+    fn a_record_that_does_not_decode_fails_the_page_naming_its_seq() {
+        let records = [EncodedSample {
+            seq: 12,
+            record: b"\xc1".to_vec(),
+        }];
+        let err = msgpack_page(&records, 12).unwrap_err();
+        assert!(err.to_string().contains("sample 12"), "{err}");
     }
 }
