@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::codec;
 use crate::pending::PendingStore;
 use crate::sample::Sample;
 use crate::sink::SampleSink;
@@ -19,13 +20,49 @@ pub struct StoredSample {
     pub sample: Sample,
 }
 
-/// A stored sample as its store keeps it: the record [`crate::codec::encode_sample`] wrote, whose
-/// `index` and `group_index` are not yet the seq. What a MessagePack page is written from
-/// ([`crate::codec::write_stored_sample`]) without decoding the sample.
+/// A stored sample as its store keeps it: a record of the sample codec, checked to be one whole
+/// record with `index` and `group_index` first (which are not yet the seq). What a MessagePack
+/// page is written from ([`EncodedSample::write_named`]) without decoding the sample; only made
+/// through the constructors below, so a page never copies a record that was not checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EncodedSample {
-    pub seq: u64,
-    pub record: Vec<u8>,
+    seq: u64,
+    record: Vec<u8>,
+}
+
+impl EncodedSample {
+    /// The record stored under `seq`, kept as it is when [`codec::is_spliceable`], else decoded
+    /// and encoded again; the decode error when it does not decode.
+    pub fn from_record(seq: u64, record: Vec<u8>) -> Result<Self, codec::DecodeError> {
+        Ok(Self {
+            seq,
+            record: codec::canonical_record(seq, record)?,
+        })
+    }
+
+    /// `sample` encoded under `seq`.
+    pub fn from_sample(seq: u64, sample: &Sample) -> Result<Self, codec::EncodeError> {
+        Ok(Self {
+            seq,
+            record: codec::encode_sample(sample)?,
+        })
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The record (its `index` and `group_index` are whatever they were when it was written).
+    pub fn record(&self) -> &[u8] {
+        &self.record
+    }
+
+    /// Appends to `out` what `rmp_serde::encode::write_named` writes for this
+    /// `StoredSample { seq, sample }`: the record copied with `index` and `group_index` set to the
+    /// seq ([`codec::write_checked_record`]).
+    pub fn write_named(&self, out: &mut Vec<u8>) -> Result<(), codec::DecodeError> {
+        codec::write_checked_record(out, self.seq, &self.record)
+    }
 }
 
 /// A snapshot of a store's counters.
@@ -90,10 +127,9 @@ pub trait SampleLog: SampleSink + PendingStore {
             .await?
             .into_iter()
             .map(|s| {
-                let record = crate::codec::encode_sample(&s.sample).map_err(|e| {
+                EncodedSample::from_sample(s.seq, &s.sample).map_err(|e| {
                     LogError::store(format!("sample {} could not be encoded: {e}", s.seq))
-                })?;
-                Ok(EncodedSample { seq: s.seq, record })
+                })
             })
             .collect()
     }

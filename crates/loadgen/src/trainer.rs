@@ -161,6 +161,7 @@ impl TrainerTally {
 /// once it has pulled everything stored and returns the tally.
 #[derive(Debug)]
 pub struct Trainer {
+    format: PageFormat,
     committed: Arc<AtomicU64>,
     stop: watch::Sender<bool>,
     task: JoinHandle<TrainerTally>,
@@ -171,8 +172,10 @@ impl Trainer {
     pub fn spawn(client: reqwest::Client, spec: TrainerSpec) -> Self {
         let committed = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = watch::channel(false);
+        let format = spec.format;
         let task = tokio::spawn(pull_loop(client, spec, committed.clone(), stopped));
         Self {
+            format,
             committed,
             stop,
             task,
@@ -190,7 +193,10 @@ impl Trainer {
         match self.task.await {
             Ok(tally) => tally,
             Err(e) => {
-                let mut tally = TrainerTally::default();
+                let mut tally = TrainerTally {
+                    format: self.format,
+                    ..TrainerTally::default()
+                };
                 tally.error(format!("the trainer task failed: {e}"));
                 tally
             }
@@ -420,7 +426,12 @@ mod tests {
                 .iter()
                 .map(|i| {
                     let s = &i.sample;
-                    (i.seq, s.session_id.clone(), s.turn, s.metadata.excluded.clone())
+                    (
+                        i.seq,
+                        s.session_id.clone(),
+                        s.turn,
+                        s.metadata.excluded.clone(),
+                    )
                 })
                 .collect()
         };

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use ps_core::EncodedSample;
 use ps_core::codec;
 use ps_core::sample::Sample;
 
@@ -20,6 +21,17 @@ pub(crate) fn encode(sample: &Sample) -> Result<Vec<u8>, StoreError> {
 /// Decodes the sample stored under `seq`, with `index` and `group_index` set to `seq`.
 pub(crate) fn decode(seq: u64, bytes: &[u8], path: &Path) -> Result<Sample, StoreError> {
     codec::decode_sample(seq, bytes).map_err(|source| StoreError::Decode {
+        seq,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The record stored under `seq`, checked, as a page is written from it: as stored when it is one
+/// whole record of this encoder, else decoded and encoded again ([`EncodedSample::from_record`]);
+/// a record that does not decode is the error, naming the seq and the file.
+pub(crate) fn checked(seq: u64, record: Vec<u8>, path: &Path) -> Result<EncodedSample, StoreError> {
+    EncodedSample::from_record(seq, record).map_err(|source| StoreError::Decode {
         seq,
         path: path.to_path_buf(),
         source,

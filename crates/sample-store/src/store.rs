@@ -297,16 +297,15 @@ impl SampleStore {
     }
 
     /// The samples [`SampleStore::read`] returns, as the records they are stored as (not
-    /// decoded): what a trainer's MessagePack page is written from.
+    /// decoded; checked to be whole records, else decoded and encoded again, and one that does not
+    /// decode is [`StoreError::Decode`] as for `read`): what a trainer's MessagePack page is
+    /// written from.
     pub async fn read_records(
         &self,
         after: u64,
         max: usize,
     ) -> Result<Vec<EncodedSample>, StoreError> {
-        self.read_with(after, max, |seq, record, _| {
-            Ok(EncodedSample { seq, record })
-        })
-        .await
+        self.read_with(after, max, codec::checked).await
     }
 
     async fn read_with<T: Send + 'static>(
@@ -977,6 +976,77 @@ mod tests {
         let err = store.read(0, 1).await.unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
         assert!(err.to_string().contains("sample 1 has chunk 2"), "{err}");
+    }
+
+    /// A record's last chunk cut short, or one chunk too many: `read_records` (MessagePack pages)
+    /// never hands either out as it is. The cut one is the decode error `read` gives, naming the
+    /// sample and the file; the longer one is the sample decoded and encoded again.
+    #[tokio::test]
+    async fn read_records_refuses_a_cut_record_and_canonicalizes_a_longer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
+        let big = store.append(&big_sample()).await.unwrap();
+        let small = Sample {
+            session_id: "small".into(),
+            tokens: vec![1, 2, 3],
+            ..Sample::default()
+        };
+        let other = store.append(&small).await.unwrap();
+        let records = store.read_records(0, 10).await.unwrap();
+        assert_eq!(records.len(), 2);
+        assert_eq!(
+            records[1].record(),
+            ps_core::codec::encode_sample(&small).unwrap()
+        );
+        store.close().await.unwrap();
+
+        let file = dir.path().join(DB_FILE_NAME);
+        {
+            let db = Database::create(&file).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut samples = txn.open_table(SAMPLES).unwrap();
+                let last = samples
+                    .range((big, 0)..(big, u32::MAX))
+                    .unwrap()
+                    .next_back()
+                    .unwrap()
+                    .unwrap()
+                    .0
+                    .value();
+                let chunk = samples.get(last).unwrap().unwrap().value().to_vec();
+                samples.insert(last, &chunk[..chunk.len() - 1]).unwrap();
+                // The small sample gets a chunk it never had: two bytes after its record.
+                samples.insert((other, 1), &[0xc0u8, 0x01][..]).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+
+        let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
+        let err = store.read_records(0, 10).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Decode { seq, .. } if seq == big),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains(&format!("sample {big}")), "{message}");
+        assert!(message.contains(&file.display().to_string()), "{message}");
+        // The same error as a JSON page's read.
+        assert_eq!(
+            store.read(0, 10).await.unwrap_err().to_string(),
+            message,
+            "both encodings fail alike"
+        );
+        let records = store.read_records(big, 10).await.unwrap();
+        let expected = Sample {
+            index: other,
+            group_index: other,
+            ..small
+        };
+        assert_eq!(
+            records[0].record(),
+            ps_core::codec::encode_sample(&expected).unwrap()
+        );
     }
 
     #[tokio::test]
