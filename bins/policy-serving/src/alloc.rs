@@ -18,34 +18,36 @@
 //!
 //! The `system-alloc` feature leaves the system allocator in place, so that `heaptrack` and
 //! `valgrind --tool=massif`, which intercept `malloc`, see every allocation (the heap profiles of
-//! docs/benchmarks.md were made that way). Not for production: it costs CPU and memory.
+//! docs/benchmarks.md were made that way). Not for production: it costs CPU and memory. jemalloc
+//! is the default feature `jemalloc` (built from source: `make` and a C compiler);
+//! `--no-default-features` leaves it out of the build too, and so uses the system allocator.
 //!
 //! The only `unsafe` of the workspace: jemalloc's configuration symbol, the read of one of its
 //! settings, and one `prctl`.
 #![allow(unsafe_code)]
 
-#[cfg(not(feature = "system-alloc"))]
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The settings jemalloc reads at its first allocation, before `main` runs: background threads
 /// that give freed pages back while the proxy is idle, dirty pages kept at most 100 ms, none
 /// kept "muzzy" (lazily freed pages still counted in RSS).
-#[cfg(not(feature = "system-alloc"))]
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 const MALLOC_CONF: &[u8] = b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0\0";
 
 /// jemalloc's `malloc_conf` (the `_rjem_` prefix is the one `tikv-jemalloc-sys` builds it with).
 // SAFETY: jemalloc reads this symbol as a `const char *` to a NUL-terminated string; its own
 // definition is weak (a null pointer), so this one takes its place. A reference to an array is one
 // pointer to its first byte, and `MALLOC_CONF` ends with NUL (checked at compile time below).
-#[cfg(not(feature = "system-alloc"))]
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static JEMALLOC_CONF: &[u8; MALLOC_CONF.len()] = match MALLOC_CONF.as_array() {
     Some(conf) => conf,
     None => unreachable!(),
 };
 
-#[cfg(not(feature = "system-alloc"))]
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 const _: () = assert!(matches!(MALLOC_CONF.last(), Some(0)), "NUL-terminated");
 
 /// The allocator's settings in effect, for the start-up log line.
@@ -72,7 +74,7 @@ pub fn give_memory_back() -> Tuning {
     }
 }
 
-#[cfg(not(feature = "system-alloc"))]
+#[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 fn settings() -> Tuning {
     // SAFETY: `opt.dirty_decay_ms` is an `ssize_t` option (jemalloc's mallctl namespace), read as
     // one.
@@ -85,7 +87,7 @@ fn settings() -> Tuning {
     }
 }
 
-#[cfg(feature = "system-alloc")]
+#[cfg(not(all(feature = "jemalloc", not(feature = "system-alloc"))))]
 fn settings() -> Tuning {
     Tuning {
         allocator: "system",
@@ -129,7 +131,7 @@ mod tests {
     #[test]
     fn jemalloc_gives_pages_back_within_100_ms_and_thp_goes_off() {
         let tuning = give_memory_back();
-        #[cfg(not(feature = "system-alloc"))]
+        #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
         {
             assert_eq!(tuning.allocator, "jemalloc");
             if std::env::var_os("_RJEM_MALLOC_CONF").is_none() {
@@ -142,6 +144,8 @@ mod tests {
                 assert_eq!(muzzy.ok(), Some(0));
             }
         }
+        #[cfg(not(all(feature = "jemalloc", not(feature = "system-alloc"))))]
+        assert_eq!((tuning.allocator, tuning.dirty_decay_ms), ("system", None));
         #[cfg(target_os = "linux")]
         if !thp_allowed_by_operator() {
             assert!(tuning.thp_disabled);
