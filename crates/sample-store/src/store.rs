@@ -979,10 +979,10 @@ mod tests {
     }
 
     /// A record's last chunk cut short, or one chunk too many: `read_records` (MessagePack pages)
-    /// never hands either out as it is. The cut one is the decode error `read` gives, naming the
-    /// sample and the file; the longer one is the sample decoded and encoded again.
+    /// never hands either out; each is the decode error `read` (JSON pages) gives, naming the
+    /// sample and the file.
     #[tokio::test]
-    async fn read_records_refuses_a_cut_record_and_canonicalizes_a_longer_one() {
+    async fn a_record_cut_short_or_with_a_chunk_too_many_fails_both_reads() {
         let dir = tempfile::tempdir().unwrap();
         let store = SampleStore::open(StoreConfig::new(dir.path())).unwrap();
         let big = store.append(&big_sample()).await.unwrap();
@@ -1037,15 +1037,16 @@ mod tests {
             message,
             "both encodings fail alike"
         );
-        let records = store.read_records(big, 10).await.unwrap();
-        let expected = Sample {
-            index: other,
-            group_index: other,
-            ..small
-        };
+        // The one with a chunk too many: the same, for both.
+        let err = store.read_records(big, 10).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Decode { seq, .. } if seq == other),
+            "{err:?}"
+        );
+        assert!(err.chain().contains("2 bytes after"), "{}", err.chain());
         assert_eq!(
-            records[0].record(),
-            ps_core::codec::encode_sample(&expected).unwrap()
+            store.read(big, 10).await.unwrap_err().to_string(),
+            err.to_string()
         );
     }
 
