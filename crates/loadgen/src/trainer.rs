@@ -1,5 +1,5 @@
 //! A trainer, as the soak runs one beside its clients: it pulls samples from the proxy's rollout API
-//! (`GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS`), commits each page
+//! (`GET /v1/rollout/samples?after=SEQ&max=N&wait_ms=MS&format=msgpack|json`), commits each page
 //! (`POST /v1/rollout/commit {"through": SEQ}`) so that the store can compact what was consumed,
 //! drains the PRM scores (`POST /v1/rollout/eval-scores/drain`) as Slime's rollout function does,
 //! and tallies what it received: per sample its session and turn, and whether it is trained on.
