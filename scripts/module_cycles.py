@@ -22,7 +22,11 @@ def strip_comments(text):
 
 
 def without_tests(text):
-    m = re.search(r"#\[cfg\(test\)\]\s*(pub(\(crate\))?\s+)?mod\s+" + IDENT + r"\s*\{", text)
+    # Other attributes may stand between `#[cfg(test)]` and the module (`#[allow(...)]`).
+    m = re.search(
+        r"#\[cfg\(test\)\]\s*(#\[[^\]]*\]\s*)*(pub(\(crate\))?\s+)?mod\s+" + IDENT + r"\s*\{",
+        text,
+    )
     return text[: m.start()] if m else text
 
 
