@@ -317,15 +317,6 @@ async fn messagepack_pages_over_redis_carry_the_json_pages_values() {
         "{json_page}"
     );
     assert_eq!(decoded["samples"], json_page["samples"]);
-    #[derive(serde::Serialize, serde::Deserialize)]
-    struct Page {
-        samples: Vec<ps_core::StoredSample>,
-        last_seq: u64,
-    }
-    let typed: Page = rmp_serde::from_slice(&bytes).unwrap();
-    for s in &typed.samples {
-        assert_eq!((s.sample.index, s.sample.group_index), (s.seq, s.seq));
-    }
-    assert!(rmp_serde::to_vec_named(&typed).unwrap() == bytes.as_ref());
+    common::assert_msgpack_page_is_the_samples_encoded(&bytes);
     a.stop().await;
 }

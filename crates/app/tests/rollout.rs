@@ -770,17 +770,10 @@ async fn samples_are_served_as_messagepack_on_request_and_decode_to_the_same_val
         assert!(bytes.len() < serde_json::to_vec(&json_page).unwrap().len());
         // The page is written from the store's records, not by encoding the samples: it must
         // be exactly what encoding them writes (the index fields are the seq).
-        #[derive(serde::Serialize, serde::Deserialize)]
-        struct Page {
-            samples: Vec<ps_core::StoredSample>,
-            last_seq: u64,
-        }
-        let typed: Page = rmp_serde::from_slice(&bytes).unwrap();
-        assert_eq!(typed.samples.len(), 2);
-        for s in &typed.samples {
-            assert_eq!((s.sample.index, s.sample.group_index), (s.seq, s.seq));
-        }
-        assert!(rmp_serde::to_vec_named(&typed).unwrap() == bytes.as_ref());
+        assert_eq!(
+            common::assert_msgpack_page_is_the_samples_encoded(&bytes),
+            2
+        );
     }
     let r = s.get("/v1/rollout/samples?format=xml").await;
     assert_eq!(r.status(), 400);

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use ps_core::EncodedSample;
 use ps_core::codec;
 use ps_core::sample::Sample;
+use ps_core::{EncodedSample, StoredSample};
 
 use crate::StoreError;
 
@@ -24,6 +24,14 @@ pub(crate) fn decode(seq: u64, bytes: &[u8], path: &Path) -> Result<Sample, Stor
         seq,
         path: path.to_path_buf(),
         source,
+    })
+}
+
+/// The sample stored under `seq` as `read` hands it out: decoded ([`decode`]).
+pub(crate) fn decoded(seq: u64, record: Vec<u8>, path: &Path) -> Result<StoredSample, StoreError> {
+    Ok(StoredSample {
+        seq,
+        sample: decode(seq, &record, path)?,
     })
 }
 

@@ -289,11 +289,7 @@ impl SampleStore {
     /// Up to `max` stored samples with `seq > after`, ascending. Samples already deleted by
     /// compaction are skipped; an empty result means nothing newer is stored yet.
     pub async fn read(&self, after: u64, max: usize) -> Result<Vec<StoredSample>, StoreError> {
-        self.read_with(after, max, |seq, record, file| {
-            let sample = codec::decode(seq, &record, file)?;
-            Ok(StoredSample { seq, sample })
-        })
-        .await
+        self.read_with(after, max, codec::decoded).await
     }
 
     /// The samples [`SampleStore::read`] returns, as the records they are stored as (not
@@ -643,8 +639,7 @@ fn for_each_sample(
     mut each: impl FnMut(StoredSample) -> Result<bool, StoreError>,
 ) -> Result<(), StoreError> {
     for_each_record(range, file, |seq, record| {
-        let sample = codec::decode(seq, &record, file)?;
-        each(StoredSample { seq, sample })
+        each(codec::decoded(seq, record, file)?)
     })
 }
 

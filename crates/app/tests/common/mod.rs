@@ -145,3 +145,22 @@ pub fn sorted_votes(v: &Value) -> Vec<i64> {
     votes.sort_unstable();
     votes
 }
+
+/// A MessagePack page (`format=msgpack`) as the trainer decodes it.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct MsgpackPage {
+    pub samples: Vec<ps_core::StoredSample>,
+    pub last_seq: u64,
+}
+
+/// Checks that `bytes`, a MessagePack page written from the store's records, is exactly what
+/// encoding its samples writes, each with `index` and `group_index` equal to its seq; returns how
+/// many samples it holds.
+pub fn assert_msgpack_page_is_the_samples_encoded(bytes: &[u8]) -> usize {
+    let typed: MsgpackPage = rmp_serde::from_slice(bytes).unwrap();
+    for s in &typed.samples {
+        assert_eq!((s.sample.index, s.sample.group_index), (s.seq, s.seq));
+    }
+    assert!(rmp_serde::to_vec_named(&typed).unwrap() == bytes);
+    typed.samples.len()
+}
