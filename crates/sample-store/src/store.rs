@@ -41,9 +41,12 @@ pub const DEFAULT_RETAIN_COMMITTED: u64 = 0;
 /// 990 MiB for 10,000 samples of 90 KB, and the proxy kept the pages of its `retain_committed`
 /// samples (~16 KB each in the soak). A sample is written once and read once, soon after, by the
 /// trainer; the OS page cache keeps the file's recent pages either way. With 16 MiB the store
-/// benchmark writes as fast as with 1 GiB (90 KB samples; 2.8 MB top-K samples faster) and reads
-/// 90 KB samples as fast (2.8 MB ones ~20 % slower, still ~200 samples/s).
-pub const DEFAULT_CACHE_BYTES: usize = 16 * 1024 * 1024;
+/// benchmark wrote as fast as with 1 GiB (90 KB samples; 2.8 MB top-K samples faster) and read
+/// 90 KB samples as fast (2.8 MB ones ~20 % slower, still ~200 samples/s). 4 MiB since: the
+/// same write and read rates as 16 MiB in the store benchmark, the same CPU in the proxy's agent
+/// benchmark, and 12–16 MiB less RSS there at the peak and at the end (docs/benchmarks.md, "The
+/// store's page cache at 4 MiB").
+pub const DEFAULT_CACHE_BYTES: usize = 4 * 1024 * 1024;
 /// The request queue holds this many batches: appenders wait for room beyond it.
 const QUEUE_BATCHES: usize = 2;
 /// redb's quick repair is off: with it every commit also saves the allocator state (and commits in
