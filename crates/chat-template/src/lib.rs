@@ -11,9 +11,11 @@
 //!
 //! Just over 600 lines: the whole `ChatTokenizer` API (loading, rendering, encoding, the
 //! prompt/response split) stays in one place; the Python emulation, JSONL, the shared prefix
-//! cache and the encoding of a text from an encoded one that differs in its middle (`splice.rs`:
-//! the OPD teacher's hinted prompt from the turn's prompt) are modules of their own.
+//! cache, the request's tools kept converted with what `tojson` printed of them
+//! (`tools_cache.rs`) and the encoding of a text from an encoded one that differs in its middle
+//! (`splice.rs`: the OPD teacher's hinted prompt from the turn's prompt) are modules of their own.
 
+mod dump_options;
 mod error;
 mod jsonl;
 mod load;
@@ -22,6 +24,7 @@ mod pyjson;
 mod splice;
 mod strftime;
 mod template;
+mod tools_cache;
 
 use std::fmt;
 use std::path::Path;
@@ -70,6 +73,8 @@ pub struct ChatTokenizer {
     added_matcher: Option<aho_corasick::AhoCorasick>,
     /// What [`ChatTokenizer::encode_around`] needs to know of the added tokens (`splice.rs`).
     splice: splice::AddedTokenFacts,
+    /// The last tool lists rendered, converted (`tools_cache.rs`).
+    tools: tools_cache::ToolsCache,
 }
 
 impl fmt::Debug for ChatTokenizer {
@@ -294,6 +299,7 @@ impl ChatTokenizer {
             split_tokens,
             added_matcher,
             splice,
+            tools: tools_cache::ToolsCache::default(),
         })
     }
 
@@ -315,8 +321,30 @@ impl ChatTokenizer {
         template_kwargs: Option<&Map<String, Value>>,
     ) -> Result<String, ChatTemplateError> {
         let messages: Vec<MjValue> = messages.iter().map(json_to_value).collect();
-        let prepared = Prepared::new(tools, template_kwargs);
+        let prepared = self.prepare(tools, template_kwargs);
         self.render_prepared(messages, &prepared, add_generation_prompt)
+    }
+
+    /// The tools and keyword arguments of a render as template values; the tools from the cache
+    /// of converted lists.
+    fn prepare(
+        &self,
+        tools: Option<&Value>,
+        template_kwargs: Option<&Map<String, Value>>,
+    ) -> Prepared {
+        let tools = tools.filter(|t| !t.is_null()).map(|t| self.tools.get(t));
+        Prepared {
+            // transformers passes `tools=None` when the request has none: defined, and none.
+            tools: tools
+                .as_ref()
+                .map_or_else(|| MjValue::from(()), |e| e.value().clone()),
+            tools_entry: tools,
+            kwargs: template_kwargs
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }
     }
 
     fn render_prepared(
@@ -325,7 +353,8 @@ impl ChatTokenizer {
         prepared: &Prepared,
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
-        let name = self.templates.select(prepared.has_tools)?;
+        let name = self.templates.select(prepared.tools_entry.is_some())?;
+        let _printing = tools_cache::RenderingWith::new(prepared.tools_entry.clone());
         // Same precedence as transformers: special tokens, then kwargs, then the named arguments.
         let ctx = MjValue::from_pairs(
             self.special_tokens
@@ -570,7 +599,7 @@ impl ChatTokenizer {
         probe.push(json_to_value(
             &serde_json::json!({"role": "user", "content": "\u{1}"}),
         ));
-        let prepared = Prepared::new(tools, template_kwargs);
+        let prepared = self.prepare(tools, template_kwargs);
         let rendered = self.render_prepared(probe, &prepared, false).ok()?;
         Some(
             rendered
@@ -584,7 +613,7 @@ impl ChatTokenizer {
     /// Renders a turn as [`ChatTokenizer::split_turn`] does, without tokenizing: for turns whose
     /// ids come from the engine, the texts are what the judges read.
     pub fn render_turn(&self, input: &TurnInput<'_>) -> Result<TurnTexts, ChatTemplateError> {
-        let prepared = Prepared::new(input.tools, input.template_kwargs);
+        let prepared = self.prepare(input.tools, input.template_kwargs);
         let mut messages: Vec<MjValue> = normalize_messages(input.messages)
             .iter()
             .map(json_to_value)
@@ -729,25 +758,10 @@ pub fn boundary_mismatches() -> u64 {
 
 /// The per-request part of the template context, converted once for both renders of a turn.
 struct Prepared {
-    has_tools: bool,
     tools: MjValue,
+    /// The request's tools, when it has any (not null).
+    tools_entry: Option<std::sync::Arc<tools_cache::ToolsEntry>>,
     kwargs: Vec<(String, MjValue)>,
-}
-
-impl Prepared {
-    fn new(tools: Option<&Value>, template_kwargs: Option<&Map<String, Value>>) -> Self {
-        let tools = tools.filter(|t| !t.is_null());
-        Self {
-            has_tools: tools.is_some(),
-            // transformers passes `tools=None` when the request has none: defined, and none.
-            tools: tools.map_or_else(|| MjValue::from(()), json_to_value),
-            kwargs: template_kwargs
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), json_to_value(v)))
-                .collect(),
-        }
-    }
 }
 
 /// Converts JSON to a template value directly (no serde round trip), keeping key order and the

@@ -10,28 +10,7 @@ use std::fmt::Write as _;
 use minijinja::value::{Kwargs, Rest, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
 
-/// Options of `json.dumps` that the `tojson` filter exposes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DumpOptions {
-    pub ensure_ascii: bool,
-    /// `None`: everything on one line; `Some(s)`: one item per line, indented by `s` per level.
-    pub indent: Option<String>,
-    pub item_separator: String,
-    pub key_separator: String,
-    pub sort_keys: bool,
-}
-
-impl Default for DumpOptions {
-    fn default() -> Self {
-        Self {
-            ensure_ascii: false,
-            indent: None,
-            item_separator: ", ".into(),
-            key_separator: ": ".into(),
-            sort_keys: false,
-        }
-    }
-}
+pub(crate) use crate::dump_options::DumpOptions;
 
 /// The `tojson` filter: `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`,
 /// arguments positional or by keyword, as in transformers.
@@ -85,7 +64,13 @@ pub(crate) fn tojson_filter(
         key_separator,
         sort_keys: sort_keys.is_some_and(|v| v.is_true()),
     };
-    Ok(Value::from_safe_string(dumps(value, &opts)?))
+    // A cached tool list's objects print what they printed before (`tools_cache`).
+    if let Some(out) = crate::tools_cache::printed(value, &opts) {
+        return Ok(Value::from_safe_string(out));
+    }
+    let out = dumps(value, &opts)?;
+    crate::tools_cache::remember(value, &opts, &out);
+    Ok(Value::from_safe_string(out))
 }
 
 /// Python's `indent`: an int is that many spaces (negative counts as zero), a string is used as is.

@@ -139,3 +139,63 @@ fn unknown_and_repeated_arguments_are_refused() {
     let e = render_kwargs("{{ x | tojson(true, ensure_ascii=true) }}", input()).unwrap_err();
     assert!(e.to_string().contains("multiple values"), "{e}");
 }
+
+/// The tools of a request are kept converted, and `tojson` of their objects is printed once per
+/// option set (`tools_cache.rs`): what a render prints must stay what a tokenizer that never saw
+/// the list prints, for every option set, list and nesting level, however often the same list
+/// comes back and whatever ran between.
+#[test]
+fn tools_print_the_same_from_the_cache_of_converted_lists() {
+    // `alt`: the same lists given as a template variable instead of as tools, so that the
+    // expected text is printed without the cache.
+    const TEMPLATE: &str = "{% for t in (tools or alt) %}[{{ t | tojson }}|{{ t | tojson(indent=2) }}|\
+        {{ t.function | tojson(sort_keys=true) }}|{{ t.function.parameters | tojson(separators=(',', ':')) }}]\
+        {% endfor %}{{ (tools or alt) | tojson }}";
+    let tool = |name: &str, extra: Value| {
+        json!({"type": "function", "function": {"name": name, "description": "é \"q\" <b>",
+            "parameters": {"type": "object", "z": 1.0, "a": [1e-05, 2], "x": extra}}})
+    };
+    let lists = [
+        json!([
+            tool("ls", json!(null)),
+            tool("cat", json!({"deep": [1, {"k": "v"}]}))
+        ]),
+        // The same tools, one key order changed: prints differently, so it is another list.
+        json!([tool("ls", json!(null)), {"function": tool("cat", json!({"deep": [1, {"k": "v"}]}))["function"], "type": "function"}]),
+        // The same shape, one number of another kind.
+        json!([
+            tool("ls", json!(null)),
+            tool("cat", json!({"deep": [1.0, {"k": "v"}]}))
+        ]),
+    ];
+    let cached = common::with_template(TEMPLATE).unwrap();
+    let fresh_render =
+        |tools: &Value| common::render_kwargs(TEMPLATE, json!({ "alt": tools })).unwrap();
+    let want: Vec<String> = lists.iter().map(fresh_render).collect();
+    assert_ne!(want[0], want[1]);
+    assert_ne!(want[0], want[2]);
+    for round in 0..3 {
+        for (i, tools) in lists.iter().enumerate() {
+            for generation_prompt in [true, false] {
+                let got = cached
+                    .render(&[], Some(tools), generation_prompt, None)
+                    .unwrap();
+                assert_eq!(got, want[i], "list {i}, round {round}");
+            }
+        }
+    }
+    // Past the number of lists kept: the first lists were evicted and come back converted anew.
+    for n in 0..10 {
+        let tools = json!([tool(&format!("t{n}"), json!(n))]);
+        assert_eq!(
+            cached.render(&[], Some(&tools), false, None).unwrap(),
+            fresh_render(&tools)
+        );
+    }
+    for (i, tools) in lists.iter().enumerate() {
+        assert_eq!(
+            cached.render(&[], Some(tools), false, None).unwrap(),
+            want[i]
+        );
+    }
+}
