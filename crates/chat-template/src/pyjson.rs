@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use minijinja::value::{Kwargs, Rest, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
 
-pub(crate) use crate::dump_options::DumpOptions;
+use crate::dump_options::DumpOptions;
 
 /// The `tojson` filter: `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`,
 /// arguments positional or by keyword, as in transformers.
@@ -64,13 +64,13 @@ pub(crate) fn tojson_filter(
         key_separator,
         sort_keys: sort_keys.is_some_and(|v| v.is_true()),
     };
-    // A cached tool list's objects print what they printed before (`tools_cache`).
-    if let Some(out) = crate::tools_cache::printed(value, &opts) {
-        return Ok(Value::from_safe_string(out));
+    // A kept tool list's objects print what they printed before (`tools_cache`).
+    if let Some(out) = crate::tools_cache::lookup(value, &opts) {
+        return Ok(out);
     }
-    let out = dumps(value, &opts)?;
-    crate::tools_cache::remember(value, &opts, &out);
-    Ok(Value::from_safe_string(out))
+    let out = Value::from_safe_string(dumps(value, &opts)?);
+    crate::tools_cache::store(value, &opts, &out);
+    Ok(out)
 }
 
 /// Python's `indent`: an int is that many spaces (negative counts as zero), a string is used as is.

@@ -141,9 +141,9 @@ fn unknown_and_repeated_arguments_are_refused() {
 }
 
 /// The tools of a request are kept converted, and `tojson` of their objects is printed once per
-/// option set (`tools_cache.rs`): what a render prints must stay what a tokenizer that never saw
-/// the list prints, for every option set, list and nesting level, however often the same list
-/// comes back and whatever ran between.
+/// option set (`tools_cache.rs`): what a render prints must stay what the same template prints
+/// for the same list without the cache, for every option set, list and nesting level, however
+/// often the same list comes back and whatever ran between.
 #[test]
 fn tools_print_the_same_from_the_cache_of_converted_lists() {
     // `alt`: the same lists given as a template variable instead of as tools, so that the
@@ -167,6 +167,9 @@ fn tools_print_the_same_from_the_cache_of_converted_lists() {
             tool("ls", json!(null)),
             tool("cat", json!({"deep": [1.0, {"k": "v"}]}))
         ]),
+        // Zero and negative zero: equal to `serde_json`, printed differently.
+        json!([tool("ls", json!(0.0))]),
+        json!([tool("ls", json!(-0.0))]),
     ];
     let cached = common::with_template(TEMPLATE).unwrap();
     let fresh_render =
@@ -174,6 +177,7 @@ fn tools_print_the_same_from_the_cache_of_converted_lists() {
     let want: Vec<String> = lists.iter().map(fresh_render).collect();
     assert_ne!(want[0], want[1]);
     assert_ne!(want[0], want[2]);
+    assert_ne!(want[3], want[4]);
     for round in 0..3 {
         for (i, tools) in lists.iter().enumerate() {
             for generation_prompt in [true, false] {
