@@ -16,8 +16,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 ///
 /// Serialized as the `T` it holds (parsed, then serialized), so that every format (JSON records,
 /// the MessagePack of persisted pending turns) sees exactly what a `T` field wrote. The text is
-/// what `serde_json` writes for the `T`, so parsing it gives that `T` back unchanged (numbers
-/// included: `float_roundtrip`).
+/// what `serde_json` writes for the `T` ([`JsonText::new`]), or the very text the `T` was parsed
+/// from ([`JsonText::from_parsed_text`]); either way parsing it gives that `T` back unchanged
+/// (numbers included: `float_roundtrip`). Two are equal when they hold the same `T`.
 pub struct JsonText<T> {
     text: Arc<str>,
     of: PhantomData<fn() -> T>,
@@ -30,6 +31,13 @@ impl<T: Serialize + DeserializeOwned> JsonText<T> {
         // f64 is written as `null` by `serde_json`).
         let text = serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned());
         Self::from_text(text)
+    }
+
+    /// `text`, the JSON text the caller parsed its `T` from (`serde_json::from_str::<T>(text)`
+    /// succeeded): held as it is, without writing the `T` again. What the capture does with the
+    /// client's own `messages` text, parsed on the capture thread.
+    pub fn from_parsed_text(text: &str) -> Self {
+        Self::from_text(text.to_owned())
     }
 
     /// The tree, parsed from the text.
@@ -70,9 +78,15 @@ impl<T> Clone for JsonText<T> {
     }
 }
 
-impl<T> PartialEq for JsonText<T> {
+impl<T: Serialize + DeserializeOwned> PartialEq for JsonText<T> {
+    /// The same text, or texts that parse to the same `T` (written the same way: keys in the same
+    /// order, numbers alike), as a client's own text and what `serde_json` writes for its parse.
     fn eq(&self, other: &Self) -> bool {
         self.text == other.text
+            || matches!(
+                (self.parse(), other.parse()),
+                (Ok(a), Ok(b)) if serde_json::to_string(&a).ok() == serde_json::to_string(&b).ok()
+            )
     }
 }
 
@@ -144,6 +158,39 @@ mod tests {
         let text = serde_json::to_string(&held).unwrap();
         let tree: Vec<Value> = serde_json::from_str(&text).unwrap();
         assert_eq!(tree, messages());
+    }
+
+    #[test]
+    fn a_clients_own_text_is_held_as_is_and_reads_and_writes_as_its_tree() {
+        // Spaces, escapes serde_json would not write, a repeated key, a float of many digits.
+        let text = "[ {\"role\" : \"user\", \"content\": \"caf\\u00e9 \\/ x\", \"n\": 0.1000, \
+                    \"k\": 1, \"k\": 2},\n {\"role\": \"assistant\", \"content\": null} ]";
+        let tree: Vec<Value> = serde_json::from_str(text).unwrap();
+        let held = JsonText::<Vec<Value>>::from_parsed_text(text);
+        assert_eq!(held.as_str(), text);
+        assert_eq!(held.parse().unwrap(), tree);
+        let written = JsonText::new(&tree);
+        assert_ne!(held.as_str(), written.as_str());
+        // Equal as what they hold, and every format sees exactly the tree.
+        assert_eq!(held, written);
+        assert_eq!(
+            serde_json::to_vec(&held).unwrap(),
+            serde_json::to_vec(&tree).unwrap()
+        );
+        assert_eq!(
+            rmp_serde::to_vec_named(&held).unwrap(),
+            rmp_serde::to_vec_named(&tree).unwrap()
+        );
+        // Another tree is another value, however close its text.
+        let other = JsonText::<Vec<Value>>::from_parsed_text(&text.replace("0.1000", "0.1001"));
+        assert_ne!(held, other);
+        let reordered = JsonText::new(&serde_json::from_str::<Vec<Value>>(
+            r#"[{"content": "café / x", "role": "user", "n": 0.1, "k": 2}, {"role": "assistant", "content": null}]"#,
+        ).unwrap());
+        assert_ne!(
+            held, reordered,
+            "keys in another order are written differently"
+        );
     }
 
     #[test]

@@ -107,6 +107,7 @@ fn job(
         asked_for_ids: engine,
         trainer_weight_version: None,
         origin: Default::default(),
+        texts: None,
     }
 }
 

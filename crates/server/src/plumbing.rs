@@ -63,6 +63,7 @@ impl TurnContext {
             asked_for_ids: self.asked_for_ids,
             trainer_weight_version: self.trainer_weight_version,
             origin: self.origin,
+            texts: None,
         };
         capture.submit_json(job, request)
     }
