@@ -28,11 +28,14 @@ use crate::dump_options::DumpOptions;
 
 /// Distinct tool lists kept (least recently used out first).
 const MAX_ENTRIES: usize = 8;
-/// A tool list larger than this (its JSON text, about) is converted for each turn, not kept.
-const MAX_ENTRY_BYTES: usize = 256 * 1024;
-/// `tojson` outputs kept per list, in bytes of text: twice the list's own text (every object
-/// printed with two option sets, or the list and each of its tools), and at least this.
+/// A tool list that would hold more memory than this once kept ([`held_bytes`]: its JSON copy and
+/// its template values) is converted for each turn instead. 20 tools of an agent hold ~50 KB.
+const MAX_ENTRY_BYTES: usize = 1024 * 1024;
+/// `tojson` outputs kept per list, in bytes (their text and a map slot each): as much as the list
+/// itself holds (each tool and its `function` object printed once or twice), and at least this.
 const MIN_PRINTED_BYTES: usize = 64 * 1024;
+/// What one kept `tojson` output costs beside its text: its slot in the maps and its value.
+const PRINTED_OVERHEAD_BYTES: usize = 64;
 
 /// The map type a JSON object becomes (what `Value::from_pairs` builds with `preserve_order`),
 /// named so that `tojson` can find the objects of a kept list by address.
@@ -49,6 +52,8 @@ struct Printed {
 #[derive(Debug)]
 pub(crate) struct ToolsEntry {
     json: Option<Value>,
+    /// [`fingerprint`] of `json`: lists are compared only when theirs are equal.
+    hash: u64,
     value: MjValue,
     /// Addresses of the list's objects (each one's map, alive as long as `value`).
     objects: HashSet<usize>,
@@ -58,15 +63,16 @@ pub(crate) struct ToolsEntry {
 
 impl ToolsEntry {
     /// `json` converted; `keep`: the entry keeps a copy of `json` to be found again by.
-    fn new(json: &Value, bytes: usize, keep: bool) -> Self {
+    fn new(json: &Value, hash: u64, bytes: usize, keep: bool) -> Self {
         let mut objects = HashSet::new();
         let value = convert(json, &mut objects);
         Self {
             json: keep.then(|| json.clone()),
+            hash,
             value,
             objects,
             printed: Mutex::new(Printed::default()),
-            max_printed_bytes: (2 * bytes).max(MIN_PRINTED_BYTES),
+            max_printed_bytes: bytes.max(MIN_PRINTED_BYTES),
         }
     }
 
@@ -115,38 +121,61 @@ pub(crate) struct ToolsCache {
 }
 
 impl ToolsCache {
-    /// The entry for `tools`: a kept one with the same JSON, else a new one, kept unless it is
-    /// larger than [`MAX_ENTRY_BYTES`]. Lists are converted outside the lock, so renders of other
-    /// lists do not wait for a conversion.
+    /// The entry for `tools`: a kept one with the same JSON, else a new one, kept unless it
+    /// would hold more than [`MAX_ENTRY_BYTES`]. The lock is held only to look at and reorder the
+    /// entries: lists are hashed, compared and converted outside it, so a large or new list does
+    /// not hold up renders of other lists (when several threads meet a new list at once, each
+    /// converts it and one copy is kept).
     pub(crate) fn get(&self, tools: &Value) -> Arc<ToolsEntry> {
-        let bytes = json_bytes(tools);
+        let bytes = held_bytes(tools);
         if bytes > MAX_ENTRY_BYTES {
-            return Arc::new(ToolsEntry::new(tools, bytes, false));
+            return Arc::new(ToolsEntry::new(tools, 0, bytes, false));
         }
-        if let Some(entry) = self.find(tools) {
+        let hash = fingerprint(tools);
+        if let Some(entry) = self.find(tools, hash) {
             return entry;
         }
-        let entry = Arc::new(ToolsEntry::new(tools, bytes, true));
-        let evicted = {
+        let entry = Arc::new(ToolsEntry::new(tools, hash, bytes, true));
+        let (kept, evicted) = {
             let mut entries = self.lock();
-            // Another thread may have converted the same list meanwhile: keep one.
-            if let Some(i) = entries.iter().position(|e| e.is(tools)) {
-                entries[..=i].rotate_right(1);
-                return Arc::clone(&entries[0]);
+            // Another thread may have kept the same list meanwhile: keep one.
+            let same = entries
+                .iter()
+                .filter(|e| e.hash == hash)
+                .find(|e| e.is(tools))
+                .cloned();
+            match same {
+                Some(same) => (same, Vec::new()),
+                None => {
+                    entries.insert(0, Arc::clone(&entry));
+                    let keep = entries.len().min(MAX_ENTRIES);
+                    (entry, entries.split_off(keep))
+                }
             }
-            entries.insert(0, Arc::clone(&entry));
-            let kept = entries.len().min(MAX_ENTRIES);
-            entries.split_off(kept)
         };
         drop(evicted);
-        entry
+        self.refresh(&kept);
+        kept
     }
 
-    fn find(&self, tools: &Value) -> Option<Arc<ToolsEntry>> {
+    fn find(&self, tools: &Value, hash: u64) -> Option<Arc<ToolsEntry>> {
+        let candidates: Vec<Arc<ToolsEntry>> = self
+            .lock()
+            .iter()
+            .filter(|e| e.hash == hash)
+            .cloned()
+            .collect();
+        let found = candidates.into_iter().find(|e| e.is(tools))?;
+        self.refresh(&found);
+        Some(found)
+    }
+
+    /// Moves `entry` to the front (most recently used), if it is still kept.
+    fn refresh(&self, entry: &Arc<ToolsEntry>) {
         let mut entries = self.lock();
-        let i = entries.iter().position(|e| e.is(tools))?;
-        entries[..=i].rotate_right(1);
-        Some(Arc::clone(&entries[0]))
+        if let Some(i) = entries.iter().position(|e| Arc::ptr_eq(e, entry)) {
+            entries[..=i].rotate_right(1);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<ToolsEntry>>> {
@@ -182,14 +211,61 @@ fn same_json(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// About the size of `v` as JSON text (strings and keys, plus a few bytes per value).
-fn json_bytes(v: &Value) -> usize {
+/// About the memory `v` holds once kept: its JSON copy and its template values (an object's
+/// `Arc`ed map and entries, an array's slots, each string twice).
+fn held_bytes(v: &Value) -> usize {
     match v {
-        Value::Object(m) => m.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum(),
-        Value::Array(a) => a.iter().map(|v| 2 + json_bytes(v)).sum(),
-        Value::String(s) => s.len() + 2,
-        _ => 8,
+        Value::Object(m) => {
+            192 + m
+                .iter()
+                .map(|(k, v)| 2 * k.len() + 96 + held_bytes(v))
+                .sum::<usize>()
+        }
+        Value::Array(a) => 64 + a.iter().map(|v| 48 + held_bytes(v)).sum::<usize>(),
+        Value::String(s) => 2 * s.len() + 32,
+        _ => 16,
     }
+}
+
+/// A hash of `v` that tells apart what [`same_json`] tells apart (order, kinds, number bits).
+fn fingerprint(v: &Value) -> u64 {
+    fn feed(h: &mut xxhash_rust::xxh3::Xxh3, v: &Value) {
+        match v {
+            Value::Null => h.update(b"n"),
+            Value::Bool(b) => h.update(if *b { b"t" } else { b"f" }),
+            Value::Number(n) => {
+                let (tag, bits) = match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                    (Some(u), _, _) => (b'u', u),
+                    (None, Some(i), _) => (b'i', i.cast_unsigned()),
+                    (None, None, f) => (b'd', f.unwrap_or(f64::NAN).to_bits()),
+                };
+                h.update(&[tag]);
+                h.update(&bits.to_le_bytes());
+            }
+            Value::String(s) => {
+                h.update(b"s");
+                h.update(&(s.len() as u64).to_le_bytes());
+                h.update(s.as_bytes());
+            }
+            Value::Array(a) => {
+                h.update(b"a");
+                h.update(&(a.len() as u64).to_le_bytes());
+                a.iter().for_each(|v| feed(h, v));
+            }
+            Value::Object(m) => {
+                h.update(b"o");
+                h.update(&(m.len() as u64).to_le_bytes());
+                for (k, v) in m {
+                    h.update(&(k.len() as u64).to_le_bytes());
+                    h.update(k.as_bytes());
+                    feed(h, v);
+                }
+            }
+        }
+    }
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    feed(&mut h, v);
+    h.digest()
 }
 
 thread_local! {
@@ -248,7 +324,7 @@ pub(crate) fn lookup(value: &MjValue, opts: &DumpOptions) -> Option<MjValue> {
 /// current render's list and the list's budget has room.
 pub(crate) fn store(value: &MjValue, opts: &DumpOptions, out: &MjValue) {
     with_known_object(value, |entry, addr| {
-        let len = out.as_str().map_or(0, str::len);
+        let len = out.as_str().map_or(0, str::len) + PRINTED_OVERHEAD_BYTES;
         let mut printed = entry.lock_printed();
         if printed.bytes + len > entry.max_printed_bytes {
             return;
@@ -257,7 +333,9 @@ pub(crate) fn store(value: &MjValue, opts: &DumpOptions, out: &MjValue) {
             Some(m) => m,
             None => printed.by_options.entry(opts.clone()).or_default(),
         };
-        if by_addr.insert(addr, out.clone()).is_none() {
+        // Another thread may have printed it meanwhile: the same text, kept once.
+        if let std::collections::hash_map::Entry::Vacant(slot) = by_addr.entry(addr) {
+            slot.insert(out.clone());
             printed.bytes += len;
         }
     });
@@ -304,12 +382,60 @@ mod tests {
         assert_eq!(cache.len(), MAX_ENTRIES);
         assert!(Arc::ptr_eq(&first, &cache.get(&list(0))), "t0 was kept");
         assert!(!Arc::ptr_eq(&t1, &cache.get(&list(1))), "t1 went");
-        let big = json!([{ "description": "x".repeat(MAX_ENTRY_BYTES) }]);
-        let a = cache.get(&big);
+        for big in [
+            json!([{ "description": "x".repeat(MAX_ENTRY_BYTES) }]),
+            // Short as text (~400 KB), but each object costs far more than its two bytes.
+            Value::Array(vec![json!({}); 131_072]),
+        ] {
+            let a = cache.get(&big);
+            assert!(
+                !Arc::ptr_eq(&a, &cache.get(&big)),
+                "a list past the bound is not kept"
+            );
+        }
+        assert_eq!(cache.len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn threads_meeting_a_new_list_at_once_keep_one_entry() {
+        let cache = ToolsCache::default();
+        let tools: Value = (0..200)
+            .map(|i| json!({"type": "function", "function": {"name": format!("t{i}"), "parameters": {"n": i}}}))
+            .collect();
+        let barrier = std::sync::Barrier::new(4);
+        let got: Vec<Arc<ToolsEntry>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        cache.get(&tools)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(cache.len(), 1);
+        let kept = cache.get(&tools);
         assert!(
-            !Arc::ptr_eq(&a, &cache.get(&big)),
-            "a list past the bound is not kept"
+            got.iter().all(|e| Arc::ptr_eq(e, &kept)),
+            "every thread got the kept entry"
         );
+    }
+
+    #[test]
+    fn equal_lists_hash_alike_and_the_differences_that_print_do_not() {
+        let a = json!([{"name": "ls", "parameters": {"n": 1, "min": 0.0, "max": -3, "big": 18_446_744_073_709_551_615_u64}}]);
+        let same: Value = serde_json::from_str(&a.to_string()).unwrap();
+        assert_eq!(fingerprint(&a), fingerprint(&same));
+        for other in [
+            json!([{"parameters": {"n": 1, "min": 0.0, "max": -3, "big": 18_446_744_073_709_551_615_u64}, "name": "ls"}]),
+            json!([{"name": "ls", "parameters": {"n": 1.0, "min": 0.0, "max": -3, "big": 18_446_744_073_709_551_615_u64}}]),
+            json!([{"name": "ls", "parameters": {"n": 1, "min": -0.0, "max": -3, "big": 18_446_744_073_709_551_615_u64}}]),
+            json!([{"name": "ls", "parameters": {"n": 1, "min": 0.0, "max": -3.0, "big": 18_446_744_073_709_551_615_u64}}]),
+            json!([{"name": "ls", "parameters": {"n": "1", "min": 0.0, "max": -3, "big": 18_446_744_073_709_551_615_u64}}]),
+        ] {
+            assert_ne!(fingerprint(&a), fingerprint(&other), "{other}");
+        }
     }
 
     #[test]
@@ -339,6 +465,11 @@ mod tests {
         );
         {
             let _outer = RenderingWith::new(Some(Arc::clone(&entry)));
+            assert_eq!(
+                lookup(&tool, &opts),
+                None,
+                "what was printed outside was not kept"
+            );
             store(&tool, &opts, &out("printed"));
             assert_eq!(lookup(&tool, &opts), Some(out("printed")));
             let indented = DumpOptions {
@@ -380,7 +511,8 @@ mod tests {
         );
         let opts = DumpOptions::default();
         let _rendering = RenderingWith::new(Some(Arc::clone(&entry)));
-        let long = MjValue::from_safe_string("x".repeat(entry.max_printed_bytes));
+        let long =
+            MjValue::from_safe_string("x".repeat(entry.max_printed_bytes - PRINTED_OVERHEAD_BYTES));
         store(&a, &opts, &long);
         assert_eq!(lookup(&a, &opts), Some(long));
         store(&b, &opts, &MjValue::from_safe_string("y".into()));

@@ -44,9 +44,9 @@ pub const DEFAULT_RETAIN_COMMITTED: u64 = 0;
 /// benchmark wrote as fast as with 1 GiB (90 KB samples; 2.8 MB top-K samples faster) and read
 /// 90 KB samples as fast (2.8 MB ones ~20 % slower, still ~200 samples/s). 4 MiB since: the
 /// same write and read rates for 90 KB samples as 16 MiB in the store benchmark, the same CPU in
-/// the proxy's agent benchmark, and less RSS there (medians: ~19 MiB at the peak, ~16 at the
-/// end); 2.8 MB top-K samples written and read no slower in the OPD bench (docs/benchmarks.md,
-/// "The store's page cache at 4 MiB").
+/// the proxy's agent benchmark, and less RSS there (11–20 MiB at the peak, ~16 at the end);
+/// 2.8 MB top-K samples written no slower in the OPD bench, one run each (docs/benchmarks.md,
+/// "The store's page cache at 4 MiB", for what that bench cannot show of reads).
 pub const DEFAULT_CACHE_BYTES: usize = 4 * 1024 * 1024;
 /// The request queue holds this many batches: appenders wait for room beyond it.
 const QUEUE_BATCHES: usize = 2;
