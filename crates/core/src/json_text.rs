@@ -37,7 +37,11 @@ impl<T: Serialize + DeserializeOwned> JsonText<T> {
     /// succeeded): held as it is, without writing the `T` again. What the capture does with the
     /// client's own `messages` text, parsed on the capture thread.
     pub fn from_parsed_text(text: &str) -> Self {
-        Self::from_text(text.to_owned())
+        // Straight into the shared allocation: one copy, not two through a `String`.
+        Self {
+            text: Arc::from(text),
+            of: PhantomData,
+        }
     }
 
     /// The tree, parsed from the text.
