@@ -1440,21 +1440,26 @@ mod tests {
         }
     }
 
+    /// A queue of 8 jobs with one worker on the mini model, feeding `sink`.
+    fn one_worker_queue(sink: Arc<dyn TurnSink>) -> CaptureQueue {
+        CaptureQueue::start(
+            Arc::new(ChatTokenizer::mini()),
+            sink,
+            policy(),
+            DriftCheck::default(),
+            8,
+            1,
+        )
+        .unwrap()
+    }
+
     /// A request part that a tree parse refuses never becomes a sample rendered without it: the
     /// turn is abandoned with a reason (counted like every other one).
     #[test]
     fn an_unreadable_request_abandons_the_turn_with_a_reason() {
         let raw = |s: &str| Bytes::from(s.to_owned());
         let sink = Arc::new(Reasons::default());
-        let queue = CaptureQueue::start(
-            Arc::new(ChatTokenizer::mini()),
-            sink.clone(),
-            policy(),
-            DriftCheck::default(),
-            8,
-            1,
-        )
-        .unwrap();
+        let queue = one_worker_queue(sink.clone());
         let good = r#"[{"role":"user","content":"q"}]"#;
         let bad_parts = [
             (r#"[{"role":"user","content":"q","n":1e400}]"#, None, None),
@@ -1492,15 +1497,7 @@ mod tests {
     #[test]
     fn a_turn_holds_the_clients_own_texts_which_read_as_its_trees() {
         let sink = Arc::new(Accepted(std::sync::Mutex::new(Vec::new())));
-        let queue = CaptureQueue::start(
-            Arc::new(ChatTokenizer::mini()),
-            sink.clone(),
-            policy(),
-            DriftCheck::default(),
-            8,
-            1,
-        )
-        .unwrap();
+        let queue = one_worker_queue(sink.clone());
         let messages = "[ {\"role\": \"system\", \"content\": \"caf\\u00e9\"},\n  {\"role\": \"user\", \"content\": \"q \\/ 1.50\", \"n\": 1.50} ]";
         let tools = "[{\"type\": \"function\", \"function\": {\"name\": \"ls\", \"parameters\": {\"min\": -0.0}}}]";
         let mut j = job("t", 1, &[], false);
@@ -1689,15 +1686,7 @@ mod tests {
     #[test]
     fn an_unreadable_answer_abandons_the_turn_with_a_reason() {
         let sink = Arc::new(Reasons::default());
-        let queue = CaptureQueue::start(
-            Arc::new(ChatTokenizer::mini()),
-            sink.clone(),
-            policy(),
-            DriftCheck::default(),
-            8,
-            1,
-        )
-        .unwrap();
+        let queue = one_worker_queue(sink.clone());
         let answers = [
             r#"{"choices":[{"message":{"role":"assistant","content":"Hi"},"logprobs":{"content":[{"token":"Hi","logprob":-1e400}]},"finish_reason":"stop"}]}"#,
             r#"{"choices":[{"message":{"role":"assistant","content":"\ud800"},"finish_reason":"stop"}]}"#,
