@@ -12,13 +12,16 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A `T` held as its compact JSON text. Cloning shares the text.
+/// A `T` held as JSON text: what `serde_json` writes for it, or the text it was parsed from.
+/// Cloning shares the text.
 ///
 /// Serialized as the `T` it holds (parsed, then serialized), so that every format (JSON records,
 /// the MessagePack of persisted pending turns) sees exactly what a `T` field wrote. The text is
 /// what `serde_json` writes for the `T` ([`JsonText::new`]), or the very text the `T` was parsed
 /// from ([`JsonText::from_parsed_text`]); either way parsing it gives that `T` back unchanged
-/// (numbers included: `float_roundtrip`). Two are equal when they hold the same `T`.
+/// (numbers included: `float_roundtrip`). Two are equal when they hold the same `T` written
+/// alike: key order and the form of numbers (`1` and `1.0`, `0.0` and `-0.0`) count, as they do
+/// in what a consumer writes.
 pub struct JsonText<T> {
     text: Arc<str>,
     of: PhantomData<fn() -> T>,
@@ -37,6 +40,10 @@ impl<T: Serialize + DeserializeOwned> JsonText<T> {
     /// succeeded): held as it is, without writing the `T` again. What the capture does with the
     /// client's own `messages` text, parsed on the capture thread.
     pub fn from_parsed_text(text: &str) -> Self {
+        debug_assert!(
+            serde_json::from_str::<T>(text).is_ok(),
+            "JsonText::from_parsed_text: the text does not read as the type it holds"
+        );
         // Straight into the shared allocation: one copy, not two through a `String`.
         Self {
             text: Arc::from(text),
@@ -47,7 +54,8 @@ impl<T: Serialize + DeserializeOwned> JsonText<T> {
     /// The tree, parsed from the text.
     ///
     /// # Errors
-    /// Only if the text does not read as a `T`, which `new` and `Deserialize` never produce.
+    /// Only if the text does not read as a `T`, which `new` and `Deserialize` never produce, nor
+    /// `from_parsed_text` given the text its `T` was parsed from.
     pub fn parse(&self) -> Result<T, serde_json::Error> {
         serde_json::from_str(&self.text)
     }
@@ -89,7 +97,10 @@ impl<T: Serialize + DeserializeOwned> PartialEq for JsonText<T> {
         self.text == other.text
             || matches!(
                 (self.parse(), other.parse()),
-                (Ok(a), Ok(b)) if serde_json::to_string(&a).ok() == serde_json::to_string(&b).ok()
+                (Ok(a), Ok(b)) if matches!(
+                    (serde_json::to_string(&a), serde_json::to_string(&b)),
+                    (Ok(x), Ok(y)) if x == y
+                )
             )
     }
 }
@@ -195,6 +206,11 @@ mod tests {
             held, reordered,
             "keys in another order are written differently"
         );
+        // Written and read back (a persisted pending turn): another text, the same value.
+        let back: JsonText<Vec<Value>> =
+            rmp_serde::from_slice(&rmp_serde::to_vec_named(&held).unwrap()).unwrap();
+        assert_ne!(back.as_str(), held.as_str());
+        assert_eq!(back, held);
     }
 
     #[test]

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use ps_chat_template::{ChatTokenizer, TurnInput};
 use ps_core::{AlignPolicy, EngineIds, FinishReason, RolloutResponse, SampledToken, TurnGuard};
 use ps_server::TokenIdsMode;
-use ps_server::capture::{CaptureJob, CaptureStats, DriftCheck, PrefixCache, capture_turn_with};
+use ps_server::capture::{
+    CaptureJob, CaptureStats, DriftCheck, PrefixCache, RequestTexts, capture_turn_with,
+};
 use serde_json::{Value, json};
 
 /// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).
@@ -107,7 +109,11 @@ fn job(
         asked_for_ids: engine,
         trainer_weight_version: None,
         origin: Default::default(),
-        texts: None,
+        // As the capture thread sets it: the texts the trees were parsed from.
+        texts: Some(RequestTexts {
+            messages: serde_json::to_vec(history).unwrap().into(),
+            tools: None,
+        }),
     }
 }
 

@@ -219,20 +219,26 @@ pub struct CaptureJob {
     pub texts: Option<RequestTexts>,
 }
 
-/// The client's own JSON texts of a job's `messages` and `tools`, which parse to the job's trees.
+/// The client's own JSON texts of a job's `messages` and `tools`. They must parse to the job's
+/// trees (`serde_json::from_slice`): the captured turn holds them in the trees' place, and every
+/// reader parses them back (only the capture thread's `RequestJson::fill` sets them in the
+/// product).
 #[derive(Debug, Clone)]
 pub struct RequestTexts {
     pub messages: Bytes,
     pub tools: Option<Bytes>,
 }
 
-/// `text` (which parses to `tree`) as the turn's `JsonText`, else `tree` written out.
+/// `text` (which parses to `tree`) as the turn's `JsonText`, else `tree` written out: also when
+/// the text is much larger than what `serde_json` writes, i.e. it escapes characters as `\uXXXX`
+/// (Python's `json.dumps` default: 6 bytes for a CJK character instead of 3) or is pretty-printed
+/// (line breaks between values), since the turn holds it until it becomes a sample.
 fn held_text<T>(text: Option<&Bytes>, tree: &T) -> JsonText<T>
 where
     T: serde::Serialize + serde::de::DeserializeOwned,
 {
     match text.map(|t| std::str::from_utf8(t)) {
-        Some(Ok(t)) => JsonText::from_parsed_text(t),
+        Some(Ok(t)) if !t.contains("\\u") && !t.contains('\n') => JsonText::from_parsed_text(t),
         _ => JsonText::new(tree),
     }
 }
@@ -1492,41 +1498,65 @@ mod tests {
         }
     }
 
-    /// The captured turn holds the client's own `messages` and `tools` texts (not the trees
-    /// written out again), and they read as the very trees the turn was rendered from.
-    #[test]
-    fn a_turn_holds_the_clients_own_texts_which_read_as_its_trees() {
+    /// Captures one turn from `messages` and `tools` as JSON texts; the captured turn.
+    fn captured_from_texts(messages: &str, tools: &str) -> CapturedTurn {
         let sink = Arc::new(Accepted(std::sync::Mutex::new(Vec::new())));
         let queue = one_worker_queue(sink.clone());
-        let messages = "[ {\"role\": \"system\", \"content\": \"caf\\u00e9\"},\n  {\"role\": \"user\", \"content\": \"q \\/ 1.50\", \"n\": 1.50} ]";
-        let tools = "[{\"type\": \"function\", \"function\": {\"name\": \"ls\", \"parameters\": {\"min\": -0.0}}}]";
         let mut j = job("t", 1, &[], false);
         j.guard = TurnGuard::new(sink.clone(), "t".into(), 1);
         let request = RequestJson {
-            messages: Bytes::from(messages),
-            tools: Some(Bytes::from(tools)),
+            messages: Bytes::from(messages.to_owned()),
+            tools: Some(Bytes::from(tools.to_owned())),
             template_kwargs: None,
             answer: None,
         };
         assert!(queue.submit_json(j, request));
         queue.shutdown();
-        let turns = sink.0.lock().unwrap();
-        let [turn] = turns.as_slice() else {
-            panic!("one turn captured, got {}", turns.len())
-        };
+        let mut turns = sink.0.lock().unwrap();
+        assert_eq!(turns.len(), 1, "one turn captured");
+        turns.pop().unwrap()
+    }
+
+    /// The captured turn holds the client's own `messages` and `tools` texts (not the trees
+    /// written out again), and they read as the very trees the turn was rendered from; a text
+    /// much larger than what `serde_json` writes (`\u` escapes, line breaks) is held as written
+    /// from its tree instead.
+    #[test]
+    fn a_turn_holds_the_clients_own_texts_which_read_as_its_trees() {
+        let messages = "[ {\"role\": \"system\", \"content\": \"café\"}, {\"role\": \"user\", \"content\": \"q \\/ 1.50\", \"n\": 1.50} ]";
+        let tools = "[{\"type\": \"function\", \"function\": {\"name\": \"ls\", \"parameters\": {\"min\": -0.0}}}]";
+        let turn = captured_from_texts(messages, tools);
         assert_eq!(turn.messages.as_str(), messages);
         let tree: Vec<Value> = serde_json::from_str(messages).unwrap();
         assert_eq!(turn.messages.parse().unwrap(), tree);
         assert_eq!(turn.messages, JsonText::new(&tree));
         let held = turn.tools.as_ref().unwrap();
         assert_eq!(held.as_str(), tools);
-        let tools_tree: Value = serde_json::from_str(tools).unwrap();
+        // What a consumer writes of the held tools keeps the zero's sign.
+        let written = serde_json::to_string(held).unwrap();
+        assert!(written.contains("-0.0"), "{written}");
         assert_eq!(
-            serde_json::to_string(&held.parse().unwrap()).unwrap(),
+            rmp_serde::to_vec_named(held).unwrap(),
+            rmp_serde::to_vec_named(&serde_json::from_str::<Value>(tools).unwrap()).unwrap()
+        );
+        // The prompt was rendered from these trees: the system text as parsed.
+        assert!(turn.prompt_text.contains("café"), "{}", turn.prompt_text);
+
+        let escaped = "[{\"role\": \"system\", \"content\": \"caf\\u00e9 \\u4e2d\"}, {\"role\": \"user\", \"content\": \"q\"}]";
+        let pretty =
+            "[\n  {\n    \"type\": \"function\",\n    \"function\": {\"name\": \"ls\"}\n  }\n]";
+        let turn = captured_from_texts(escaped, pretty);
+        let tree: Vec<Value> = serde_json::from_str(escaped).unwrap();
+        assert_eq!(
+            turn.messages.as_str(),
+            serde_json::to_string(&tree).unwrap()
+        );
+        assert!(turn.messages.as_str().contains("café 中"));
+        let tools_tree: Value = serde_json::from_str(pretty).unwrap();
+        assert_eq!(
+            turn.tools.unwrap().as_str(),
             serde_json::to_string(&tools_tree).unwrap()
         );
-        // The prompt was rendered from these trees: the system text as parsed, unescaped.
-        assert!(turn.prompt_text.contains("café"), "{}", turn.prompt_text);
     }
 
     /// A sink that holds each captured turn's worker until the test lets it go.
