@@ -122,40 +122,40 @@ pub(crate) struct ToolsCache {
 
 impl ToolsCache {
     /// The entry for `tools`: a kept one with the same JSON, else a new one, kept unless it
-    /// would hold more than [`MAX_ENTRY_BYTES`]. The lock is held only to look at and reorder the
+    /// would hold more than [`MAX_ENTRY_BYTES`] (measured only on a miss: a hit walks the list
+    /// to hash and to compare it, nothing more). The lock is held only to look at and reorder the
     /// entries: lists are hashed, compared and converted outside it, so a large or new list does
     /// not hold up renders of other lists (when several threads meet a new list at once, each
     /// converts it and one copy is kept).
     pub(crate) fn get(&self, tools: &Value) -> Arc<ToolsEntry> {
-        let bytes = held_bytes(tools);
-        if bytes > MAX_ENTRY_BYTES {
-            return Arc::new(ToolsEntry::new(tools, 0, bytes, false));
-        }
         let hash = fingerprint(tools);
         if let Some(entry) = self.find(tools, hash) {
             return entry;
         }
-        let entry = Arc::new(ToolsEntry::new(tools, hash, bytes, true));
-        let (kept, evicted) = {
-            let mut entries = self.lock();
-            // Another thread may have kept the same list meanwhile: keep one.
-            let same = entries
-                .iter()
-                .filter(|e| e.hash == hash)
-                .find(|e| e.is(tools))
-                .cloned();
-            match same {
-                Some(same) => (same, Vec::new()),
-                None => {
-                    entries.insert(0, Arc::clone(&entry));
-                    let keep = entries.len().min(MAX_ENTRIES);
-                    (entry, entries.split_off(keep))
-                }
-            }
-        };
+        let bytes = held_bytes(tools);
+        let keep = bytes <= MAX_ENTRY_BYTES;
+        let entry = Arc::new(ToolsEntry::new(tools, hash, bytes, keep));
+        if !keep {
+            return entry;
+        }
+        let mut entries = self.lock();
+        // Another thread may have kept the same list meanwhile: keep one.
+        let same = entries
+            .iter()
+            .find(|e| e.hash == hash && e.is(tools))
+            .cloned();
+        if let Some(same) = same {
+            drop(entries);
+            self.refresh(&same);
+            return same;
+        }
+        entries.insert(0, Arc::clone(&entry));
+        let kept = entries.len().min(MAX_ENTRIES);
+        let evicted = entries.split_off(kept);
+        // The lock first, then the evicted lists (their memory is freed outside it).
+        drop(entries);
         drop(evicted);
-        self.refresh(&kept);
-        kept
+        entry
     }
 
     fn find(&self, tools: &Value, hash: u64) -> Option<Arc<ToolsEntry>> {
