@@ -18,6 +18,7 @@ pub mod error;
 mod health;
 pub mod infer;
 pub mod linger;
+pub mod listen;
 pub mod metrics;
 mod modes;
 mod plumbing;
@@ -53,16 +54,7 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let router = build_router_with(app.clone(), extra);
-    // Without TCP_NODELAY, Nagle's algorithm meets the client's delayed ACK and every streamed
-    // answer after the first on a kept-alive connection stalls ~40 ms.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    listen::serve_router(listener, router, shutdown).await;
     let capture = app.clone();
     let drained = tokio::task::spawn_blocking(move || capture.capture().shutdown())
         .await

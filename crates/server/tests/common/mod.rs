@@ -145,11 +145,17 @@ impl Harness {
             .expect("sink open")
     }
 
-    /// Stops the server and drains capture; returns every turn captured that was not yet read.
-    pub async fn stop(mut self) -> Vec<CapturedTurn> {
+    /// Tells the server to shut down without waiting for it: it stops accepting connections and
+    /// finishes the requests it is serving ([`Harness::stop`] then waits for it).
+    pub fn signal_stop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+    }
+
+    /// Stops the server and drains capture; returns every turn captured that was not yet read.
+    pub async fn stop(mut self) -> Vec<CapturedTurn> {
+        self.signal_stop();
         if let Some(s) = self.server.take() {
             s.await.unwrap();
         }
