@@ -1,15 +1,20 @@
 //! The accept loop: `axum::serve` with the connection setting it does not expose.
 //!
-//! hyper grows an HTTP/1 connection's read buffer while reads fill it, up to ~400 KiB, and keeps it
-//! for the connection's life. Agents send the whole conversation every turn (tens of kB), so with
-//! `axum::serve`'s defaults every client connection held a buffer of up to a few hundred kB, also
-//! while its request waited for the upstream (hyper reads on to notice a client that goes away).
-//! [`READ_BUFFER_MAX`] bounds it; a body is read in chunks of that size instead
-//! (`plumbing::read_body` copies it into one buffer either way). Agent scenario with a 1 s
-//! upstream, heap at the peak: 93.5 → 85.0 MB, of which those reads 11.7 → 1.9 MB
-//! (docs/benchmarks.md, "The proxy's read buffers at 16 KiB"). Otherwise this is what `axum::serve(..).with_graceful_shutdown(..)` does: HTTP/1,
-//! `TCP_NODELAY`, accept errors retried by axum's listener, and at shutdown no new connection while
-//! those open finish what they serve.
+//! hyper grows an HTTP/1 connection's read buffer while reads fill it, up to ~400 KiB, and a
+//! connection keeps what it grew. Agents send the whole conversation every turn (tens of kB), so
+//! with `axum::serve`'s defaults every client connection held a buffer of up to a few hundred kB,
+//! also while its request waited for the upstream (hyper reads on to notice a client that goes
+//! away). [`READ_BUFFER_MAX`] bounds it; a body is read in chunks of that size instead
+//! (`plumbing::read_body` copies it into one buffer either way), and hyper queues at most that
+//! much of a response before it writes (it flushes sooner; a body chunk is not copied). Agent
+//! scenario with a 1 s upstream, heap at the peak: 93.5 → 85.0 MB, of which those reads 11.7 →
+//! 1.9 MB (docs/benchmarks.md, "The proxy's read buffers at 16 KiB").
+//!
+//! Otherwise this is `axum::serve(..).with_graceful_shutdown(..)`: HTTP/1 only (axum's `http2`
+//! feature is off), `TCP_NODELAY`, accept errors retried by axum's listener, no timer (so no
+//! header read timeout, as before), and at shutdown no new connection while open ones finish the
+//! request they serve (idle ones close at once). One difference: connections are served without
+//! HTTP upgrades (no route upgrades a connection).
 
 use std::future::Future;
 use std::pin::pin;
@@ -26,8 +31,9 @@ use tower::ServiceExt;
 
 /// Largest read buffer of one client connection, in bytes (hyper's default is 8 KiB + 400 KiB),
 /// and so the largest request head (request line and headers) the server reads, as Node.js's
-/// default: a larger one is answered `431 Request Header Fields Too Large` by hyper, before the
-/// router, and the connection closed.
+/// default: hyper answers a larger one `431 Request Header Fields Too Large` with an empty body
+/// and closes the connection, before the router (so it is neither logged nor counted); a client
+/// still writing its body then may see a connection reset instead.
 pub const READ_BUFFER_MAX: usize = 16 * 1024;
 
 /// Serves `router` on `listener` until `shutdown` resolves, then stops accepting, lets every
