@@ -232,6 +232,10 @@ struct SoakArgs {
     /// The whole run stops by itself after this many seconds.
     #[arg(long, default_value_t = 3600)]
     max_seconds: u64,
+    /// After the end reading, wait this many seconds idle and read the proxy's RSS once more
+    /// (e.g. 100: past the client pools' 90 s idle timeout, the soak's connections are closed).
+    #[arg(long, default_value_t = 0)]
+    idle_after_seconds: u64,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -338,6 +342,7 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
         trainer_format: args.trainer_format.into(),
         rss_every: Duration::from_millis(args.rss_every_ms),
         max_duration: Duration::from_secs(args.max_seconds),
+        idle_after: Duration::from_secs(args.idle_after_seconds),
     };
     let report = runtime()?.block_on(soak::run(&config, |line| eprintln!("loadgen: {line}")))?;
     print!("{}", report.render());

@@ -479,6 +479,8 @@ pub struct SoakConfigReport {
     pub rss_every_ms: u64,
     pub max_seconds: f64,
     pub model_dir: String,
+    /// The idle wait after the end reading, in seconds (0: none).
+    pub idle_after_s: f64,
 }
 
 /// One reading of the proxy's RSS during the soak.
@@ -515,6 +517,18 @@ pub struct MemoryReport {
     pub second_half_kib_per_1000_turns: Option<f64>,
     /// Every reading.
     pub series: Vec<RssPoint>,
+    /// A last reading after the proxy stayed idle a while longer (the soak's `idle_after`).
+    pub after_idle: Option<AfterIdle>,
+}
+
+/// The proxy's RSS after it stayed idle `seconds` past the end reading: long enough for the client
+/// pools' idle timeout (reqwest's 90 s) to close the connections the soak left open, so this is
+/// what stays without them.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct AfterIdle {
+    pub seconds: f64,
+    pub rss_kib: u64,
+    pub over_baseline: f64,
 }
 
 impl MemoryReport {
@@ -537,7 +551,18 @@ impl MemoryReport {
             deciles: deciles(&series, total),
             second_half_kib_per_1000_turns: second_half_slope(&series, total).map(|s| s * 1000.0),
             series,
+            after_idle: None,
         }
+    }
+
+    /// With the reading taken after `seconds` more of idleness.
+    pub fn with_after_idle(mut self, seconds: f64, rss_kib: u64) -> Self {
+        self.after_idle = Some(AfterIdle {
+            seconds,
+            rss_kib,
+            over_baseline: rss_kib as f64 / self.baseline_kib.max(1) as f64,
+        });
+        self
     }
 }
 
@@ -798,6 +823,15 @@ impl SoakReport {
             m.end_over_baseline,
             m.end_minus_baseline_kib as f64 / 1024.0,
         );
+        if let Some(idle) = &m.after_idle {
+            let _ = writeln!(
+                out,
+                "after {:.0} s more idle (the client pools' idle timeout): {:.1} MiB = {:.3} x baseline",
+                idle.seconds,
+                mib(idle.rss_kib),
+                idle.over_baseline,
+            );
+        }
         if !m.deciles.is_empty() {
             let row: Vec<String> = m
                 .deciles
@@ -878,5 +912,10 @@ mod tests {
         let shrunk = MemoryReport::new(1, (150_000, 1), (149_000, 1), Vec::new());
         assert_eq!(shrunk.end_minus_baseline_kib, -1_000);
         assert!(shrunk.deciles.is_empty() && shrunk.max_sampled_kib == 0);
+        assert!(m.after_idle.is_none());
+        // The reading after the idle wait is compared with the baseline too.
+        let idle = m.with_after_idle(120.0, 157_500).after_idle.unwrap();
+        assert_eq!(idle.rss_kib, 157_500);
+        assert!((idle.over_baseline - 1.05).abs() < 1e-12);
     }
 }

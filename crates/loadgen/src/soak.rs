@@ -88,6 +88,10 @@ pub struct SoakConfig {
     pub rss_every: Duration,
     /// The whole run stops by itself after this long.
     pub max_duration: Duration,
+    /// After the end reading, wait this long (no sessions; the trainer still polls) and read the
+    /// RSS once more: what stays once the client pools' idle timeout has closed the connections
+    /// the soak opened (zero: no wait).
+    pub idle_after: Duration,
 }
 
 impl SoakConfig {
@@ -366,6 +370,25 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         end.0 as f64 / baseline.0.max(1) as f64
     ));
 
+    let after_idle = if cfg.idle_after.is_zero() {
+        None
+    } else {
+        progress(&format!(
+            "waiting {:.0} s idle for a last RSS reading",
+            cfg.idle_after.as_secs_f64()
+        ));
+        tokio::time::sleep(cfg.idle_after).await;
+        rig.ensure_running()?;
+        let (kib, _) = procs.proxy.rss_kib()?;
+        progress(&format!(
+            "after {:.0} s idle: proxy RSS {:.1} MiB ({:.3} x baseline)",
+            cfg.idle_after.as_secs_f64(),
+            kib as f64 / 1024.0,
+            kib as f64 / baseline.0.max(1) as f64
+        ));
+        Some(kib)
+    };
+
     let tally = trainer.finish().await;
     let coverage =
         crate::trainer::coverage(&spec.session_prefix, &proxy.run.answered, &tally.received);
@@ -399,8 +422,12 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         rss_every_ms: u64::try_from(cfg.rss_every.as_millis()).unwrap_or(u64::MAX),
         max_seconds: cfg.max_duration.as_secs_f64(),
         model_dir: cfg.model_dir.display().to_string(),
+        idle_after_s: cfg.idle_after.as_secs_f64(),
     };
-    let memory = MemoryReport::new(start_kib, baseline, end, sampler.series);
+    let mut memory = MemoryReport::new(start_kib, baseline, end, sampler.series);
+    if let Some(kib) = after_idle {
+        memory = memory.with_after_idle(cfg.idle_after.as_secs_f64(), kib);
+    }
     let direct = (direct.rounds > 0).then(|| phase_report(direct, &procs));
     Ok(SoakReport::new(
         machine,
