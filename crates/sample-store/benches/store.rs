@@ -252,6 +252,8 @@ fn codec_times(sample: &Sample) -> [f64; 4] {
 struct Round {
     group: f64,
     read: f64,
+    /// Records read as a MessagePack trainer page is made of them (samples/s).
+    read_records: f64,
     baseline: f64,
 }
 
@@ -284,7 +286,8 @@ async fn round(
 
     // Reads, in pages as the trainer route pulls them; then commit everything: compaction deletes
     // it all (retain_committed 0).
-    let read_rate = read_and_commit(&log, options.samples, bytes_per_sample, "").await;
+    let (read_rate, records_rate) =
+        read_and_commit(&log, options.samples, bytes_per_sample, "").await;
     store.close().await.expect("close");
     std::fs::remove_dir_all(&dir).expect("remove store");
 
@@ -306,6 +309,7 @@ async fn round(
     Round {
         group,
         read: read_rate,
+        read_records: records_rate,
         baseline,
     }
 }
@@ -336,18 +340,19 @@ async fn redis_round(
         bytes_per_sample,
     );
     let write_rate = options.samples as f64 / run.elapsed.as_secs_f64();
-    let read_rate = read_and_commit(&log, options.samples, bytes_per_sample, "Redis ").await;
+    let (read_rate, _) = read_and_commit(&log, options.samples, bytes_per_sample, "Redis ").await;
     (write_rate, read_rate)
 }
 
-/// Reads every sample in pages, as the trainer route pulls them, then commits them all; prints
-/// both and returns the read rate (samples/s).
+/// Reads every sample in pages, as the trainer route pulls them (decoded, for JSON pages), then
+/// every record (undecoded, what MessagePack pages are written from), then commits them all;
+/// prints each and returns the two read rates (samples/s).
 async fn read_and_commit(
     log: &Arc<dyn SampleLog>,
     expected: u64,
     bytes_per_sample: usize,
     label: &str,
-) -> f64 {
+) -> (f64, f64) {
     let start = Instant::now();
     let (mut after, mut read) = (0, 0u64);
     loop {
@@ -364,12 +369,30 @@ async fn read_and_commit(
         read as f64 * bytes_per_sample as f64 / secs / 1e6,
     );
     let start = Instant::now();
+    let (mut upto, mut records) = (0, 0u64);
+    loop {
+        let page = log
+            .read_records(upto, READ_PAGE, "bench")
+            .await
+            .expect("read records");
+        let Some(last) = page.last() else { break };
+        upto = last.seq();
+        records += page.len() as u64;
+    }
+    let records_secs = start.elapsed().as_secs_f64();
+    assert_eq!(records, expected, "every record read back");
+    println!(
+        "  {label}read records (pages of {READ_PAGE}): {records} in {records_secs:.2} s = {:.0} samples/s, {:.1} MB/s",
+        records as f64 / records_secs,
+        records as f64 * bytes_per_sample as f64 / records_secs / 1e6,
+    );
+    let start = Instant::now();
     log.commit(after, "bench").await.expect("commit");
     println!(
         "  {label}commit (+ compaction or trim) of {read} samples: {:.1} ms",
         start.elapsed().as_secs_f64() * 1e3
     );
-    read as f64 / secs
+    (read as f64 / secs, records as f64 / records_secs)
 }
 
 #[tokio::main]
@@ -403,6 +426,7 @@ async fn main() {
     }
     let mut group: Vec<f64> = rounds.iter().map(|r| r.group).collect();
     let mut read: Vec<f64> = rounds.iter().map(|r| r.read).collect();
+    let mut records: Vec<f64> = rounds.iter().map(|r| r.read_records).collect();
     let mut baseline: Vec<f64> = rounds.iter().map(|r| r.baseline).collect();
     let mut ratio: Vec<f64> = rounds.iter().map(|r| r.group / r.baseline).collect();
     let (group, read, baseline, ratio) = (
@@ -412,9 +436,10 @@ async fn main() {
         median(&mut ratio),
     );
     println!(
-        "median of {} rounds: write {group:.0} samples/s ({:.1} MB/s), read {read:.0} samples/s, baseline {baseline:.0} samples/s, group-commit speed-up {ratio:.1}x",
+        "median of {} rounds: write {group:.0} samples/s ({:.1} MB/s), read {read:.0} samples/s (records {:.0}), baseline {baseline:.0} samples/s, group-commit speed-up {ratio:.1}x",
         options.rounds,
         group * bytes_per_sample as f64 / 1e6,
+        median(&mut records),
     );
 
     if !options.redis {
