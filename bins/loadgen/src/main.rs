@@ -232,8 +232,8 @@ struct SoakArgs {
     /// The whole run stops by itself after this many seconds.
     #[arg(long, default_value_t = 3600)]
     max_seconds: u64,
-    /// After the end reading, wait this many seconds idle and read the proxy's RSS once more
-    /// (e.g. 100: past the client pools' 90 s idle timeout, the soak's connections are closed).
+    /// After the end reading, stop the trainer, wait this many seconds idle and read the proxy's
+    /// RSS once more (200: the client pools close an idle connection 90–180 s after its last use).
     #[arg(long, default_value_t = 0)]
     idle_after_seconds: u64,
 }

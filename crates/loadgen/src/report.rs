@@ -521,9 +521,9 @@ pub struct MemoryReport {
     pub after_idle: Option<AfterIdle>,
 }
 
-/// The proxy's RSS after it stayed idle `seconds` past the end reading: long enough for the client
-/// pools' idle timeout (reqwest's 90 s) to close the connections the soak left open, so this is
-/// what stays without them.
+/// The proxy's RSS after it stayed idle `seconds` past the end reading, the trainer stopped: with
+/// 200 s or more, the client pools (reqwest's 90 s idle timeout, checked every 90 s) have closed
+/// the connections the soak left open, so this is what stays without them.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct AfterIdle {
     pub seconds: f64,
@@ -826,7 +826,7 @@ impl SoakReport {
         if let Some(idle) = &m.after_idle {
             let _ = writeln!(
                 out,
-                "after {:.0} s more idle (the client pools' idle timeout): {:.1} MiB = {:.3} x baseline",
+                "after {:.0} s more idle, the trainer stopped: {:.1} MiB = {:.3} x baseline",
                 idle.seconds,
                 mib(idle.rss_kib),
                 idle.over_baseline,

@@ -88,9 +88,10 @@ pub struct SoakConfig {
     pub rss_every: Duration,
     /// The whole run stops by itself after this long.
     pub max_duration: Duration,
-    /// After the end reading, wait this long (no sessions; the trainer still polls) and read the
-    /// RSS once more: what stays once the client pools' idle timeout has closed the connections
-    /// the soak opened (zero: no wait).
+    /// After the end reading, stop the trainer, wait this long (no request at all; cut short at
+    /// `max_duration`) and read the RSS once more: with 200 s, what stays once the client pools
+    /// have closed the connections the soak opened (hyper-util closes an idle connection 90–180 s
+    /// after its last use: a 90 s timeout checked every 90 s); zero: no wait.
     pub idle_after: Duration,
 }
 
@@ -370,26 +371,32 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         end.0 as f64 / baseline.0.max(1) as f64
     ));
 
+    // The trainer stops before the idle wait, so that its figures do not depend on the wait and
+    // the proxy sees no request at all during it.
+    let tally = trainer.finish().await;
     let after_idle = if cfg.idle_after.is_zero() {
         None
     } else {
+        // Within the run's time bound (`max_duration`): a wait cut short is reported as such.
+        let wait = cfg
+            .idle_after
+            .min(deadline.saturating_duration_since(Instant::now()));
         progress(&format!(
             "waiting {:.0} s idle for a last RSS reading",
-            cfg.idle_after.as_secs_f64()
+            wait.as_secs_f64()
         ));
-        tokio::time::sleep(cfg.idle_after).await;
+        tokio::time::sleep(wait).await;
         rig.ensure_running()?;
         let (kib, _) = procs.proxy.rss_kib()?;
         progress(&format!(
             "after {:.0} s idle: proxy RSS {:.1} MiB ({:.3} x baseline)",
-            cfg.idle_after.as_secs_f64(),
+            wait.as_secs_f64(),
             kib as f64 / 1024.0,
             kib as f64 / baseline.0.max(1) as f64
         ));
-        Some(kib)
+        Some((wait, kib))
     };
 
-    let tally = trainer.finish().await;
     let coverage =
         crate::trainer::coverage(&spec.session_prefix, &proxy.run.answered, &tally.received);
     let proxy_process = rig.proxy_report()?;
@@ -425,8 +432,8 @@ async fn run_to_end(cfg: &SoakConfig, progress: impl Fn(&str)) -> Result<SoakRep
         idle_after_s: cfg.idle_after.as_secs_f64(),
     };
     let mut memory = MemoryReport::new(start_kib, baseline, end, sampler.series);
-    if let Some(kib) = after_idle {
-        memory = memory.with_after_idle(cfg.idle_after.as_secs_f64(), kib);
+    if let Some((wait, kib)) = after_idle {
+        memory = memory.with_after_idle(wait.as_secs_f64(), kib);
     }
     let direct = (direct.rounds > 0).then(|| phase_report(direct, &procs));
     Ok(SoakReport::new(

@@ -972,7 +972,7 @@ mod tests {
         let samples: Vec<Sample> = (0..4)
             .map(|i| Sample {
                 session_id: format!("s{i}"),
-                // 0, 3, 6 and 9 chunks' worth of log-probs, each sample its own values.
+                // Records of 1, 3, 6 and 9 chunks (0.4, 45, 90 and 135 kB), each its own values.
                 rollout_log_probs: (0..i * 5_000).map(|k| -f64::from(k + i) / 7.0).collect(),
                 ..Sample::default()
             })
@@ -993,7 +993,15 @@ mod tests {
             two.iter().map(EncodedSample::seq).collect::<Vec<_>>(),
             [2, 3]
         );
+        assert_eq!(two[0].record(), records[1].record());
         assert_eq!(two[1].record(), records[2].record());
+        // A record of many chunks followed by one of a single chunk.
+        store.append(&samples[0]).await.unwrap();
+        let tail = store.read_records(3, 10).await.unwrap();
+        assert_eq!(tail.len(), 2);
+        assert_eq!(tail[0].record(), records[3].record());
+        let single = EncodedSample::from_sample(5, &samples[0]).unwrap();
+        assert_eq!(tail[1].record(), single.record());
         store.close().await.unwrap();
     }
 
