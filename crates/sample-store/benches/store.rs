@@ -344,6 +344,15 @@ async fn redis_round(
     (write_rate, read_rate)
 }
 
+/// One line of read throughput: `n` samples in `secs`.
+fn print_read(what: &str, n: u64, secs: f64, bytes_per_sample: usize) {
+    println!(
+        "  {what} (pages of {READ_PAGE}): {n} samples in {secs:.2} s = {:.0} samples/s, {:.1} MB/s",
+        n as f64 / secs,
+        n as f64 * bytes_per_sample as f64 / secs / 1e6,
+    );
+}
+
 /// Reads every sample in pages, as the trainer route pulls them (decoded, for JSON pages), then
 /// every record (undecoded, what MessagePack pages are written from), then commits them all;
 /// prints each and returns the two read rates (samples/s).
@@ -363,11 +372,7 @@ async fn read_and_commit(
     }
     let secs = start.elapsed().as_secs_f64();
     assert_eq!(read, expected, "every sample read back");
-    println!(
-        "  {label}read (pages of {READ_PAGE}): {read} samples in {secs:.2} s = {:.0} samples/s, {:.1} MB/s",
-        read as f64 / secs,
-        read as f64 * bytes_per_sample as f64 / secs / 1e6,
-    );
+    print_read(&format!("{label}read"), read, secs, bytes_per_sample);
     let start = Instant::now();
     let (mut upto, mut records) = (0, 0u64);
     loop {
@@ -381,10 +386,11 @@ async fn read_and_commit(
     }
     let records_secs = start.elapsed().as_secs_f64();
     assert_eq!(records, expected, "every record read back");
-    println!(
-        "  {label}read records (pages of {READ_PAGE}): {records} in {records_secs:.2} s = {:.0} samples/s, {:.1} MB/s",
-        records as f64 / records_secs,
-        records as f64 * bytes_per_sample as f64 / records_secs / 1e6,
+    print_read(
+        &format!("{label}read records"),
+        records,
+        records_secs,
+        bytes_per_sample,
     );
     let start = Instant::now();
     log.commit(after, "bench").await.expect("commit");
