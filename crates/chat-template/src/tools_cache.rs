@@ -125,8 +125,9 @@ impl ToolsCache {
     /// would hold more than [`MAX_ENTRY_BYTES`] (measured only on a miss: a hit walks the list
     /// to hash and to compare it, nothing more). The lock is held only to look at and reorder the
     /// entries: lists are hashed, compared and converted outside it, so a large or new list does
-    /// not hold up renders of other lists (when several threads meet a new list at once, each
-    /// converts it and one copy is kept).
+    /// not hold up renders of other lists. The one comparison under the lock is the re-check
+    /// after a miss, and only against a kept list of the same hash: when several threads meet a
+    /// new list at once, each converts it and one copy is kept.
     pub(crate) fn get(&self, tools: &Value) -> Arc<ToolsEntry> {
         let hash = fingerprint(tools);
         if let Some(entry) = self.find(tools, hash) {
