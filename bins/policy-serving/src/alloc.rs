@@ -11,6 +11,16 @@
 //! `_RJEM_MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0` (read after the settings compiled in
 //! here, so it wins; any other jemalloc option the same way).
 //!
+//! Two arenas instead of jemalloc's four per CPU (eight here): with eight, the ~20 threads that
+//! allocate (tokio's workers, the blocking pool, capture, the store's writer) spread over eight
+//! heaps, each keeping its own freed pages and partly used runs, and a block freed on one
+//! thread goes back to the arena of the thread that allocated it. With two the agent scenario's
+//! peak fell from 113–120 to 110–113 MiB at the same CPU per request (docs/benchmarks.md, "jemalloc
+//! with two arenas"). One arena gave the same peak and was the only setting with more CPU in
+//! every pair. Two arenas are not a limit on a machine with more cores: the blocks that take an
+//! arena's lock (past the thread caches, 32 KiB) come at a rate set by the engine's answers, a
+//! few thousand a second at this scenario's ~130 requests a second.
+//!
 //! Transparent huge pages stay off for this process: where THP is on, the kernel's `khugepaged`
 //! fills a 2 MiB huge page around every few small pages still in use, so a heap that was just
 //! given back grows again in RSS while the proxy is idle. `MIMALLOC_ALLOW_THP=1` (the name it had
@@ -22,7 +32,7 @@
 //! is the default feature `jemalloc` (built from source: `make` and a C compiler);
 //! `--no-default-features` leaves it out of the build too, and so uses the system allocator.
 //!
-//! The only `unsafe` of the workspace: jemalloc's configuration symbol, the read of one of its
+//! The only `unsafe` of the workspace: jemalloc's configuration symbol, the reads of two of its
 //! settings, and one `prctl`.
 #![allow(unsafe_code)]
 
@@ -32,9 +42,10 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The settings jemalloc reads at its first allocation, before `main` runs: background threads
 /// that give freed pages back while the proxy is idle, dirty pages kept at most 100 ms, none
-/// kept "muzzy" (lazily freed pages still counted in RSS).
+/// kept "muzzy" (lazily freed pages still counted in RSS), two arenas.
 #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
-const MALLOC_CONF: &[u8] = b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0\0";
+const MALLOC_CONF: &[u8] =
+    b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0,narenas:2\0";
 
 /// jemalloc's `malloc_conf` (the `_rjem_` prefix is the one `tikv-jemalloc-sys` builds it with).
 // SAFETY: jemalloc reads this symbol as a `const char *` to a NUL-terminated string; its own
@@ -60,6 +71,8 @@ pub struct Tuning {
     pub dirty_decay_ms: Option<i64>,
     /// Whether jemalloc's background threads run (they give pages back while the proxy is idle).
     pub background_thread: Option<bool>,
+    /// jemalloc's arenas for threads' allocations (`None`: the system allocator).
+    pub arenas: Option<u32>,
     /// Whether transparent huge pages are off for this process.
     pub thp_disabled: bool,
 }
@@ -83,6 +96,10 @@ fn settings() -> Tuning {
         allocator: "jemalloc",
         dirty_decay_ms: decay.ok().and_then(|d| i64::try_from(d).ok()),
         background_thread: tikv_jemalloc_ctl::background_thread::read().ok(),
+        // `opt.narenas`, not `arenas.narenas`: the latter also counts the arena jemalloc keeps
+        // for blocks past `oversize_threshold`.
+        // SAFETY: `opt.narenas` is an `unsigned` option, read as one.
+        arenas: unsafe { tikv_jemalloc_ctl::raw::read::<libc::c_uint>(b"opt.narenas\0") }.ok(),
         thp_disabled: false,
     }
 }
@@ -93,6 +110,7 @@ fn settings() -> Tuning {
         allocator: "system",
         dirty_decay_ms: None,
         background_thread: None,
+        arenas: None,
         thp_disabled: false,
     }
 }
@@ -129,7 +147,7 @@ mod tests {
     /// The settings compiled in are the ones in effect (unless the environment running the tests
     /// sets jemalloc's own), and huge pages go off.
     #[test]
-    fn jemalloc_gives_pages_back_within_100_ms_and_thp_goes_off() {
+    fn jemalloc_gives_pages_back_within_100_ms_in_two_arenas_and_thp_goes_off() {
         let tuning = give_memory_back();
         #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
         {
@@ -137,6 +155,7 @@ mod tests {
             if std::env::var_os("_RJEM_MALLOC_CONF").is_none() {
                 assert_eq!(tuning.dirty_decay_ms, Some(100));
                 assert_eq!(tuning.background_thread, Some(true));
+                assert_eq!(tuning.arenas, Some(2));
                 // SAFETY: as in `settings`.
                 let muzzy = unsafe {
                     tikv_jemalloc_ctl::raw::read::<libc::ssize_t>(b"opt.muzzy_decay_ms\0")

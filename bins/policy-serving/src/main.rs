@@ -183,6 +183,7 @@ fn run(cli: Cli, tuning: alloc::Tuning) -> Result<(), ExitCode> {
                 allocator = tuning.allocator,
                 dirty_decay_ms = tuning.dirty_decay_ms,
                 background_thread = tuning.background_thread,
+                arenas = tuning.arenas,
                 thp_disabled = tuning.thp_disabled,
                 "allocator: freed pages go back to the system"
             );
