@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ps_fake_sglang::FakeSglang;
+use ps_fake_sglang::{FakeHandle, FakeSglang};
 
 use harness::{KillOnDrop, free_port};
 
@@ -150,4 +150,56 @@ async fn serve_says_at_start_that_sglang_api_key_empty_means_bearer_empty() {
     assert_eq!(keyless.status(), 401);
     let with_key = http.get(&url).bearer_auth("EMPTY").send().await.unwrap();
     assert_eq!(with_key.status(), 200);
+}
+
+/// The allocator line `serve` logs at start (debug level) in a fresh process with `env`.
+fn allocator_line(fake: &FakeHandle, env: &[(&str, String)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("settings.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nport = {}\n[sglang]\nchat_url = \"{}\"\n[prm]\nrouter_url = \"{}\"\n\
+             [logging]\nlevel = \"debug\"\n",
+            free_port(),
+            fake.chat_url(),
+            fake.generate_url()
+        ),
+    )
+    .unwrap();
+    let (_server, lines) = serve(&config, dir.path(), env);
+    let allocator: Vec<&String> = lines.iter().filter(|l| l.contains("allocator:")).collect();
+    assert_eq!(allocator.len(), 1, "{}", lines.join("\n"));
+    allocator[0].clone()
+}
+
+/// Two arenas and 4 KiB thread caches are compiled in, and an operator's `_RJEM_MALLOC_CONF`
+/// (jemalloc's own variable, read after them) still wins, as README's "Memory" says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jemalloc_runs_with_two_arenas_unless_the_operator_sets_its_own_variable() {
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let line = allocator_line(&fake, &[]);
+    if line.contains("allocator=\"system\"") {
+        // Built without jemalloc (`--no-default-features`): nothing of it to report.
+        assert!(!line.contains("arenas="), "{line}");
+        return;
+    }
+    assert!(line.contains("allocator=\"jemalloc\""), "{line}");
+    assert!(
+        line.contains("arenas=2") && line.contains("tcache_max=4096"),
+        "{line}"
+    );
+    assert!(line.contains("dirty_decay_ms=100"), "{line}");
+    let line = allocator_line(
+        &fake,
+        &[("_RJEM_MALLOC_CONF", "narenas:3,tcache_max:8192".to_owned())],
+    );
+    assert!(
+        line.contains("arenas=3") && line.contains("tcache_max=8192"),
+        "{line}"
+    );
+    assert!(
+        line.contains("dirty_decay_ms=100"),
+        "the rest compiled in stays: {line}"
+    );
 }

@@ -7,19 +7,23 @@
 //! page goes back only when all of it is free. jemalloc gives back free runs of 4 KiB pages
 //! after `dirty_decay_ms`; with 100 ms the peak was 137–141 MiB and the end 2× the start, at the
 //! same CPU per request (0.50–0.56 of the fake's against mimalloc's 0.53–0.61). With 0 ms the
-//! peak was 118–124 MiB at ~25 % more CPU than with 100 ms; an operator who prefers that sets
+//! peak was 118–124 MiB at ~25 % more CPU than with 100 ms (measured with jemalloc's default
+//! arenas and caches, before the settings below); an operator who prefers that sets
 //! `_RJEM_MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0` (read after the settings compiled in
 //! here, so it wins; any other jemalloc option the same way).
 //!
-//! Two arenas instead of jemalloc's four per CPU (eight here): with eight, the ~20 threads that
-//! allocate (tokio's workers, the blocking pool, capture, the store's writer) spread over eight
-//! heaps, each keeping its own freed pages and partly used runs, and a block freed on one
-//! thread goes back to the arena of the thread that allocated it. With two the agent scenario's
-//! peak fell from 113–120 to 110–113 MiB at the same CPU per request (docs/benchmarks.md, "jemalloc
-//! with two arenas"). One arena gave the same peak and was the only setting with more CPU in
-//! every pair. Two arenas are not a limit on a machine with more cores: the blocks that take an
-//! arena's lock (past the thread caches, 32 KiB) come at a rate set by the engine's answers, a
-//! few thousand a second at this scenario's ~130 requests a second.
+//! Two arenas instead of jemalloc's four per CPU (eight here), and thread caches for blocks up
+//! to 4 KiB instead of 32 KiB: the ~20 threads that allocate (tokio's workers, the blocking pool,
+//! capture, the store's writer) each keep a cache of freed blocks, and share the arenas' freed
+//! pages and partly used slabs. In the agent scenario on 2 cores (docs/benchmarks.md, "jemalloc
+//! with two arenas and small thread caches") the two together took the peak from 112.3–119.9 MiB
+//! (jemalloc's defaults, median 114.6 of twelve runs) to 108.7–112.4 (median 111.0 of twelve),
+//! each about half of it, at no CPU cost these runs could see (they move by ±12 % between
+//! pairs). Measured on 2 cores only: blocks past the thread
+//! caches take an arena's lock, and on a machine with many cores an operator who sees that lock
+//! in a profile restores jemalloc's defaults with `_RJEM_MALLOC_CONF=narenas:default,tcache_max:32768`.
+//! (This proxy's allocation rate follows the engine's answers: ~300 kB a request, at ~130
+//! requests a second here.)
 //!
 //! Transparent huge pages stay off for this process: where THP is on, the kernel's `khugepaged`
 //! fills a 2 MiB huge page around every few small pages still in use, so a heap that was just
@@ -32,7 +36,7 @@
 //! is the default feature `jemalloc` (built from source: `make` and a C compiler);
 //! `--no-default-features` leaves it out of the build too, and so uses the system allocator.
 //!
-//! The only `unsafe` of the workspace: jemalloc's configuration symbol, the reads of two of its
+//! The only `unsafe` of the workspace: jemalloc's configuration symbol, the read of one of its
 //! settings, and one `prctl`.
 #![allow(unsafe_code)]
 
@@ -42,10 +46,11 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The settings jemalloc reads at its first allocation, before `main` runs: background threads
 /// that give freed pages back while the proxy is idle, dirty pages kept at most 100 ms, none
-/// kept "muzzy" (lazily freed pages still counted in RSS), two arenas.
+/// kept "muzzy" (lazily freed pages still counted in RSS), two arenas, thread caches for blocks
+/// up to 4 KiB.
 #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
 const MALLOC_CONF: &[u8] =
-    b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0,narenas:2\0";
+    b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0,narenas:2,tcache_max:4096\0";
 
 /// jemalloc's `malloc_conf` (the `_rjem_` prefix is the one `tikv-jemalloc-sys` builds it with).
 // SAFETY: jemalloc reads this symbol as a `const char *` to a NUL-terminated string; its own
@@ -73,6 +78,8 @@ pub struct Tuning {
     pub background_thread: Option<bool>,
     /// jemalloc's arenas for threads' allocations (`None`: the system allocator).
     pub arenas: Option<u32>,
+    /// The largest block a thread's cache keeps, in bytes (`None`: the system allocator).
+    pub tcache_max: Option<usize>,
     /// Whether transparent huge pages are off for this process.
     pub thp_disabled: bool,
 }
@@ -98,8 +105,8 @@ fn settings() -> Tuning {
         background_thread: tikv_jemalloc_ctl::background_thread::read().ok(),
         // `opt.narenas`, not `arenas.narenas`: the latter also counts the arena jemalloc keeps
         // for blocks past `oversize_threshold`.
-        // SAFETY: `opt.narenas` is an `unsigned` option, read as one.
-        arenas: unsafe { tikv_jemalloc_ctl::raw::read::<libc::c_uint>(b"opt.narenas\0") }.ok(),
+        arenas: tikv_jemalloc_ctl::opt::narenas::read().ok(),
+        tcache_max: tikv_jemalloc_ctl::opt::tcache_max::read().ok(),
         thp_disabled: false,
     }
 }
@@ -111,6 +118,7 @@ fn settings() -> Tuning {
         dirty_decay_ms: None,
         background_thread: None,
         arenas: None,
+        tcache_max: None,
         thp_disabled: false,
     }
 }
@@ -147,7 +155,7 @@ mod tests {
     /// The settings compiled in are the ones in effect (unless the environment running the tests
     /// sets jemalloc's own), and huge pages go off.
     #[test]
-    fn jemalloc_gives_pages_back_within_100_ms_in_two_arenas_and_thp_goes_off() {
+    fn jemalloc_gives_pages_back_within_100_ms_with_two_arenas_and_small_caches_and_thp_goes_off() {
         let tuning = give_memory_back();
         #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
         {
@@ -156,6 +164,7 @@ mod tests {
                 assert_eq!(tuning.dirty_decay_ms, Some(100));
                 assert_eq!(tuning.background_thread, Some(true));
                 assert_eq!(tuning.arenas, Some(2));
+                assert_eq!(tuning.tcache_max, Some(4096));
                 // SAFETY: as in `settings`.
                 let muzzy = unsafe {
                     tikv_jemalloc_ctl::raw::read::<libc::ssize_t>(b"opt.muzzy_decay_ms\0")

@@ -184,6 +184,7 @@ fn run(cli: Cli, tuning: alloc::Tuning) -> Result<(), ExitCode> {
                 dirty_decay_ms = tuning.dirty_decay_ms,
                 background_thread = tuning.background_thread,
                 arenas = tuning.arenas,
+                tcache_max = tuning.tcache_max,
                 thp_disabled = tuning.thp_disabled,
                 "allocator: freed pages go back to the system"
             );
