@@ -18,8 +18,8 @@
 //! pages and partly used slabs. In the agent scenario on 2 cores (docs/benchmarks.md, "jemalloc
 //! with two arenas and small thread caches") the two together took the peak from 112.3–119.9 MiB
 //! (jemalloc's defaults, median 114.6 of twelve runs) to 108.7–112.4 (median 111.0 of twelve),
-//! each about half of it, at no CPU cost these runs could see (they move by ±12 % between
-//! pairs). Measured on 2 cores only: blocks past the thread
+//! the arenas about two thirds of it, at no CPU cost these runs could see (the arms of a pair
+//! differ by up to ~20 %). Measured on 2 cores only: blocks past the thread
 //! caches take an arena's lock, and on a machine with many cores an operator who sees that lock
 //! in a profile restores jemalloc's defaults with `_RJEM_MALLOC_CONF=narenas:default,tcache_max:32768`.
 //! (This proxy's allocation rate follows the engine's answers: ~300 kB a request, at ~130
@@ -37,7 +37,7 @@
 //! `--no-default-features` leaves it out of the build too, and so uses the system allocator.
 //!
 //! The only `unsafe` of the workspace: jemalloc's configuration symbol, the read of one of its
-//! settings, and one `prctl`.
+//! settings, and one `prctl` (and, in this module's test, one more read and one more `prctl`).
 #![allow(unsafe_code)]
 
 #[cfg(all(feature = "jemalloc", not(feature = "system-alloc")))]
