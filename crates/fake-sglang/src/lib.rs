@@ -30,6 +30,9 @@
 //!   votes: successive calls with that same text cycle through the list (`x` = no boxed value).
 //!   With `return_logprob`, prompt logprobs follow SGLang's layout (entry 0 always null) with values
 //!   [`teacher_logprob`] and [`teacher_top_logprobs`].
+//! - A chat prompt containing `FAKE_PROMPT_DRIFT` is answered with its last prompt id replaced by
+//!   the next id ([`drift_prompt`]): an engine whose template or tokenizer differs from the
+//!   proxy's, for the drift check and what depends on it.
 //! - **`/v1/completions`** answers in **vLLM's** shape (SGLang's own route differs): a token-id or text
 //!   prompt with `prompt_logprobs: N` gives `prompt_logprobs[0] = null` and, at each later position, the
 //!   prompt token with [`teacher_logprob`] plus the top-`N` of [`teacher_top_logprobs`] ranked `1..=N`;
@@ -81,6 +84,7 @@ pub use det::{policy_logprob, teacher_logprob};
 pub use encoder::DEFAULT_PREFIX_CACHE_BYTES;
 pub use fault::{Fault, FaultParseError};
 pub use generate::teacher_top_logprobs;
+pub use model::{PROMPT_DRIFT, drift_prompt};
 pub use provider::{
     FakeProvider, FakeProviderBuilder, FakeProviderHandle, ProviderFault, ProviderRequest,
 };

@@ -450,9 +450,12 @@ pub(crate) fn sample_chat(
         .render(&templated, p.tools.as_ref(), true, kwargs)
         .map_err(SampleError::Template)?;
     let shared = shared_system_prefix(tok, &templated, p.tools.as_ref(), kwargs, &prompt_text);
-    let prompt_ids = prompts
+    let mut prompt_ids = prompts
         .encode(tok, &prompt_text, shared)
         .map_err(SampleError::Tokenize)?;
+    if prompt_text.contains(PROMPT_DRIFT) {
+        drift_prompt(&mut prompt_ids);
+    }
 
     let last = p.messages.last();
     let last_role = last
@@ -628,6 +631,17 @@ pub(crate) fn chat_logprob_entry(
 /// A `/generate` logprob triple `[logprob, id, text|null]`.
 pub(crate) fn triple(tok: &ChatTokenizer, lp: Option<f64>, id: u32, with_text: bool) -> Value {
     json!([lp, id, with_text.then(|| tok.token_text(id))])
+}
+
+/// The directive that makes a chat prompt's reported ids differ from the encoding of its text.
+pub const PROMPT_DRIFT: &str = "FAKE_PROMPT_DRIFT";
+
+/// A prompt's ids as an engine whose template or tokenizer differs from the proxy's would report
+/// them: the last id (the generation prompt's last token, an ordinary one) is the next id.
+pub fn drift_prompt(ids: &mut [u32]) {
+    if let Some(last) = ids.last_mut() {
+        *last += 1;
+    }
 }
 
 /// A parsed `FAKE_VOTES=…` list: `Some(v)` answers `\boxed{v}`, `None` answers without a boxed value.
