@@ -375,7 +375,8 @@ pub fn teacher(
 
 /// The hint judge and teacher, when OPD is active (`server.mode` `opd` or `combine`). The hint
 /// judge runs on SGLang `/generate` (`judge`) or, with `opd.hint_backend = "provider"`, on the
-/// provider with `provider.hint_model`.
+/// provider with `provider.hint_model`. `engine_prompts` is what capture's drift check finds
+/// about engines' prompt ids (the teacher path builds on them while they agree).
 pub fn opd_parts(
     settings: &Settings,
     env: EnvLookup<'_>,
@@ -383,6 +384,7 @@ pub fn opd_parts(
     provider: Option<&Arc<ProviderClient>>,
     permits: &Arc<Semaphore>,
     tokenizer: &Arc<ChatTokenizer>,
+    engine_prompts: ps_core::EnginePrompts,
 ) -> Result<Option<OpdParts>, StartupError> {
     if !settings.opd_active() {
         return Ok(None);
@@ -411,6 +413,7 @@ pub fn opd_parts(
         teacher_permits: Some(Arc::new(Semaphore::new(
             settings.teacher.max_concurrency.max(1),
         ))),
+        engine_prompts,
     }))
 }
 

@@ -81,6 +81,10 @@ pub async fn build_full(
     let judge = judge_backend_with(settings, judge_tokenizer)?;
     let judge_permits = Arc::new(Semaphore::new(settings.prm.max_concurrency.max(1)));
     let provider = provider_client(settings, env)?;
+    let drift = DriftCheck::new(
+        settings.capture.drift_check_first,
+        settings.capture.drift_check_every,
+    );
     let buffer = SessionBuffer::with_opd(
         buffer_config(settings),
         scorer(settings, &judge, provider.as_ref(), &judge_permits)?,
@@ -91,6 +95,7 @@ pub async fn build_full(
             provider.as_ref(),
             &judge_permits,
             &tokenizer,
+            drift.engine_prompts(),
         )?,
         store.clone() as Arc<dyn ps_core::SampleSink>,
         (!records.is_empty()).then(|| records.clone() as Arc<dyn RecordSink>),
@@ -107,10 +112,7 @@ pub async fn build_full(
         tokenizer,
         sink,
         options.align_policy,
-        DriftCheck::new(
-            settings.capture.drift_check_first,
-            settings.capture.drift_check_every,
-        ),
+        drift,
         CAPTURE_QUEUE_CAPACITY,
         workers,
     )

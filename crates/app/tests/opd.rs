@@ -134,7 +134,50 @@ async fn opd_exact_teacher_values(token_ids: ps_config::TokenIdsMode) {
         "one request carries the top-K too"
     );
     // The hint went into the last user message of the teacher's prompt.
-    let records: Vec<Value> = std::fs::read_dir(dir.path().join("opd"))
+    let records = opd_records(dir.path());
+    let accepted: Vec<&Value> = records.iter().filter(|r| r["accepted"] == true).collect();
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(accepted[0]["teacher_log_probs_len"], t);
+    assert!(accepted[0]["hint_len"].as_u64().unwrap() > 10);
+    // The fake's prompt ids are our encoding: the drift check agrees, and the teacher's prompt,
+    // built on the engine's prompt ids, is exactly a full encode of the hinted text.
+    let engine = token_ids != ps_config::TokenIdsMode::Retokenize;
+    assert_eq!(
+        s.status().await["token_ids"]["engine_prompts_agree"],
+        engine
+    );
+    if engine {
+        let tok = ps_chat_template::ChatTokenizer::mini();
+        let hinted = ps_opd_judge::teacher_input_text(
+            &tok,
+            &[user("Plan a weekend in Rome.")],
+            None,
+            accepted[0]["hint"].as_str().unwrap(),
+            "",
+            None,
+        )
+        .unwrap();
+        assert_eq!(ids[..l - t], tok.encode(&hinted).unwrap());
+    }
+    s.stop().await;
+}
+
+/// Turn 1 `first`, then turn 2 carrying `next` as its next state; turn 2 ends the session. Returns
+/// turn 1's messages.
+async fn two_turns_from(s: &Server, session: &str, first: &str, next: &str) -> Vec<Value> {
+    let a = s.chat(session, json!([user(first)]), false).await;
+    s.chat(
+        session,
+        json!([user(first), a["choices"][0]["message"], user(next)]),
+        true,
+    )
+    .await;
+    vec![user(first)]
+}
+
+/// Every OPD record written under `dir` (`logging.opd_record_dir` is `dir/opd`).
+fn opd_records(dir: &Path) -> Vec<Value> {
+    std::fs::read_dir(dir.join("opd"))
         .unwrap()
         .flat_map(|f| {
             let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
@@ -142,12 +185,108 @@ async fn opd_exact_teacher_values(token_ids: ps_config::TokenIdsMode) {
                 .map(|l| serde_json::from_str::<Value>(l).unwrap())
                 .collect::<Vec<_>>()
         })
-        .collect();
-    let accepted: Vec<&Value> = records.iter().filter(|r| r["accepted"] == true).collect();
-    assert_eq!(accepted.len(), 1);
-    assert_eq!(accepted[0]["teacher_log_probs_len"], t);
-    assert!(accepted[0]["hint_len"].as_u64().unwrap() > 10);
-    s.stop().await;
+        .collect()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Through the real server's wiring: the drift check compares the first engine-id turn's prompt
+/// (equal); a later turn's engine reports other prompt ids than our encoding (the fake's
+/// `FAKE_PROMPT_DRIFT`: its last prompt id is off by one). Not checked, that turn's teacher
+/// prompt is built on the engine's ids and keeps the engine's last id; checked (the drift check
+/// on every turn), the drift is found, `engine_prompts_agree` turns false and the teacher's prompt
+/// is our full encode of the hinted text.
+#[tokio::test]
+async fn the_teacher_builds_on_the_engines_prompt_ids_only_while_the_drift_check_agrees() {
+    let tok = ps_chat_template::ChatTokenizer::mini();
+    for check_every_turn in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeSglang::builder().spawn().await.unwrap();
+        let mut set = settings(&fake, Mode::Opd, dir.path());
+        set.capture.drift_check_first = if check_every_turn { 100 } else { 1 };
+        set.capture.drift_check_every = 0;
+        let s = start(&set).await;
+        two_turns(
+            &s,
+            "agreeing",
+            "I wanted museums, not food. FAKE_VOTES=1,1,1",
+        )
+        .await;
+        // Both of its turns captured (the first one checked) before the next session starts.
+        for _ in 0..400 {
+            if s.status().await["token_ids"]["engine"] == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let checked = if check_every_turn { 2 } else { 1 };
+        assert_eq!(s.status().await["token_ids"]["drift_checked"], checked);
+        assert_eq!(s.status().await["token_ids"]["engine_prompts_agree"], true);
+        let first = format!("Plan a weekend in Rome. {}", ps_fake_sglang::PROMPT_DRIFT);
+        let messages = two_turns_from(
+            &s,
+            "drifted",
+            &first,
+            "I wanted museums, not food. FAKE_VOTES=1,1,1",
+        )
+        .await;
+        let samples = s.settle(4).await;
+        let sample = samples
+            .iter()
+            .find(|x| x["session_id"] == "drifted")
+            .expect("the drifted session's first turn is a sample");
+        let t = sample["response_length"].as_u64().unwrap() as usize;
+        let tokens = u32s(&sample["tokens"]);
+        let (engine_prompt, response) = tokens.split_at(tokens.len() - t);
+        let teacher_input = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.path == "/generate" && r.body.get("input_ids").is_some())
+            .map(|r| u32s(&r.body["input_ids"]))
+            .find(|ids| ids.ends_with(response))
+            .expect("the teacher scored the drifted turn's response");
+        let prompt = &teacher_input[..teacher_input.len() - t];
+        let hint = opd_records(dir.path())
+            .into_iter()
+            .find(|r| r["session_id"] == "drifted" && r["accepted"] == true)
+            .expect("the drifted turn's hint was accepted")["hint"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let hinted =
+            ps_opd_judge::teacher_input_text(&tok, &messages, None, &hint, "", None).unwrap();
+        let mut full = tok.encode(&hinted).unwrap();
+        let ours = tok
+            .encode(&tok.render(&messages, None, true, None).unwrap())
+            .unwrap();
+        let status = s.status().await;
+        if check_every_turn {
+            assert_eq!(status["token_ids"]["drift"], 2, "both turns of the session");
+            assert_eq!(status["token_ids"]["engine_prompts_agree"], false);
+            assert_eq!(
+                prompt,
+                full.as_slice(),
+                "our full encode of the hinted text"
+            );
+        } else {
+            assert_eq!(
+                status["token_ids"]["drift"], 0,
+                "the drifted turn was not checked"
+            );
+            assert_eq!(status["token_ids"]["engine_prompts_agree"], true);
+            // The engine's prompt is ours but for its last id, and so is the teacher's.
+            assert_ne!(engine_prompt, ours.as_slice());
+            ps_fake_sglang::drift_prompt(&mut full);
+            assert_eq!(prompt, full.as_slice(), "the engine's last prompt id kept");
+        }
+        s.stop().await;
+    }
 }
 
 #[tokio::test]

@@ -711,6 +711,18 @@ fn added_token_boundaries(
     matcher: &aho_corasick::AhoCorasick,
     min_added_id: u32,
 ) -> Vec<(usize, usize)> {
+    agreeing_boundaries(text, ids, added, matcher, min_added_id).unwrap_or_else(mismatch)
+}
+
+/// [`added_token_boundaries`], or `None` (neither counted nor logged) when the ids and the text
+/// disagree on their added tokens.
+fn agreeing_boundaries(
+    text: &str,
+    ids: &[u32],
+    added: &std::collections::HashMap<u32, String>,
+    matcher: &aho_corasick::AhoCorasick,
+    min_added_id: u32,
+) -> Option<Vec<(usize, usize)>> {
     let mut out = Vec::new();
     let mut matches = matcher.find_iter(text);
     for (i, id) in ids.iter().enumerate() {
@@ -723,13 +735,13 @@ fn added_token_boundaries(
         };
         match matches.next() {
             Some(m) if text[m.range()] == *content => out.push((m.end(), i + 1)),
-            _ => return mismatch(),
+            _ => return None,
         }
     }
     if matches.next().is_some() {
-        return mismatch();
+        return None;
     }
-    out
+    Some(out)
 }
 
 /// Ids and text that disagree on their added tokens, for [`added_token_boundaries`]: counted

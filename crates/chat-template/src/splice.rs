@@ -14,14 +14,15 @@
 //! stripped or word-bound; no Metaspace prepending only at the text's start; no unknown-token id
 //! that is an added token; and a probe of every added token between short texts); when it does
 //! not hold, the tokenizer keeps no `split_tokens` and every function here encodes the whole text. The result is
-//! always exactly [`ChatTokenizer::encode`]'s.
+//! always exactly [`ChatTokenizer::encode`]'s when what is reused is its text's own encoding
+//! (an engine's ids, [`ChatTokenizer::encoded_from_engine`], are reused as they are).
 
 use std::collections::HashSet;
 use tokenizers::ModelWrapper;
 
 use crate::{
     ChatTemplateError, ChatTokenizer, EncodedPrefix, Reused, SharedPrefixCache, TurnInput,
-    added_token_boundaries,
+    added_token_boundaries, agreeing_boundaries,
 };
 
 /// What the functions of this module need to know of a tokenizer's added tokens.
@@ -199,7 +200,8 @@ impl ChatTokenizer {
     /// `text` with `ids`, which the caller knows to be exactly `encode(text)` (a prompt this
     /// tokenizer encoded, such as a re-tokenized turn's), ready for [`ChatTokenizer::encode_around`]
     /// and [`ChatTokenizer::encode_concat`]. Never pass ids that merely decode to `text` (an
-    /// engine's, say): reusing them would give other ids than a full encode.
+    /// engine's, say): reusing them would give other ids than a full encode
+    /// ([`ChatTokenizer::encoded_from_engine`] is for those, where that is wanted).
     pub fn encoded_from(&self, text: String, ids: Vec<u32>) -> EncodedPrefix {
         let boundaries = match &self.split_tokens {
             Some(added) => match &self.added_matcher {
@@ -217,10 +219,32 @@ impl ChatTokenizer {
         }
     }
 
+    /// `text` with an engine's `ids` for it, ready for [`ChatTokenizer::encode_around`]: `None`
+    /// when the ids disagree with the text on its added tokens (they are not this text's
+    /// encoding, and nothing of them can be reused), neither counted nor logged as
+    /// [`ChatTokenizer::encoded_from`] does. Where the engine's ordinary tokens differ from our
+    /// encoding, `encode_around` keeps the engine's (the caller wants the engine's context); where
+    /// they do not, its result is exactly a full encode. A tokenizer that does not splice gives
+    /// the text with no boundary (nothing is reused).
+    pub fn encoded_from_engine(&self, text: &str, ids: &[u32]) -> Option<EncodedPrefix> {
+        let boundaries = match (&self.split_tokens, &self.added_matcher) {
+            (Some(added), Some(matcher)) => {
+                agreeing_boundaries(text, ids, added, matcher, self.splice.min_id)?
+            }
+            _ => Vec::new(),
+        };
+        Some(EncodedPrefix {
+            text: text.to_owned(),
+            ids: ids.to_vec(),
+            boundaries,
+        })
+    }
+
     /// The ids of `text`, reusing `base` (a text with exactly its own ids) where the two texts
     /// agree: up to the last added token that ends inside their common beginning, and from the
     /// first added token that starts inside their common end. Only what lies between is encoded;
-    /// the result is exactly [`ChatTokenizer::encode`]'s, whatever the two texts are.
+    /// the result is exactly [`ChatTokenizer::encode`]'s, whatever the two texts are, when
+    /// `base.ids` are `encode(base.text)`.
     pub fn encode_around(
         &self,
         text: &str,

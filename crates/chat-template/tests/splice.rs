@@ -201,6 +201,41 @@ fn ids_that_disagree_with_their_text_are_not_reused() {
 }
 
 #[test]
+fn an_engines_ids_are_kept_around_the_changed_message_unless_they_disagree_on_added_tokens() {
+    for tok in tokenizers() {
+        let text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+        let changed = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi, with a hint<|im_end|>\n<|im_start|>assistant\n";
+        let ours = tok.encode(text).unwrap();
+        // Our own encoding: the same as `encoded_from`, and the result is exactly a full encode.
+        let engine = tok.encoded_from_engine(text, &ours).unwrap();
+        assert_eq!(engine, exact(tok, text));
+        check_around(tok, text, changed);
+        assert_eq!(
+            tok.encode_around(changed, &engine).unwrap().ids,
+            tok.encode(changed).unwrap()
+        );
+        // The engine's ordinary tokens before and after the changed message are kept as they are:
+        // the system message's first ordinary token and the generation prompt's last one.
+        let mut theirs = ours.clone();
+        let last = theirs.len() - 1;
+        for i in [2, last] {
+            theirs[i] += 1;
+        }
+        let engine = tok.encoded_from_engine(text, &theirs).unwrap();
+        let got = tok.encode_around(changed, &engine).unwrap().ids;
+        let mut want = tok.encode(changed).unwrap();
+        let want_last = want.len() - 1;
+        want[2] = theirs[2];
+        want[want_last] = theirs[last];
+        assert_eq!(got, want, "{tok:?}");
+        // Ids that disagree on added tokens: nothing to build on.
+        let plain = tok.encode("<|im_start|>user\nhi").unwrap();
+        assert_eq!(tok.encoded_from_engine(text, &plain), None);
+        assert_eq!(tok.encoded_from_engine(text, &ours[1..]), None);
+    }
+}
+
+#[test]
 fn joining_a_prompt_and_a_response_encodes_exactly() {
     for tok in tokenizers() {
         let prompt = render(

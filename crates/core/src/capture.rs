@@ -47,6 +47,12 @@ pub struct CapturedTurn {
     /// How the turn's session was found (header, body, inferred, fork) and its links.
     #[serde(default)]
     pub origin: crate::session::SessionOrigin,
+    /// An engine-id turn captured while this process's drift check agreed
+    /// ([`EnginePrompts::agree`]): its prompt ids may be built on (the OPD teacher does, while
+    /// the check still agrees). Never stored: a turn resumed by a later run reads `false`, as its
+    /// ids came from an engine this run has not compared.
+    #[serde(skip)]
+    pub engine_prompts_agreed: bool,
 }
 
 /// Where a captured turn's token ids came from.
@@ -67,6 +73,39 @@ impl TokenSource {
             Self::Engine => "engine",
             Self::Retokenized => "retokenized",
         }
+    }
+}
+
+/// What this process's drift check found when it compared an engine's prompt ids with our own
+/// encoding of the same prompt text. Capture records each comparison; the OPD teacher path builds
+/// a teacher's prompt on an engine-id turn's prompt ids (encoding only the hinted message) only
+/// while [`EnginePrompts::agree`]: at least one prompt was compared and none differed. Otherwise it
+/// encodes the prompt text itself. Clones share the counts.
+#[derive(Debug, Clone, Default)]
+pub struct EnginePrompts(std::sync::Arc<EnginePromptCounts>);
+
+#[derive(Debug, Default)]
+struct EnginePromptCounts {
+    equal: std::sync::atomic::AtomicU64,
+    differed: std::sync::atomic::AtomicU64,
+}
+
+impl EnginePrompts {
+    /// One comparison: whether the engine's prompt ids were exactly our encoding of its text.
+    /// Returns whether this was the first prompt that differed.
+    pub fn record(&self, equal: bool) -> bool {
+        let counter = if equal {
+            &self.0.equal
+        } else {
+            &self.0.differed
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 && !equal
+    }
+
+    /// Whether some prompt was compared and every compared prompt was equal.
+    pub fn agree(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0.equal.load(Relaxed) > 0 && self.0.differed.load(Relaxed) == 0
     }
 }
 
@@ -176,6 +215,38 @@ mod tests {
     use crate::rollout::FinishReason;
 
     #[test]
+    fn a_turn_persisted_and_resumed_was_not_captured_under_the_new_runs_agreement() {
+        let mut pending = crate::pending::testing::pending_turn("s", 1);
+        pending.turn.token_source = TokenSource::Engine;
+        pending.turn.engine_prompts_agreed = true;
+        let bytes = crate::codec::encode_pending(&pending).unwrap();
+        let back = crate::codec::decode_pending(&bytes).unwrap();
+        assert!(!back.turn.engine_prompts_agreed);
+        pending.turn.engine_prompts_agreed = false;
+        assert_eq!(back.turn, pending.turn, "all else kept");
+        assert!(
+            !serde_json::to_string(&pending.turn)
+                .unwrap()
+                .contains("agreed")
+        );
+    }
+
+    #[test]
+    fn engine_prompts_agree_once_one_was_equal_and_none_differed() {
+        let prompts = EnginePrompts::default();
+        assert!(!prompts.agree(), "nothing compared yet");
+        let shared = prompts.clone();
+        shared.record(true);
+        assert!(prompts.agree(), "clones share the counts");
+        assert!(!prompts.record(true));
+        assert!(prompts.record(false), "the first difference");
+        assert!(!shared.agree(), "one difference is enough");
+        assert!(!shared.record(false), "not the first any more");
+        shared.record(true);
+        assert!(!prompts.agree(), "and it is never forgotten");
+    }
+
+    #[test]
     fn a_turn_holding_its_request_as_text_serializes_as_the_trees() {
         let messages = vec![
             json!({"role": "system", "content": "caf\u{e9}", "z": 1, "a": 0.1}),
@@ -214,6 +285,7 @@ mod tests {
             token_source: TokenSource::Engine,
             weight_version: None,
             origin: crate::session::SessionOrigin::default(),
+            engine_prompts_agreed: false,
         };
         let v = serde_json::to_value(&turn).unwrap();
         assert_eq!(v["messages"], json!(messages));

@@ -28,7 +28,7 @@ pub mod session;
 pub mod sink;
 
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
-pub use capture::{CapturedTurn, TokenSource, TurnGuard, TurnSink, WeightVersion};
+pub use capture::{CapturedTurn, EnginePrompts, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use errors::error_chain;
 pub use json_text::JsonText;
 pub use log::{EncodedSample, LogError, SampleLog, StoreStats, StoredSample};

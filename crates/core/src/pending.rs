@@ -65,6 +65,7 @@ pub mod testing {
                 token_source: TokenSource::Retokenized,
                 weight_version: None,
                 origin: Default::default(),
+                engine_prompts_agreed: false,
             },
             next: Some(serde_json::json!({"role": "user", "content": "next"})),
             session_had_effective: false,

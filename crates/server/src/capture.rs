@@ -265,7 +265,8 @@ impl CaptureError {
 }
 
 /// Engine-id turns re-tokenized to check that our template and tokenizer agree with the engine:
-/// the first `first` of the process, then one in `every`.
+/// the first `first` of the process, then one in `every`. Each comparison of a prompt is also
+/// recorded in [`DriftCheck::engine_prompts`], which the OPD teacher path reads.
 #[derive(Debug, Default)]
 pub struct DriftCheck {
     first: u64,
@@ -274,6 +275,7 @@ pub struct DriftCheck {
     checked: AtomicU64,
     drifted: AtomicU64,
     last: std::sync::Mutex<Option<serde_json::Value>>,
+    prompts: ps_core::EnginePrompts,
 }
 
 impl DriftCheck {
@@ -283,6 +285,11 @@ impl DriftCheck {
             every,
             ..Self::default()
         }
+    }
+
+    /// What the prompt comparisons found, shared (clones see later comparisons).
+    pub fn engine_prompts(&self) -> ps_core::EnginePrompts {
+        self.prompts.clone()
     }
 
     fn due(&self) -> bool {
@@ -320,6 +327,7 @@ impl CaptureStats {
             "drift_checked": self.drift.checked.load(Ordering::Relaxed),
             "drift": self.drift.drifted.load(Ordering::Relaxed),
             "last_drift": self.drift.last.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            "engine_prompts_agree": self.drift.prompts.agree(),
         })
     }
 
@@ -508,6 +516,7 @@ pub fn capture_turn_with(
         if stats.drift.due() {
             check_drift(tok, job, &turn, cache, &stats.drift)?;
         }
+        turn.engine_prompts_agreed = stats.drift.prompts.agree();
         stats.engine.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(m::TOKEN_SOURCE_TOTAL, "source" => "engine").increment(1);
         return Ok(turn);
@@ -671,6 +680,7 @@ fn captured_turn(
         token_source,
         weight_version: None,
         origin: job.origin.clone(),
+        engine_prompts_agreed: false,
     }
 }
 
@@ -701,7 +711,9 @@ fn check_drift(
             .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
     };
     let text = |ids: &[u32], i: usize| ids.get(i).map(|&id| tok.token_text(id));
-    let found = if let Some(i) = first_diff(&engine.prompt_ids, &ours.prompt_ids) {
+    let prompt_diff = first_diff(&engine.prompt_ids, &ours.prompt_ids);
+    let first_prompt_difference = drift.prompts.record(prompt_diff.is_none());
+    let found = if let Some(i) = prompt_diff {
         Some((
             "prompt",
             i,
@@ -743,7 +755,15 @@ fn check_drift(
             "engine_token": engine_token,
             "retokenized_token": ours_token,
         });
-        if first {
+        // Once for the first difference, and once more for the first prompt that differs (the
+        // OPD teacher path stops building on engines' prompt ids then).
+        if first || first_prompt_difference {
+            let teacher = if first_prompt_difference {
+                "; a prompt differed: in OPD and Combine mode the teacher encodes prompt texts \
+                 itself from now on"
+            } else {
+                ""
+            };
             tracing::warn!(
                 session_id,
                 turn = job.guard.turn(),
@@ -753,7 +773,7 @@ fn check_drift(
                 ?ours_token,
                 "re-tokenizing an engine-id turn gives other ids than the engine used: the chat template \
                  or tokenizer here differs from the engine's (samples use the engine's ids; counted as \
-                 retokenize_drift_total, the latest in /v1/rollout/status)"
+                 retokenize_drift_total, the latest in /v1/rollout/status){teacher}"
             );
         }
         *drift.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
@@ -1288,6 +1308,8 @@ mod tests {
         let tok = ChatTokenizer::mini();
         let (prompt, response) = true_ids(&tok);
         let stats = CaptureStats::new(DriftCheck::new(10, 0));
+        let engine_prompts = stats.drift.engine_prompts();
+        assert!(!engine_prompts.agree(), "no prompt compared yet");
         let j = engine_job(
             &tok,
             Some((prompt.clone(), response.clone())),
@@ -1316,6 +1338,18 @@ mod tests {
             (Some(1), Some(1))
         );
         assert_eq!(st["drift"], 0, "same template and tokenizer: no drift");
+        assert_eq!(st["engine_prompts_agree"], true);
+        assert!(engine_prompts.agree(), "the OPD teacher's handle sees it");
+        assert!(
+            t.engine_prompts_agreed,
+            "captured after its own prompt agreed"
+        );
+        // With the check off nothing is compared: no turn is captured as agreeing.
+        let unchecked = CaptureStats::new(DriftCheck::new(0, 0));
+        let t = capture_turn_with(&tok, &j, policy(), None, &unchecked).unwrap();
+        assert_eq!(t.token_source, TokenSource::Engine);
+        assert!(!t.engine_prompts_agreed);
+        assert_eq!(unchecked.to_json()["engine_prompts_agree"], false);
     }
 
     #[test]
@@ -1343,9 +1377,18 @@ mod tests {
     fn re_tokenization_that_differs_from_the_engine_is_counted_with_its_first_position() {
         let tok = ChatTokenizer::mini();
         let (mut prompt, response) = true_ids(&tok);
+        let stats = CaptureStats::new(DriftCheck::new(10, 0));
+        let engine_prompts = stats.drift.engine_prompts();
+        // A turn whose prompt ids are ours first: the prompts agree…
+        let good = engine_job(
+            &tok,
+            Some((prompt.clone(), response.clone())),
+            response.len(),
+        );
+        capture_turn_with(&tok, &good, policy(), None, &stats).unwrap();
+        assert!(engine_prompts.agree());
         let changed = prompt.len() - 2;
         prompt[changed] = response[0];
-        let stats = CaptureStats::new(DriftCheck::new(10, 0));
         let j = engine_job(
             &tok,
             Some((prompt.clone(), response.clone())),
@@ -1353,7 +1396,14 @@ mod tests {
         );
         let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
         assert_eq!(t.prompt_ids, prompt, "the sample keeps the engine's ids");
+        // …until one differs, for good: the OPD teacher encodes prompt texts itself from then on.
+        assert!(!engine_prompts.agree());
+        assert!(!t.engine_prompts_agreed);
+        let later = capture_turn_with(&tok, &good, policy(), None, &stats).unwrap();
+        assert!(!engine_prompts.agree());
+        assert!(!later.engine_prompts_agreed);
         let st = stats.to_json();
+        assert_eq!(st["engine_prompts_agree"], false);
         assert_eq!(st["drift"], 1);
         assert_eq!(st["last_drift"]["part"], "prompt");
         assert_eq!(st["last_drift"]["position"], changed);
@@ -1361,6 +1411,26 @@ mod tests {
             st["last_drift"]["engine_token"],
             tok.token_text(response[0])
         );
+    }
+
+    #[test]
+    fn a_response_that_differs_is_drift_but_the_prompts_still_agree() {
+        let tok = ChatTokenizer::mini();
+        let (prompt, mut response) = true_ids(&tok);
+        // A sampled id that is not our tokenization of the answer (engines sample such ids).
+        response[1] = prompt[0];
+        let stats = CaptureStats::new(DriftCheck::new(10, 0));
+        let j = engine_job(
+            &tok,
+            Some((prompt.clone(), response.clone())),
+            response.len(),
+        );
+        capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+        let st = stats.to_json();
+        assert_eq!(st["drift"], 1);
+        assert_eq!(st["last_drift"]["part"], "response");
+        assert_eq!(st["engine_prompts_agree"], true);
+        assert!(stats.drift.engine_prompts().agree());
     }
 
     #[test]

@@ -35,13 +35,17 @@ use crate::session_prompt::SessionPrompt;
 use crate::state::Job;
 
 /// What OPD needs besides the PRM: the hint judge, the teacher and the policy's tokenizer (to render
-/// the hinted prompt), with the cap on concurrent teacher calls (`teacher.max_concurrency`).
+/// the hinted prompt), with the cap on concurrent teacher calls (`teacher.max_concurrency`) and
+/// what capture's drift check found about engines' prompt ids (`engine_prompts`: while they
+/// agree with our encoding, an engine-id turn's teacher prompt is built on its prompt ids; the
+/// default, nothing compared, never does).
 #[derive(Clone)]
 pub struct OpdParts {
     pub hint: Arc<dyn HintJudge>,
     pub teacher: Arc<dyn TeacherScorer>,
     pub tokenizer: Arc<ChatTokenizer>,
     pub teacher_permits: Option<Arc<Semaphore>>,
+    pub engine_prompts: ps_core::EnginePrompts,
 }
 
 impl std::fmt::Debug for OpdParts {
@@ -78,19 +82,25 @@ pub(crate) async fn teacher_signal(
     encoded: EncodedSoFar<'_>,
 ) -> Result<TeacherLogprobs, TeacherFailure> {
     let tok = parts.tokenizer.clone();
-    let input = TeacherTurn::of(turn, hint)?;
+    // Built on the engine's prompt ids only if the drift check agreed when the turn was captured
+    // and still does.
+    let agree = turn.engine_prompts_agreed && parts.engine_prompts.agree();
+    let input = TeacherTurn::of(turn, hint, agree)?;
     let (session, shared) = (encoded.session.clone(), encoded.shared.clone());
+    let engine_prompts = parts.engine_prompts.clone();
     // Rendering and tokenizing are blocking work: off the executor.
-    let ids = tokio::task::spawn_blocking(move || input.input_ids(&tok, &session, &shared))
-        .await
-        .map_err(|e| TeacherFailure {
-            reason: "teacher_error",
-            detail: format!("rendering the teacher prompt panicked: {e}"),
-        })?
-        .map_err(|e| TeacherFailure {
-            reason: "teacher_error",
-            detail: format!("rendering the teacher prompt failed: {e}"),
-        })?;
+    let ids = tokio::task::spawn_blocking(move || {
+        input.input_ids(&tok, &session, &shared, &engine_prompts)
+    })
+    .await
+    .map_err(|e| TeacherFailure {
+        reason: "teacher_error",
+        detail: format!("rendering the teacher prompt panicked: {e}"),
+    })?
+    .map_err(|e| TeacherFailure {
+        reason: "teacher_error",
+        detail: format!("rendering the teacher prompt failed: {e}"),
+    })?;
     let t = turn.response_ids.len();
     let _permit = match &parts.teacher_permits {
         Some(s) => Some(
@@ -137,7 +147,8 @@ struct TeacherTurn {
 
 /// The response the teacher scores.
 enum Response {
-    /// An engine-id turn's: the engine's own ids, scored as they are.
+    /// An engine-id turn's: the engine's own ids, scored as they are. `prompt_ids` holds the
+    /// engine's prompt ids when the drift check's prompts agree, else nothing.
     Engine(Vec<u32>),
     /// A re-tokenized turn's: its text and exactly its ids.
     Text(String, Vec<u32>),
@@ -145,7 +156,13 @@ enum Response {
 
 impl TeacherTurn {
     /// The turn's request parts are parsed back into trees here (the turn holds them as text).
-    fn of(turn: &CapturedTurn, hint: &str) -> Result<Self, TeacherFailure> {
+    /// An engine-id turn's prompt ids are kept only when `engine_prompts_agree` (the drift check
+    /// compared engines' prompt ids with our encoding and found them equal, every time).
+    fn of(
+        turn: &CapturedTurn,
+        hint: &str,
+        engine_prompts_agree: bool,
+    ) -> Result<Self, TeacherFailure> {
         let unreadable = |e: serde_json::Error| TeacherFailure {
             reason: "teacher_error",
             detail: format!("the turn's request could not be read back: {e}"),
@@ -167,8 +184,9 @@ impl TeacherTurn {
                 .transpose()
                 .map_err(unreadable)?,
             prompt_text: turn.prompt_text.clone(),
-            // An engine-id turn's prompt ids are not reused (see `SessionPrompt`).
-            prompt_ids: if engine {
+            // An engine-id turn's prompt ids are reused only while the drift check agrees (see
+            // `SessionPrompt` for the other way).
+            prompt_ids: if engine && !engine_prompts_agree {
                 Vec::new()
             } else {
                 turn.prompt_ids.clone()
@@ -181,14 +199,19 @@ impl TeacherTurn {
         })
     }
 
-    /// The teacher's input ids: exactly a full encode of the hinted prompt + response text (an
-    /// engine-id turn: of the hinted prompt, then the engine's response ids), encoding only the
-    /// hinted message and what the turn's encoded prompt does not already hold.
+    /// The teacher's input ids, encoding only the hinted message and what the turn's encoded
+    /// prompt does not already hold: exactly a full encode of the hinted prompt + response text
+    /// (an engine-id turn: of the hinted prompt, then the engine's response ids), except for an
+    /// engine-id turn kept with its prompt ids, which are built on: the engine's ids before and
+    /// after the hinted message around our encode of it, then its response ids (exactly the full
+    /// encode wherever the engine's ids are our encoding of the text, as the drift check found
+    /// on every prompt it compared, which need not have included this one).
     fn input_ids(
         self,
         tok: &ChatTokenizer,
         session: &SessionPrompt,
         shared: &SharedPrefixCache,
+        engine_prompts: &ps_core::EnginePrompts,
     ) -> Result<Vec<u32>, ps_chat_template::ChatTemplateError> {
         let Self {
             hint,
@@ -204,6 +227,26 @@ impl TeacherTurn {
             Response::Text(..) => Arc::new(tok.encoded_from(prompt_text, prompt_ids)),
             // Without splicing nothing is reused, and `teacher_input_ids` does not read this.
             Response::Engine(_) if !tok.splices() => Arc::new(EncodedPrefix::default()),
+            // The engine's prompt ids, while the drift check finds the prompts it compares equal
+            // to our encoding (this one may not have been compared).
+            Response::Engine(_) if !prompt_ids.is_empty() => {
+                match tok.encoded_from_engine(&prompt_text, &prompt_ids) {
+                    Some(prompt) => Arc::new(prompt),
+                    // Not this text's encoding even on its added tokens: a prompt that differs,
+                    // as the drift check would have found. The whole hinted text is encoded.
+                    None => {
+                        if engine_prompts.record(false) {
+                            tracing::warn!(
+                                "an engine-id turn's prompt ids disagree with its text on added \
+                                 tokens (<|im_start|> and the like): the chat template here differs \
+                                 from the engine's; the OPD teacher encodes prompt texts itself \
+                                 from now on (engine_prompts_agree false in /v1/rollout/status)"
+                            );
+                        }
+                        Arc::new(EncodedPrefix::default())
+                    }
+                }
+            }
             Response::Engine(_) => {
                 let null = serde_json::Value::Null;
                 let input = TurnInput {

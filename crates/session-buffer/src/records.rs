@@ -260,6 +260,7 @@ mod tests {
             token_source: ps_core::TokenSource::Retokenized,
             weight_version: None,
             origin: Default::default(),
+            engine_prompts_agreed: false,
         }
     }
 

@@ -7,13 +7,14 @@ use ps_chat_template::EncodedPrefix;
 
 /// A session's latest prompt as the teacher path encoded it, with exactly its own ids: an
 /// engine-id turn's prompt ids are the engine's, which may differ from our encoding of its text
-/// (the drift check), so the teacher path encodes the prompt text itself, starting from this
-/// (only what the conversation added since is encoded), and keeps the result here for the next
-/// turn. Shared by the session and its turns being judged; it goes when they do. Costs, per
-/// session that had an engine-id turn taught, its latest prompt: the text (~4 bytes per token), 4
-/// bytes per id and 16 per added token (a 20,000-token agent prompt: ~165 kB); nothing per turn.
-/// Emptied when the session closes ([`SessionPrompt::close`]); a turn still being judged then
-/// cannot refill it. Not used at all for a tokenizer that does not splice.
+/// (the drift check), so unless the drift check agrees (`OpdParts::engine_prompts`: then those
+/// ids are built on, and nothing is read or kept here) the teacher path encodes the prompt text
+/// itself, starting from this (only what the conversation added since is encoded), and keeps the
+/// result here for the next turn. Shared by the session and its turns being judged; it goes when
+/// they do. Costs, per session that had an engine-id turn taught this way, its latest prompt: the
+/// text (~4 bytes per token), 4 bytes per id and 16 per added token (a 20,000-token agent prompt:
+/// ~165 kB); nothing per turn. Emptied when the session closes ([`SessionPrompt::close`]); a turn
+/// still being judged then cannot refill it. Not used at all for a tokenizer that does not splice.
 #[derive(Clone, Default)]
 pub(crate) struct SessionPrompt(Arc<Mutex<LatestPrompt>>);
 

@@ -171,6 +171,7 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
         token_source: ps_core::TokenSource::Retokenized,
         weight_version: None,
         origin: Default::default(),
+        engine_prompts_agreed: false,
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use ps_chat_template::{ChatTokenizer, TurnInput};
 use ps_core::sample::Sample;
 use ps_core::{
-    AlignPolicy, CapturedTurn, FinishReason, SampleSink, SampledToken, SinkError, TurnSink,
-    align_logprobs,
+    AlignPolicy, CapturedTurn, EnginePrompts, FinishReason, SampleSink, SampledToken, SinkError,
+    TurnSink, align_logprobs,
 };
 use ps_opd_judge::{HintOutcome, HintVote, MockHintJudge};
 use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
@@ -136,15 +136,18 @@ fn rig_prm(
         Arc::new(teacher),
         prm_enabled,
         Arc::new(tokio::sync::Semaphore::new(2)),
+        EnginePrompts::default(),
     )
 }
 
+/// The buffer with its OPD parts, and what the drift check found about engines' prompt ids.
 fn rig_parts(
     mode: BufferMode,
     opd: OpdOptions,
     teacher: Arc<dyn TeacherScorer>,
     prm_enabled: bool,
     teacher_permits: Arc<tokio::sync::Semaphore>,
+    engine_prompts: EnginePrompts,
 ) -> Rig {
     let tok = Arc::new(ChatTokenizer::mini());
     let sink = Arc::new(CollectSink::default());
@@ -164,6 +167,7 @@ fn rig_parts(
             teacher,
             tokenizer: tok.clone(),
             teacher_permits: Some(teacher_permits),
+            engine_prompts,
         }),
         sink.clone(),
         Some(records.clone()),
@@ -242,6 +246,7 @@ fn captured_unreported(
         token_source: ps_core::TokenSource::Retokenized,
         weight_version: None,
         origin: Default::default(),
+        engine_prompts_agreed: false,
     }
 }
 
@@ -648,6 +653,7 @@ async fn the_teacher_permits_cap_calls_in_flight() {
         teacher.clone(),
         true,
         permits.clone(),
+        EnginePrompts::default(),
     );
     for session in ["a", "b", "c"] {
         let t1 = r.buffer.begin(session, &user("q"), false);
@@ -663,15 +669,16 @@ async fn the_teacher_permits_cap_calls_in_flight() {
     assert_eq!(permits.available_permits(), 2);
 }
 
-/// A turn of `session` captured from `messages` and `response` (with `tools`): re-tokenized, or
-/// with engine ids whose prompt part is NOT our encoding of the prompt text (as after drift), so
-/// that reusing it would show.
+/// A turn of `session` captured from `messages` and `response` (with `tools`): re-tokenized
+/// (`engine` `None`), or with engine ids whose prompt part is `engine` applied to our encoding of
+/// the prompt text, captured while the drift check agreed or not (`agreed`).
 fn captured_from(
     tok: &ChatTokenizer,
     session: &str,
     turn: u64,
     (messages, tools, response): (&[Value], Option<&Value>, &Value),
-    engine: bool,
+    engine: Option<&dyn Fn(Vec<u32>) -> Vec<u32>>,
+    agreed: bool,
 ) -> CapturedTurn {
     let t = tok
         .split_turn(&TurnInput {
@@ -701,11 +708,9 @@ fn captured_from(
         tok.eos_token_id(),
         AlignPolicy::default(),
     );
-    let prompt_ids = if engine {
-        // Another split of the same text: the engine's template differs from ours.
-        t.prompt_ids.iter().map(|id| id % 500).collect()
-    } else {
-        t.prompt_ids
+    let prompt_ids = match engine {
+        Some(engine) => engine(t.prompt_ids),
+        None => t.prompt_ids,
     };
     CapturedTurn {
         session_id: session.into(),
@@ -723,22 +728,37 @@ fn captured_from(
         alignment,
         finish_reason: Some("stop".into()),
         streamed: false,
-        token_source: if engine {
+        token_source: if engine.is_some() {
             ps_core::TokenSource::Engine
         } else {
             ps_core::TokenSource::Retokenized
         },
         weight_version: None,
         origin: Default::default(),
+        engine_prompts_agreed: engine.is_some() && agreed,
     }
 }
 
-/// The teacher's input of every turn of an agent session (tools, tool calls and results, content
-/// lists, hints with added-token text), engine-id and re-tokenized turns mixed, equals a full
-/// encode of the hinted text: the engine's prompt ids are never reused, and each engine-id turn's
-/// prompt is encoded from the one before it.
-#[tokio::test]
-async fn the_teacher_input_is_a_full_encode_of_the_hinted_text_on_every_turn() {
+/// One judged turn of [`teach_agent_session`]: its prompt's messages, the prompt ids it carried
+/// when it came from the engine (`None`: re-tokenized), its response ids and text, and the hint
+/// its next state carried.
+struct Taught {
+    messages: Vec<Value>,
+    engine_prompt: Option<Vec<u32>>,
+    response_ids: Vec<u32>,
+    response_text: String,
+    hint: &'static str,
+}
+
+/// An agent session (tools, tool calls and results, content lists, hints with added-token text),
+/// engine-id and re-tokenized turns mixed, taught in OPD mode with `engine_prompts`; an engine-id
+/// turn's prompt ids are `engine` applied to our encoding, and it was captured while the drift
+/// check agreed when `agreed`. Returns what the teacher was sent (sorted) and each judged turn.
+async fn teach_agent_session(
+    engine_prompts: EnginePrompts,
+    agreed: bool,
+    engine: &dyn Fn(Vec<u32>) -> Vec<u32>,
+) -> (Rig, Vec<Vec<u32>>, Vec<Taught>) {
     let sent: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
     let mut teacher = MockTeacherScorer::new();
     let seen = sent.clone();
@@ -755,9 +775,15 @@ async fn the_teacher_input_is_a_full_encode_of_the_hinted_text_on_every_turn() {
     teacher
         .expect_describe()
         .return_const("recording".to_owned());
-    let r = rig_with(BufferMode::Opd, OpdOptions::default(), teacher);
-    let tools =
-        json!([{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]);
+    let r = rig_parts(
+        BufferMode::Opd,
+        OpdOptions::default(),
+        Arc::new(teacher),
+        true,
+        Arc::new(tokio::sync::Semaphore::new(2)),
+        engine_prompts,
+    );
+    let tools = agent_tools();
     let hints = [
         // No `|` in these: the mock judge ends a hint there.
         "Mention <tool_response>x</tool_response> is literal text here",
@@ -765,12 +791,14 @@ async fn the_teacher_input_is_a_full_encode_of_the_hinted_text_on_every_turn() {
         "<think>plan</think> before the <tool_call> please",
         "Use the tool output, not memory",
         "Answer in one sentence, e\u{301}té style",
+        "Check the second file too",
+        "Say which tool you used",
     ];
     let mut history = vec![
         json!({"role": "system", "content": "You are an agent. ".repeat(30)}),
         json!({"role": "user", "content": [{"type": "text", "text": "What is in the folder?"}]}),
     ];
-    let mut expected = Vec::new();
+    let mut taught = Vec::new();
     for i in 0..hints.len() {
         // The request's last message is the previous turn's next state, carrying its hint.
         let n = r
@@ -782,18 +810,27 @@ async fn the_teacher_input_is_a_full_encode_of_the_hinted_text_on_every_turn() {
         } else {
             json!({"role": "assistant", "content": format!("Found {i} files."), "reasoning_content": "Count."})
         };
-        let engine = i % 3 != 1;
-        let turn = captured_from(&r.tok, "s", n, (&history, Some(&tools), &response), engine);
-        expected.push((
-            history.clone(),
-            engine,
-            turn.response_ids.clone(),
-            turn.response_text.clone(),
-        ));
+        let from_engine = i % 3 != 1;
+        let turn = captured_from(
+            &r.tok,
+            "s",
+            n,
+            (&history, Some(&tools), &response),
+            from_engine.then_some(engine),
+            agreed,
+        );
+        let next_hint = hints.get(i + 1).copied().unwrap_or_default();
+        taught.push(Taught {
+            messages: history.clone(),
+            engine_prompt: from_engine.then(|| turn.prompt_ids.clone()),
+            response_ids: turn.response_ids.clone(),
+            response_text: turn.response_text.clone(),
+            hint: next_hint,
+        });
         r.buffer.accept(turn);
         history.push(response);
-        let next_hint = hints.get(i + 1).copied().unwrap_or_default();
-        history.push(if i % 2 == 0 {
+        // Tool results after the hinted user message, or a new user message (then hinted).
+        history.push(if i % 4 != 3 {
             json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": format!("a.txt\nb.txt hint:{next_hint}|")})
         } else {
             json!({"role": "user", "content": format!("go on hint:{next_hint}|")})
@@ -804,42 +841,158 @@ async fn the_teacher_input_is_a_full_encode_of_the_hinted_text_on_every_turn() {
     })
     .await;
     // Every turn but the last had a next state carrying the next begin's hint.
-    let mut want: Vec<Vec<u32>> = expected[..hints.len() - 1]
-        .iter()
-        .enumerate()
-        .map(|(i, (messages, engine, response_ids, response_text))| {
-            let hint = hints[i + 1];
-            if *engine {
-                let text = ps_opd_judge::teacher_input_text(
-                    &r.tok,
-                    messages,
-                    Some(&tools),
-                    hint,
-                    "",
-                    None,
-                )
-                .unwrap();
-                let mut ids = r.tok.encode(&text).unwrap();
-                ids.extend_from_slice(response_ids);
-                ids
-            } else {
-                let text = ps_opd_judge::teacher_input_text(
-                    &r.tok,
-                    messages,
-                    Some(&tools),
-                    hint,
-                    response_text,
-                    None,
-                )
-                .unwrap();
-                r.tok.encode(&text).unwrap()
-            }
-        })
-        .collect();
+    taught.pop();
     let mut got = sent.lock().unwrap().clone();
-    want.sort();
     got.sort();
-    assert_eq!(got.len(), hints.len() - 1);
+    assert_eq!(got.len(), taught.len());
+    assert_eq!(samples(&r).len(), taught.len());
+    (r, got, taught)
+}
+
+/// The one tool of [`teach_agent_session`].
+fn agent_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}])
+}
+
+/// A full encode of the turn's hinted text followed by its response (an engine-id turn: the
+/// hinted prompt's encode, then the engine's response ids).
+fn full_encode(tok: &ChatTokenizer, t: &Taught) -> Vec<u32> {
+    let tools = agent_tools();
+    let response = if t.engine_prompt.is_some() {
+        ""
+    } else {
+        &t.response_text
+    };
+    let text =
+        ps_opd_judge::teacher_input_text(tok, &t.messages, Some(&tools), t.hint, response, None)
+            .unwrap();
+    let mut ids = tok.encode(&text).unwrap();
+    if t.engine_prompt.is_some() {
+        ids.extend_from_slice(&t.response_ids);
+    }
+    ids
+}
+
+fn sorted(mut v: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
+    v.sort();
+    v
+}
+
+/// Engine prompt ids that are NOT our encoding of the prompt text (another split of the same
+/// text, as an engine with another template gives), not even on its added tokens.
+fn another_split(ids: Vec<u32>) -> Vec<u32> {
+    ids.iter().map(|id| id % 500).collect()
+}
+
+/// Where [`one_token_off`] changes a prompt: an ordinary token of the system message's header
+/// (`<|im_start|>system`), by position…
+const SYSTEM_TOKEN: usize = 3;
+
+fn ordinary(tok: &ChatTokenizer, id: u32) -> bool {
+    !tok.token_text(id).is_empty() && id < 500
+}
+
+/// …and the last ordinary token of the prompt's last message (before its `<|im_end|>`), by its
+/// distance from the prompt's end.
+fn last_message_token_from_end(tok: &ChatTokenizer, ids: &[u32]) -> usize {
+    let end_id = tok.encode("<|im_end|>").unwrap()[0];
+    let end = ids.iter().rposition(|&id| id == end_id).unwrap();
+    ids.len()
+        - ids[..end]
+            .iter()
+            .rposition(|&id| ordinary(tok, id))
+            .unwrap()
+}
+
+/// Engine prompt ids that differ from our encoding in two ordinary tokens (see [`SYSTEM_TOKEN`]),
+/// the added tokens all in their places: reusing them would show.
+fn one_token_off(tok: &ChatTokenizer, mut ids: Vec<u32>) -> Vec<u32> {
+    let last = ids.len() - last_message_token_from_end(tok, &ids);
+    for i in [SYSTEM_TOKEN, last] {
+        assert!(
+            ordinary(tok, ids[i]),
+            "position {i} is an ordinary token: {:?}",
+            ids.iter().map(|&id| tok.token_text(id)).collect::<Vec<_>>()
+        );
+        ids[i] = if ids[i] > 0 { ids[i] - 1 } else { 1 };
+    }
+    ids
+}
+
+/// Without the drift check's agreement, the teacher's input of every turn equals a full encode of
+/// the hinted text: an engine's prompt ids are not reused (not even those with every added token
+/// in its place) when nothing was compared, when a compared prompt differed, or when the turn was
+/// not captured while the check agreed (captured before, or resumed from a previous run).
+#[tokio::test]
+async fn the_teacher_input_is_a_full_encode_of_the_hinted_text_on_every_turn() {
+    let tok = ChatTokenizer::mini();
+    let nothing_compared = EnginePrompts::default();
+    let one_differed = EnginePrompts::default();
+    one_differed.record(true);
+    one_differed.record(false);
+    let agreeing = EnginePrompts::default();
+    agreeing.record(true);
+    for (case, prompts, turn_agreed) in [
+        ("nothing compared", nothing_compared, true),
+        ("a prompt differed", one_differed, true),
+        ("turns captured before the agreement", agreeing, false),
+    ] {
+        let (r, got, taught) =
+            teach_agent_session(prompts, turn_agreed, &|ids| one_token_off(&tok, ids)).await;
+        let want = sorted(taught.iter().map(|t| full_encode(&r.tok, t)).collect());
+        assert_eq!(got, want, "{case}");
+    }
+}
+
+/// With the drift check agreeing, ids that disagree with the prompt text on its added tokens
+/// are not built on (the whole hinted text is encoded), and they count as a prompt that differs:
+/// the agreement ends.
+#[tokio::test]
+async fn engine_prompt_ids_that_disagree_on_added_tokens_are_not_built_on() {
+    let agree = EnginePrompts::default();
+    agree.record(true);
+    let (r, got, taught) = teach_agent_session(agree.clone(), true, &another_split).await;
+    let want = sorted(taught.iter().map(|t| full_encode(&r.tok, t)).collect());
     assert_eq!(got, want);
-    assert_eq!(samples(&r).len(), hints.len() - 1);
+    assert!(!agree.agree());
+}
+
+/// With the drift check agreeing, an engine-id turn's teacher input is built on the engine's
+/// prompt ids: here they differ from our encoding in one ordinary token of the system prompt and
+/// one of the prompt's last message, and the teacher sees the engine's token there wherever that
+/// part is not the hinted message; everything else equals a full encode of the hinted text.
+#[tokio::test]
+async fn with_agreeing_prompts_the_teacher_builds_on_the_engines_prompt_ids() {
+    let tok = ChatTokenizer::mini();
+    let agree = EnginePrompts::default();
+    agree.record(true);
+    let (r, got, taught) = teach_agent_session(agree, true, &|ids| one_token_off(&tok, ids)).await;
+    let mut changed_after = 0;
+    let want = sorted(
+        taught
+            .iter()
+            .map(|t| {
+                let mut want = full_encode(&r.tok, t);
+                let Some(engine_prompt) = &t.engine_prompt else {
+                    return want;
+                };
+                assert_ne!(want[SYSTEM_TOKEN], engine_prompt[SYSTEM_TOKEN]);
+                want[SYSTEM_TOKEN] = engine_prompt[SYSTEM_TOKEN];
+                // The prompt's last message is after the hinted one unless it is a user message.
+                if t.messages.last().unwrap()["role"] != "user" {
+                    let back = last_message_token_from_end(&tok, engine_prompt);
+                    let at = want.len() - t.response_ids.len() - back;
+                    assert_ne!(want[at], engine_prompt[engine_prompt.len() - back]);
+                    want[at] = engine_prompt[engine_prompt.len() - back];
+                    changed_after += 1;
+                }
+                want
+            })
+            .collect(),
+    );
+    assert!(
+        changed_after >= 2,
+        "turns with a message after the hinted one"
+    );
+    assert_eq!(got, want);
 }
