@@ -226,16 +226,16 @@ impl ChatTokenizer {
     /// encoding, `encode_around` keeps the engine's (the caller wants the engine's context); where
     /// they do not, its result is exactly a full encode. A tokenizer that does not splice gives
     /// the text with no boundary (nothing is reused).
-    pub fn encoded_from_engine(&self, text: &str, ids: &[u32]) -> Option<EncodedPrefix> {
+    pub fn encoded_from_engine(&self, text: String, ids: Vec<u32>) -> Option<EncodedPrefix> {
         let boundaries = match (&self.split_tokens, &self.added_matcher) {
             (Some(added), Some(matcher)) => {
-                agreeing_boundaries(text, ids, added, matcher, self.splice.min_id)?
+                agreeing_boundaries(&text, &ids, added, matcher, self.splice.min_id)?
             }
             _ => Vec::new(),
         };
         Some(EncodedPrefix {
-            text: text.to_owned(),
-            ids: ids.to_vec(),
+            text,
+            ids,
             boundaries,
         })
     }

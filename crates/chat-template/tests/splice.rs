@@ -207,7 +207,9 @@ fn an_engines_ids_are_kept_around_the_changed_message_unless_they_disagree_on_ad
         let changed = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi, with a hint<|im_end|>\n<|im_start|>assistant\n";
         let ours = tok.encode(text).unwrap();
         // Our own encoding: the same as `encoded_from`, and the result is exactly a full encode.
-        let engine = tok.encoded_from_engine(text, &ours).unwrap();
+        let engine = tok
+            .encoded_from_engine(text.to_owned(), ours.clone())
+            .unwrap();
         assert_eq!(engine, exact(tok, text));
         check_around(tok, text, changed);
         assert_eq!(
@@ -221,7 +223,9 @@ fn an_engines_ids_are_kept_around_the_changed_message_unless_they_disagree_on_ad
         for i in [2, last] {
             theirs[i] += 1;
         }
-        let engine = tok.encoded_from_engine(text, &theirs).unwrap();
+        let engine = tok
+            .encoded_from_engine(text.to_owned(), theirs.clone())
+            .unwrap();
         let got = tok.encode_around(changed, &engine).unwrap().ids;
         let mut want = tok.encode(changed).unwrap();
         let want_last = want.len() - 1;
@@ -230,8 +234,11 @@ fn an_engines_ids_are_kept_around_the_changed_message_unless_they_disagree_on_ad
         assert_eq!(got, want, "{tok:?}");
         // Ids that disagree on added tokens: nothing to build on.
         let plain = tok.encode("<|im_start|>user\nhi").unwrap();
-        assert_eq!(tok.encoded_from_engine(text, &plain), None);
-        assert_eq!(tok.encoded_from_engine(text, &ours[1..]), None);
+        assert_eq!(tok.encoded_from_engine(text.to_owned(), plain), None);
+        assert_eq!(
+            tok.encoded_from_engine(text.to_owned(), ours[1..].to_vec()),
+            None
+        );
     }
 }
 

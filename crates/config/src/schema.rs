@@ -754,8 +754,9 @@ pub struct CaptureSettings {
     pub train_unsampled: bool,
     /// Engine-id turns also re-tokenized to check that our template and tokenizer agree with the
     /// engine (`retokenize_drift_total`): the first this many turns of the process… Default 100.
-    /// The OPD teacher builds on engines' prompt ids only while every prompt checked agreed
-    /// (none checked, as with both settings 0: it encodes prompt texts itself).
+    /// The OPD teacher builds on engines' prompt ids only once a prompt was checked and while
+    /// every prompt checked was equal (none checked, as with both settings 0: it encodes prompt
+    /// texts itself).
     pub drift_check_first: u64,
     /// …then one turn in this many (0: none after the first). Default 100.
     pub drift_check_every: u64,

@@ -230,7 +230,7 @@ impl TeacherTurn {
             // The engine's prompt ids, while the drift check finds the prompts it compares equal
             // to our encoding (this one may not have been compared).
             Response::Engine(_) if !prompt_ids.is_empty() => {
-                match tok.encoded_from_engine(&prompt_text, &prompt_ids) {
+                match tok.encoded_from_engine(prompt_text, prompt_ids) {
                     Some(prompt) => Arc::new(prompt),
                     // Not this text's encoding even on its added tokens: a prompt that differs,
                     // as the drift check would have found. The whole hinted text is encoded.
