@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::{Server, user};
 use ps_config::{Mode, Settings};
-use ps_fake_sglang::{FakeHandle, FakeSglang, Fault, teacher_logprob};
+use ps_fake_sglang::{
+    FakeHandle, FakeSglang, Fault, IdField, Quirks, StreamLogprobs, teacher_logprob,
+};
 use serde_json::{Value, json};
 
 fn settings(fake: &FakeHandle, mode: Mode, store: &Path) -> Settings {
@@ -27,18 +29,28 @@ async fn start(settings: &Settings) -> Server {
 }
 
 impl Server {
-    async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
+    /// A turn of `session` (`done` ends it) with `body` (`messages`, maybe `stream`).
+    fn turn(&self, session: &str, body: Value, done: bool) -> reqwest::RequestBuilder {
         reqwest::Client::new()
             .post(format!("{}/v1/chat/completions", self.url))
             .header("x-session-id", session)
             .header("x-session-done", if done { "1" } else { "0" })
-            .json(&json!({"messages": messages}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+            .json(&body)
+    }
+
+    async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
+        let r = self.turn(session, json!({"messages": messages}), done);
+        r.send().await.unwrap().json().await.unwrap()
+    }
+
+    /// The assistant message of a turn asked for streamed (`stream`) or not.
+    async fn reply(&self, session: &str, messages: Value, done: bool, stream: bool) -> Value {
+        if !stream {
+            return self.chat(session, messages, done).await["choices"][0]["message"].clone();
+        }
+        let body = json!({"messages": messages, "stream": true});
+        let r = self.turn(session, body, done).send().await.unwrap();
+        common::assemble_sse(&r.text().await.unwrap())
     }
 }
 
@@ -164,14 +176,18 @@ async fn opd_exact_teacher_values(token_ids: ps_config::TokenIdsMode) {
 
 /// Turn 1 `first`, then turn 2 carrying `next` as its next state; turn 2 ends the session. Returns
 /// turn 1's messages.
-async fn two_turns_from(s: &Server, session: &str, first: &str, next: &str) -> Vec<Value> {
-    let a = s.chat(session, json!([user(first)]), false).await;
-    s.chat(
-        session,
-        json!([user(first), a["choices"][0]["message"], user(next)]),
-        true,
-    )
-    .await;
+async fn two_turns_from(
+    s: &Server,
+    session: &str,
+    first: &str,
+    next: &str,
+    stream_first: bool,
+) -> Vec<Value> {
+    let a = s
+        .reply(session, json!([user(first)]), false, stream_first)
+        .await;
+    s.chat(session, json!([user(first), a, user(next)]), true)
+        .await;
     vec![user(first)]
 }
 
@@ -201,92 +217,176 @@ fn u32s(v: &Value) -> Vec<u32> {
 /// `FAKE_PROMPT_DRIFT`: its last prompt id is off by one). Not checked, that turn's teacher
 /// prompt is built on the engine's ids and keeps the engine's last id; checked (the drift check
 /// on every turn), the drift is found, `engine_prompts_agree` turns false and the teacher's prompt
-/// is our full encode of the hinted text.
+/// is our full encode of the hinted text. Across the builds that report prompt ids: each field a
+/// non-streamed answer puts them in, and `sglext` on a streamed turn with a step's log-probs on its
+/// chunks (one and several tokens to a chunk). A stream that drops empty deltas' log-probs has
+/// fewer log-probs than ids: the turn is re-tokenized, and its teacher input is our full encode
+/// whatever the drift check says. (A stream with `logprobs: null` on parsed chunks makes no sample
+/// at all, `stream_logprobs_missing`: server tests/engine_ids.rs.)
 #[tokio::test]
 async fn the_teacher_builds_on_the_engines_prompt_ids_only_while_the_drift_check_agrees() {
-    let tok = ps_chat_template::ChatTokenizer::mini();
-    for check_every_turn in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let fake = FakeSglang::builder().spawn().await.unwrap();
-        let mut set = settings(&fake, Mode::Opd, dir.path());
-        set.capture.drift_check_first = if check_every_turn { 100 } else { 1 };
-        set.capture.drift_check_every = 0;
-        let s = start(&set).await;
-        two_turns(
-            &s,
-            "agreeing",
-            "I wanted museums, not food. FAKE_VOTES=1,1,1",
-        )
-        .await;
-        // Both of its turns captured (the first one checked) before the next session starts.
-        for _ in 0..400 {
-            if s.status().await["token_ids"]["engine"] == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        let checked = if check_every_turn { 2 } else { 1 };
-        assert_eq!(s.status().await["token_ids"]["drift_checked"], checked);
-        assert_eq!(s.status().await["token_ids"]["engine_prompts_agree"], true);
-        let first = format!("Plan a weekend in Rome. {}", ps_fake_sglang::PROMPT_DRIFT);
-        let messages = two_turns_from(
-            &s,
-            "drifted",
-            &first,
-            "I wanted museums, not food. FAKE_VOTES=1,1,1",
-        )
-        .await;
-        let samples = s.settle(4).await;
-        let sample = samples
-            .iter()
-            .find(|x| x["session_id"] == "drifted")
-            .expect("the drifted session's first turn is a sample");
-        let t = sample["response_length"].as_u64().unwrap() as usize;
-        let tokens = u32s(&sample["tokens"]);
-        let (engine_prompt, response) = tokens.split_at(tokens.len() - t);
-        let teacher_input = fake
-            .requests()
-            .into_iter()
-            .filter(|r| r.path == "/generate" && r.body.get("input_ids").is_some())
-            .map(|r| u32s(&r.body["input_ids"]))
-            .find(|ids| ids.ends_with(response))
-            .expect("the teacher scored the drifted turn's response");
-        let prompt = &teacher_input[..teacher_input.len() - t];
-        let hint = opd_records(dir.path())
-            .into_iter()
-            .find(|r| r["session_id"] == "drifted" && r["accepted"] == true)
-            .expect("the drifted turn's hint was accepted")["hint"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let hinted =
-            ps_opd_judge::teacher_input_text(&tok, &messages, None, &hint, "", None).unwrap();
-        let mut full = tok.encode(&hinted).unwrap();
-        let ours = tok
-            .encode(&tok.render(&messages, None, true, None).unwrap())
-            .unwrap();
-        let status = s.status().await;
-        if check_every_turn {
-            assert_eq!(status["token_ids"]["drift"], 2, "both turns of the session");
-            assert_eq!(status["token_ids"]["engine_prompts_agree"], false);
-            assert_eq!(
-                prompt,
-                full.as_slice(),
-                "our full encode of the hinted text"
-            );
-        } else {
-            assert_eq!(
-                status["token_ids"]["drift"], 0,
-                "the drifted turn was not checked"
-            );
-            assert_eq!(status["token_ids"]["engine_prompts_agree"], true);
-            // The engine's prompt is ours but for its last id, and so is the teacher's.
-            assert_ne!(engine_prompt, ours.as_slice());
-            ps_fake_sglang::drift_prompt(&mut full);
-            assert_eq!(prompt, full.as_slice(), "the engine's last prompt id kept");
-        }
-        s.stop().await;
+    // (the build, the first turn streamed, its engine ids used)
+    let mut cases: Vec<(Quirks, bool, bool)> = [
+        IdField::ResponseTokenIds,
+        IdField::TokenIds,
+        IdField::Vllm,
+        IdField::Sglext,
+    ]
+    .into_iter()
+    .map(|id_field| {
+        let quirks = Quirks {
+            id_field,
+            ..Quirks::default()
+        };
+        (quirks, false, true)
+    })
+    .collect();
+    for (stream_logprobs, tokens_per_chunk, used) in [
+        (StreamLogprobs::StepChunks, 1, true),
+        (StreamLogprobs::StepChunks, 3, true),
+        (StreamLogprobs::DropEmptyDeltas, 1, false),
+    ] {
+        let quirks = Quirks {
+            id_field: IdField::Sglext,
+            stream_logprobs,
+            tokens_per_chunk,
+            ..Quirks::default()
+        };
+        cases.push((quirks, true, used));
     }
+    for (quirks, stream_first, used) in cases {
+        for check_every_turn in [false, true] {
+            teacher_on_engine_prompt_ids(&quirks, stream_first, used, check_every_turn).await;
+        }
+    }
+}
+
+async fn teacher_on_engine_prompt_ids(
+    quirks: &Quirks,
+    stream_first: bool,
+    engine_ids_used: bool,
+    check_every_turn: bool,
+) {
+    let tok = ps_chat_template::ChatTokenizer::mini();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder()
+        .quirks(quirks.clone())
+        .spawn()
+        .await
+        .unwrap();
+    let case = format!(
+        "{quirks:?}, first turn streamed: {stream_first}, checked every turn: {check_every_turn}"
+    );
+    let mut set = settings(&fake, Mode::Opd, dir.path());
+    set.capture.drift_check_first = if check_every_turn { 100 } else { 1 };
+    set.capture.drift_check_every = 0;
+    let s = start(&set).await;
+    two_turns(
+        &s,
+        "agreeing",
+        "I wanted museums, not food. FAKE_VOTES=1,1,1",
+    )
+    .await;
+    // Both of its turns captured (the first one checked) before the next session starts.
+    for _ in 0..400 {
+        if s.status().await["token_ids"]["engine"] == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let checked = if check_every_turn { 2 } else { 1 };
+    assert_eq!(
+        s.status().await["token_ids"]["drift_checked"],
+        checked,
+        "{case}"
+    );
+    assert_eq!(
+        s.status().await["token_ids"]["engine_prompts_agree"],
+        true,
+        "{case}"
+    );
+    let first = format!("Plan a weekend in Rome. {}", ps_fake_sglang::PROMPT_DRIFT);
+    let messages = two_turns_from(
+        &s,
+        "drifted",
+        &first,
+        "I wanted museums, not food. FAKE_VOTES=1,1,1",
+        stream_first,
+    )
+    .await;
+    let samples = s.settle(4).await;
+    let sample = samples
+        .iter()
+        .find(|x| x["session_id"] == "drifted")
+        .unwrap_or_else(|| panic!("the drifted session's first turn is a sample: {case}"));
+    let t = sample["response_length"].as_u64().unwrap() as usize;
+    let tokens = u32s(&sample["tokens"]);
+    let (engine_prompt, response) = tokens.split_at(tokens.len() - t);
+    let teacher_input = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/generate" && r.body.get("input_ids").is_some())
+        .map(|r| u32s(&r.body["input_ids"]))
+        .find(|ids| ids.ends_with(response))
+        .unwrap_or_else(|| panic!("the teacher scored the drifted turn's response: {case}"));
+    let prompt = &teacher_input[..teacher_input.len() - t];
+    let hint = opd_records(dir.path())
+        .into_iter()
+        .find(|r| r["session_id"] == "drifted" && r["accepted"] == true)
+        .expect("the drifted turn's hint was accepted")["hint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let hinted = ps_opd_judge::teacher_input_text(&tok, &messages, None, &hint, "", None).unwrap();
+    let mut full = tok.encode(&hinted).unwrap();
+    let ours = tok
+        .encode(&tok.render(&messages, None, true, None).unwrap())
+        .unwrap();
+    let status = s.status().await;
+    if !engine_ids_used {
+        assert_eq!(
+            status["token_ids"]["engine"], 3,
+            "all but the streamed turn on the engine's ids: {case}"
+        );
+        assert_eq!(
+            prompt,
+            full.as_slice(),
+            "our full encode of the hinted text: {case}"
+        );
+        s.stop().await;
+        return;
+    }
+    assert_eq!(
+        status["token_ids"]["engine"], 4,
+        "every turn on the engine's ids: {case}"
+    );
+    if check_every_turn {
+        assert_eq!(
+            status["token_ids"]["drift"], 2,
+            "both turns of the session: {case}"
+        );
+        assert_eq!(status["token_ids"]["engine_prompts_agree"], false, "{case}");
+        assert_eq!(
+            prompt,
+            full.as_slice(),
+            "our full encode of the hinted text: {case}"
+        );
+    } else {
+        assert_eq!(
+            status["token_ids"]["drift"], 0,
+            "the drifted turn was not checked: {case}"
+        );
+        assert_eq!(status["token_ids"]["engine_prompts_agree"], true, "{case}");
+        // The engine's prompt is ours but for its last id, and so is the teacher's.
+        assert_ne!(engine_prompt, ours.as_slice(), "{case}");
+        ps_fake_sglang::drift_prompt(&mut full);
+        assert_eq!(
+            prompt,
+            full.as_slice(),
+            "the engine's last prompt id kept: {case}"
+        );
+    }
+    s.stop().await;
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use common::{settings, user};
+use common::{assemble_sse, settings, user};
 use ps_config::{SessionInference, Settings, SideTurnRule};
 use ps_fake_sglang::{FakeHandle, FakeSglang, Fault};
 use serde_json::{Value, json};
@@ -138,33 +138,6 @@ impl Server {
             }
         }
     }
-}
-
-/// The assistant message of a streamed answer, as a client assembles it.
-fn assemble_sse(text: &str) -> Value {
-    let mut content = String::new();
-    let mut reasoning = String::new();
-    for line in text.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let chunk: Value = serde_json::from_str(data).unwrap();
-        let delta = &chunk["choices"][0]["delta"];
-        if let Some(c) = delta["content"].as_str() {
-            content.push_str(c);
-        }
-        if let Some(r) = delta["reasoning_content"].as_str() {
-            reasoning.push_str(r);
-        }
-    }
-    let mut m = json!({"role": "assistant", "content": content});
-    if !reasoning.is_empty() {
-        m["reasoning_content"] = json!(reasoning);
-    }
-    m
 }
 
 fn system(text: &str) -> Value {

@@ -99,6 +99,33 @@ impl Server {
     }
 }
 
+/// The assistant message of a streamed answer, as a client assembles it.
+pub fn assemble_sse(text: &str) -> Value {
+    let mut content = String::new();
+    let mut reasoning = String::new();
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let delta = &chunk["choices"][0]["delta"];
+        if let Some(c) = delta["content"].as_str() {
+            content.push_str(c);
+        }
+        if let Some(r) = delta["reasoning_content"].as_str() {
+            reasoning.push_str(r);
+        }
+    }
+    let mut m = json!({"role": "assistant", "content": content});
+    if !reasoning.is_empty() {
+        m["reasoning_content"] = json!(reasoning);
+    }
+    m
+}
+
 /// `GET /v1/rollout/status` of the server at `url` (no key).
 pub async fn status(url: &str) -> Value {
     reqwest::get(format!("{url}/v1/rollout/status"))
