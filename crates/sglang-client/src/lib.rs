@@ -8,6 +8,7 @@
 
 pub mod assemble;
 mod client;
+mod entries;
 mod error;
 mod model_info;
 pub mod raw;
