@@ -160,9 +160,7 @@ impl<'de> Deserialize<'de> for Logprobs {
 
 /// Reads `logprobs.content[]` entries (the text of `logprobs`) into sampled tokens (entries
 /// without a numeric log-prob are skipped: they carry nothing to align), in one pass without a
-/// tree: stepping over what it does not read ([`crate::entries`]; the text was checked when the
-/// answer or chunk was read), or through serde for what that reader leaves to it. An error is
-/// text a tree parse refuses (which the caller decides how to treat).
+/// tree. An error is text a tree parse refuses (which the caller decides how to treat).
 fn push_logprob_entries(
     logprobs: Option<&str>,
     out: &mut Vec<SampledToken>,
@@ -170,17 +168,6 @@ fn push_logprob_entries(
     let Some(logprobs) = logprobs.filter(|l| Kind::of_text(l) == Kind::Object) else {
         return Ok(());
     };
-    if crate::entries::push(logprobs, out).is_some() {
-        return Ok(());
-    }
-    push_logprob_entries_serde(logprobs, out)
-}
-
-/// [`push_logprob_entries`] through serde (the reader that decides).
-pub(crate) fn push_logprob_entries_serde(
-    logprobs: &str,
-    out: &mut Vec<SampledToken>,
-) -> serde_json::Result<()> {
     let Some(entries) = serde_json::from_str::<Logprobs>(logprobs)?.0 else {
         return Ok(());
     };

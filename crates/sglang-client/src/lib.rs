@@ -8,7 +8,6 @@
 
 pub mod assemble;
 mod client;
-mod entries;
 mod error;
 mod model_info;
 pub mod raw;
