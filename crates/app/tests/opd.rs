@@ -288,12 +288,18 @@ async fn teacher_on_engine_prompt_ids(
     )
     .await;
     // Both of its turns captured (the first one checked) before the next session starts.
+    let mut captured = false;
     for _ in 0..400 {
-        if s.status().await["token_ids"]["engine"] == 2 {
+        captured = s.status().await["token_ids"]["engine"] == 2;
+        if captured {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    assert!(
+        captured,
+        "the agreeing session's two turns captured: {case}"
+    );
     let checked = if check_every_turn { 2 } else { 1 };
     assert_eq!(
         s.status().await["token_ids"]["drift_checked"],
@@ -333,7 +339,7 @@ async fn teacher_on_engine_prompt_ids(
     let hint = opd_records(dir.path())
         .into_iter()
         .find(|r| r["session_id"] == "drifted" && r["accepted"] == true)
-        .expect("the drifted turn's hint was accepted")["hint"]
+        .unwrap_or_else(|| panic!("the drifted turn's hint was accepted: {case}"))["hint"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -347,6 +353,10 @@ async fn teacher_on_engine_prompt_ids(
         assert_eq!(
             status["token_ids"]["engine"], 3,
             "all but the streamed turn on the engine's ids: {case}"
+        );
+        assert_eq!(
+            status["token_ids"]["retokenized"], 1,
+            "the streamed turn re-tokenized: {case}"
         );
         assert_eq!(
             prompt,
