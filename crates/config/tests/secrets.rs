@@ -62,10 +62,20 @@ fn secrets_print_redacted() {
 
 #[test]
 fn process_env_is_a_lookup() {
-    // Only reads; PATH is set in any test environment.
-    assert!(process_env("PATH").is_some());
-    let s = Settings::default();
-    assert!(s.provider_api_key(&process_env).unwrap().is_none());
+    // In a jail: `bad_value_of_the_literal_key_is_not_echoed` clears the whole process's
+    // environment while it runs, and figment's jails take turns. (Outside one, this test once saw
+    // no PATH in CI, 2026-12-02, when the two ran at the same moment.)
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("POLICY_SERVING_TEST_LOOKUP", "value");
+        assert_eq!(
+            process_env("POLICY_SERVING_TEST_LOOKUP").as_deref(),
+            Some("value")
+        );
+        assert_eq!(process_env("POLICY_SERVING_TEST_NEVER_SET"), None);
+        let s = Settings::default();
+        assert!(s.provider_api_key(&process_env).unwrap().is_none());
+        Ok(())
+    });
 }
 
 #[test]
