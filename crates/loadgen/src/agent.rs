@@ -850,6 +850,26 @@ pub struct AgentConfigReport {
     pub model_dir: String,
 }
 
+/// The fake's CPU per request in both phases of a run, in the report's JSON as `fake_cpu`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FakeCpu {
+    /// The direct phase: the chat answers alone.
+    pub direct_ms_per_request: Option<f64>,
+    /// The proxied phase: the chat answers, the judge votes per main turn and, in OPD/Combine,
+    /// the teacher.
+    pub proxied_ms_per_request: Option<f64>,
+}
+
+impl FakeCpu {
+    /// From the two phases' CPU figures, each taken from its own phase (the fake's column).
+    pub fn of(direct: &CpuPerRequest, proxied: &CpuPerRequest) -> Self {
+        Self {
+            direct_ms_per_request: direct.fake,
+            proxied_ms_per_request: proxied.fake,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct AgentReport {
     pub unix_time: u64,
@@ -863,10 +883,9 @@ pub struct AgentReport {
     pub proxy_cpu_ms_per_request: Option<f64>,
     pub proxy_cpu_ms_per_main_turn: Option<f64>,
     pub proxy_cpu_ms_per_1000_captured_tokens: Option<f64>,
-    /// The fake's CPU per request in the direct phase (chat only) and the proxied one (chat and
-    /// the judge votes per main turn, and the teacher in OPD/Combine): the yardstick of the same
-    /// run.
-    pub fake_cpu: CpuPerRequest,
+    /// The fake's CPU per request in the direct phase and the proxied one: the yardstick of the
+    /// same run.
+    pub fake_cpu: FakeCpu,
     pub throughput_ratio: Option<f64>,
     pub trainer: TrainerTally,
     pub coverage: Coverage,
@@ -1283,12 +1302,7 @@ impl AgentReport {
             .map(|t| t * 1000.0 / workload.captured_tokens as f64);
         let throughput_ratio =
             (direct.throughput_rps > 0.0).then(|| proxy.throughput_rps / direct.throughput_rps);
-        let fake_cpu = CpuPerRequest {
-            proxy: None,
-            fake: proxy.cpu_ms_per_request.fake,
-            loadgen: direct.cpu_ms_per_request.fake,
-            resolution: proxy.cpu_ms_per_request.resolution,
-        };
+        let fake_cpu = FakeCpu::of(&direct.cpu_ms_per_request, &proxy.cpu_ms_per_request);
         let mib = |kib: u64| kib as f64 / 1024.0;
         let check =
             |name: &str, goal: String, value: Option<f64>, ok: &dyn Fn(f64) -> bool| TargetCheck {
@@ -1547,6 +1561,21 @@ mod tests {
         assert!(!peak_rss_meets_target(mib(117_188.0)));
         assert!(!peak_rss_meets_target(118.0), "118 MiB is 123.7 MB");
         assert!(peak_rss_meets_target(114.0));
+    }
+
+    #[test]
+    fn the_fakes_cpu_is_reported_under_the_phase_it_was_measured_in() {
+        let phase = |proxy: Option<f64>, fake: f64| CpuPerRequest {
+            proxy,
+            fake: Some(fake),
+            loadgen: Some(0.25),
+            resolution: Some(0.01),
+        };
+        let cpu = FakeCpu::of(&phase(None, 6.5), &phase(Some(3.0), 12.0));
+        assert_eq!(
+            serde_json::to_value(cpu).ok(),
+            Some(json!({"direct_ms_per_request": 6.5, "proxied_ms_per_request": 12.0}))
+        );
     }
 
     #[test]
