@@ -62,6 +62,10 @@ struct AgentArgs {
     /// The proxy's `prm.max_concurrency` (default: 4 x the sessions).
     #[arg(long)]
     prm_concurrency: Option<usize>,
+    /// The proxy's `teacher.max_concurrency` in OPD and Combine (default: the sessions; the
+    /// proxy's own default is 3).
+    #[arg(long)]
+    teacher_concurrency: Option<usize>,
     /// Samples per trainer pull (1–1024).
     #[arg(long, default_value_t = soak::DEFAULT_TRAINER_PAGE)]
     trainer_page: usize,
@@ -377,6 +381,7 @@ fn agent(args: AgentArgs) -> anyhow::Result<()> {
         fake_latency: Duration::from_millis(c.fake_latency_ms),
         ramp: Duration::from_millis(args.ramp_ms),
         prm_max_concurrency: args.prm_concurrency,
+        teacher_max_concurrency: args.teacher_concurrency,
         trainer_page: args.trainer_page,
         trainer_wait: Duration::from_millis(args.trainer_wait_ms),
         trainer_format: args.trainer_format.into(),

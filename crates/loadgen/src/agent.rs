@@ -86,6 +86,8 @@ pub struct AgentConfig {
     pub ramp: Duration,
     /// `prm.max_concurrency` (`None`: [`JUDGE_SLOTS_PER_SESSION`] × sessions).
     pub prm_max_concurrency: Option<usize>,
+    /// `teacher.max_concurrency` in OPD and Combine (`None`: one slot per session).
+    pub teacher_max_concurrency: Option<usize>,
     pub trainer_page: usize,
     pub trainer_wait: Duration,
     /// What the trainer asks its pages in (MessagePack, as the Python bridge does).
@@ -1059,8 +1061,9 @@ async fn run_to_end(
     let prm_slots = cfg
         .prm_max_concurrency
         .unwrap_or(JUDGE_SLOTS_PER_SESSION * cfg.sessions);
-    // OPD and Combine: one teacher call per hinted turn, as many in flight as sessions.
-    let teacher_slots = (cfg.mode != ProxyMode::Rl).then_some(cfg.sessions);
+    // OPD and Combine: one teacher call per hinted turn, as many in flight as sessions unless set.
+    let teacher_slots =
+        (cfg.mode != ProxyMode::Rl).then(|| cfg.teacher_max_concurrency.unwrap_or(cfg.sessions));
     let options = ProxyOptions {
         prm: true,
         prm_max_concurrency: Some(prm_slots),
