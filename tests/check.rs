@@ -75,9 +75,10 @@ async fn check_exits_zero_when_everything_passes_and_non_zero_with_a_fail_line()
     let out = check(write(tmp.path(), "settings.json", &good.to_string())).await;
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert_eq!(stdout.lines().count(), 11, "{stdout}");
+    assert_eq!(stdout.lines().count(), 12, "{stdout}");
     for line in [
         "ok   client auth",
+        "ok   turn types",
         "ok   sglang health",
         "ok   policy tokenizer",
         "ok   sglang chat logprobs",
@@ -91,7 +92,7 @@ async fn check_exits_zero_when_everything_passes_and_non_zero_with_a_fail_line()
         );
     }
     assert!(
-        stdout.ends_with("all 10 checks passed (4 skipped)\n"),
+        stdout.ends_with("all 11 checks passed (4 skipped)\n"),
         "{stdout}"
     );
 
@@ -113,7 +114,7 @@ async fn check_exits_zero_when_everything_passes_and_non_zero_with_a_fail_line()
         )
     );
     assert!(
-        stdout.ends_with("1 of 10 checks FAILED (4 skipped)\n"),
+        stdout.ends_with("1 of 11 checks FAILED (4 skipped)\n"),
         "{stdout}"
     );
 }

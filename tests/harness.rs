@@ -10,6 +10,8 @@
 //! | `operators.rs` | the operators' settings and trainer-side files start the server as they are |
 //! | `inspect.rs` | the inspection page of `demo` in headless chromium: what a person sees |
 //! | `prometheus.rs` | Debian's Prometheus scrapes `demo` and evaluates every dashboard query |
+//! | `real_engine.rs` | the real vLLM (`../shared/real-engine/`) in every mode: samples equal the engine's answers, no drift |
+//! | `real_openclaw.rs` | the real npm OpenClaw agent with the defaults: its conversations become sessions and samples |
 //!
 //! Per-crate tests stay beside their crates (`crates/*/tests`); only tests of the executables
 //! live here.

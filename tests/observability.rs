@@ -166,8 +166,12 @@ async fn metrics_cover_the_pipeline_and_logs_never_show_a_secret() {
         "debug logs carry the session id"
     );
     assert!(
-        logs.contains("session_inference=\"when_missing\"") && logs.contains("no side-turn rules"),
-        "serve logs at start how sessions without a key are found and which side-turn rules are active"
+        logs.contains("session_inference=\"when_missing\"")
+            && logs.contains("side-turn rule active")
+            && logs.contains("openclaw_memory_flush")
+            && logs.contains("openclaw_internal_context"),
+        "serve logs at start how sessions without a key are found, which side-turn rules and which \
+         rules for messages sent once are active"
     );
     for secret in [CLIENT_KEY, ADMIN_KEY, UPSTREAM_KEY] {
         assert!(!logs.contains(secret), "a secret leaked into the logs");

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use ps_config::{Mode, Settings, TurnType};
+use ps_config::{Mode, Settings};
 use ps_core::sample::{Reward, Sample, SampleStatus};
 use ps_fake_sglang::FakeSglang;
 use ps_sample_store::{SampleStore, StoreConfig};
@@ -31,7 +31,7 @@ async fn opd_run(sessions: usize, top_k: usize) -> (f64, u64, u64) {
     let mut s = Settings::default();
     s.server.port = 0;
     s.server.mode = Mode::Opd;
-    s.server.default_turn_type = TurnType::Main;
+    s.server.default_turn_type = ps_core::DefaultTurnType::Main;
     s.sglang.chat_url = fake.chat_url();
     s.prm.router_url = fake.generate_url();
     s.teacher.url = Some(fake.generate_url());

@@ -128,7 +128,22 @@ pub async fn policy_tokenizer(
     settings: &Settings,
     policy: &SglangClient,
 ) -> Result<PolicyTokenizer, StartupError> {
+    policy_tokenizer_and_engine(settings, policy)
+        .await
+        .map(|(t, _)| t)
+}
+
+/// [`policy_tokenizer`], and the engine the policy server's report names (SGLang when
+/// `/get_model_info` answered, else `/v1/models`'s `owned_by`), when it was reachable.
+pub async fn policy_tokenizer_and_engine(
+    settings: &Settings,
+    policy: &SglangClient,
+) -> Result<(PolicyTokenizer, Option<ps_core::Engine>), StartupError> {
     let reported = ask_policy_server(settings, policy).await;
+    let engine = match &reported {
+        Reported::Info(info) => info.engine,
+        Reported::Unreachable { .. } => None,
+    };
     let dir = settings.server.model_dir.clone();
     let chosen = tokio::task::spawn_blocking(move || {
         let chosen = policy_tokenizer::choose(dir.as_deref(), &reported);
@@ -146,7 +161,7 @@ pub async fn policy_tokenizer(
              server.model_dir is not compared with the served model"
         );
     }
-    chosen
+    chosen.map(|t| (t, engine))
 }
 
 pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions, StartupError> {
@@ -166,6 +181,7 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
         shutdown_grace: s.shutdown_grace(),
         max_messages: s.max_messages,
         max_upstream: settings.sglang.max_concurrency,
+        engine: settings.sglang.engine,
         inference: ps_server::infer::InferenceOptions {
             mode: s.session_inference,
             idle: s.session_timeout(),
@@ -179,6 +195,15 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
                     last_user_prefix: r.last_user_prefix.clone(),
                     without_tools: r.without_tools.then_some(true),
                     max_tokens_at_most: r.max_tokens_at_most,
+                })
+                .collect(),
+            ephemeral_rules: s
+                .ephemeral_message_rules
+                .iter()
+                .map(|r| ps_session_infer::EphemeralRule {
+                    name: r.name.clone(),
+                    role: r.role.clone(),
+                    content_prefix: r.content_prefix.clone(),
                 })
                 .collect(),
         },

@@ -220,6 +220,7 @@ mod tests {
             tokenizer_path: None,
             model_path: path.map(|p| p.display().to_string()),
             vocab_size: vocab,
+            engine: Some(ps_core::Engine::Sglang),
         })
     }
 

@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 use crate::error::StartupError;
 use crate::parts::{
     Records, buffer_config, judge_backend_with, judge_tokenizer, opd_parts, open_store, options,
-    policy_client, policy_tokenizer, provider_client, scorer, sweep_every,
+    policy_client, policy_tokenizer_and_engine, provider_client, scorer, sweep_every,
 };
 use crate::policy_tokenizer::PolicyTokenizer;
 
@@ -38,7 +38,7 @@ pub async fn build_app(
 }
 
 /// As [`build_app`], with the policy tokenizer given (`policy-serving demo`:
-/// [`PolicyTokenizer::embedded_demo`]) instead of found by [`policy_tokenizer`].
+/// [`PolicyTokenizer::embedded_demo`]) instead of found by [`crate::parts::policy_tokenizer`].
 pub async fn build_app_with(
     settings: &Settings,
     env: EnvLookup<'_>,
@@ -65,9 +65,9 @@ pub async fn build_full(
 ) -> Result<App, StartupError> {
     settings.check_secrets(env)?;
     let policy = policy_client(settings, env)?;
-    let tokenizer = match tokenizer {
-        Some(t) => t,
-        None => policy_tokenizer(settings, &policy).await?,
+    let (tokenizer, engine) = match tokenizer {
+        Some(t) => (t, None),
+        None => policy_tokenizer_and_engine(settings, &policy).await?,
     };
     tracing::info!("policy tokenizer: {}", tokenizer.source);
     // One tokenizer in memory: capture, the OPD teacher's input, the inspection page and (unless
@@ -131,6 +131,9 @@ pub async fn build_full(
         on_pause: Some(records as Arc<dyn PauseHook>),
     };
     let state = AppState::with_rollout(options, Arc::new(policy), capture, metrics, Some(rollout));
+    if let Some(engine) = engine {
+        state.learn_engine(engine, "reported by the policy server at start");
+    }
     // The buffer tells what happens to sessions and turns: the inspection page's history keeps it,
     // and the session matcher forgets a conversation when the buffer closes its session.
     let mut observers: Vec<Arc<dyn ps_core::TurnObserver>> = Vec::new();
@@ -340,6 +343,54 @@ pub fn client_auth_line(settings: &Settings, env: EnvLookup<'_>, base_url: &str)
     }
 }
 
+/// Which requests train, said plainly (`serve` logs it at start, `check` prints it on its `turn
+/// types` line): the turn type of requests that name none (`server.default_turn_type`) with and
+/// without a session key, as `server.session_inference` finds their sessions.
+pub fn turn_type_line(settings: &Settings) -> String {
+    use ps_config::{DefaultTurnType, SessionInference};
+    let s = &settings.server;
+    let rules = if s.side_turn_rules.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = s.side_turn_rules.iter().map(|r| r.name.as_str()).collect();
+        format!(" (except side turns by shape: {})", names.join(", "))
+    };
+    let keyless_infers = s.session_inference != SessionInference::Off;
+    let keyed_infers = s.session_inference == SessionInference::Always;
+    let says = |train: bool| {
+        if train {
+            "main turns: they train"
+        } else {
+            "side turns: they never train"
+        }
+    };
+    let (keyless, keyed) = (
+        s.default_turn_type.for_request(keyless_infers) == ps_core::TurnType::Main,
+        s.default_turn_type.for_request(keyed_infers) == ps_core::TurnType::Main,
+    );
+    let fix = match (keyless, keyed) {
+        (true, true) => String::new(),
+        _ if s.default_turn_type == DefaultTurnType::Side => {
+            "; unmodified agents produce no samples: send `X-Turn-Type: main`, or set              server.default_turn_type = \"auto\""
+                .to_owned()
+        }
+        (_, false) => {
+            "; clients that key their sessions mark main turns with `X-Turn-Type: main`".to_owned()
+        }
+        (false, true) => {
+            "; with server.session_inference = \"off\" requests without a key share the session              \"unknown\""
+                .to_owned()
+        }
+    };
+    format!(
+        "requests naming no turn type (server.default_turn_type = \"{}\"){rules}: without a session \
+         key they are {}; with one they are {}{fix}",
+        s.default_turn_type.as_str(),
+        says(keyless),
+        says(keyed),
+    )
+}
+
 /// `http://host:port` where a client on this machine reaches the proxy (a wildcard listen
 /// address becomes `127.0.0.1`).
 pub fn local_base_url(host: &str, port: u16) -> String {
@@ -382,6 +433,7 @@ pub async fn run(
         default_turn_type = settings.server.default_turn_type.as_str(),
         "policy-serving listening"
     );
+    tracing::info!("{}", turn_type_line(settings));
     app.state.options().inference.log_active();
     if settings.inspect.enabled {
         tracing::info!(

@@ -481,6 +481,21 @@ impl ChatTokenizer {
         }
     }
 
+    /// The text of `ids` decoded together (`tokenizer.decode(ids, skip_special_tokens=...)`):
+    /// bytes split across tokens are joined before they are read. Engines write their answers'
+    /// text with special tokens skipped (SGLang's and vLLM's default).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        let text = self
+            .tokenizer
+            .decode(ids, skip_special_tokens)
+            .unwrap_or_default();
+        if self.clean_up_tokenization_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        }
+    }
+
     /// The end-of-sequence token of the config (`eos_token`), if any.
     pub fn eos_token(&self) -> Option<&str> {
         self.eos_token.as_deref()

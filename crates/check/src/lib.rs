@@ -73,6 +73,13 @@ pub async fn run_checks(settings: &Settings, env: EnvLookup<'_>) -> CheckReport 
     timed(CheckId::ClientAuth, t, auth);
 
     let t = Instant::now();
+    timed(
+        CheckId::TurnTypes,
+        t,
+        Outcome::ok(ps_app::turn_type_line(settings)),
+    );
+
+    let t = Instant::now();
     let outcome = provider::check(settings, env).await;
     timed(CheckId::Provider, t, outcome);
 

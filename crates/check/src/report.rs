@@ -11,6 +11,9 @@ pub enum CheckId {
     /// How clients of the proxy authenticate (`server.api_key_env`, or `SGLANG_API_KEY` as in the
     /// reference), with a curl line that works. Informational: it never fails.
     ClientAuth,
+    /// Which requests train: the turn type of requests naming none, with and without a session
+    /// key (`server.default_turn_type`, `server.session_inference`). Informational: it never fails.
+    TurnTypes,
     /// A one-token chat call to the provider succeeds (reachable, key accepted, model known).
     Provider,
     /// SGLang's `/health` answers 200.
@@ -32,9 +35,10 @@ pub enum CheckId {
 
 impl CheckId {
     /// Every check, in order.
-    pub const ALL: [CheckId; 10] = [
+    pub const ALL: [CheckId; 11] = [
         Self::KeyVariables,
         Self::ClientAuth,
+        Self::TurnTypes,
         Self::Provider,
         Self::SglangHealth,
         Self::ChatLogprobs,
@@ -50,6 +54,7 @@ impl CheckId {
         match self {
             Self::KeyVariables => "key variables",
             Self::ClientAuth => "client auth",
+            Self::TurnTypes => "turn types",
             Self::Provider => "provider chat",
             Self::SglangHealth => "sglang health",
             Self::ChatLogprobs => "sglang chat logprobs",

@@ -673,7 +673,7 @@ async fn the_report_prints_one_line_per_check_and_one_per_failure() {
         lines.iter().any(|l| l.starts_with("skip teacher logprobs")),
         "{text}"
     );
-    assert_eq!(r.summary(), "1 of 10 checks FAILED (4 skipped)");
+    assert_eq!(r.summary(), "1 of 11 checks FAILED (4 skipped)");
 }
 
 #[tokio::test]
@@ -741,5 +741,38 @@ async fn check_shows_that_sglang_api_key_empty_means_bearer_empty_with_the_curl_
     assert!(
         detail(&r, CheckId::ClientAuth).contains("Bearer $SGLANG_API_KEY"),
         "{text}"
+    );
+}
+
+/// `check` says plainly which requests train: by default an unmodified agent's (no session key)
+/// do and keyed requests without a turn type do not; with `default_turn_type = "side"` nothing
+/// without a turn type trains, and the line says what to change.
+#[tokio::test]
+async fn check_says_which_requests_train() {
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = rl_settings(&fake, tmp.path());
+    s.server.default_turn_type = ps_config::DefaultTurnType::Auto;
+    let r = run_checks(&s, &no_env).await;
+    let d = detail(&r, CheckId::TurnTypes);
+    assert!(
+        d.contains("without a session key they are main turns: they train")
+            && d.contains("with one they are side turns: they never train")
+            && d.contains("openclaw_memory_flush"),
+        "{d}"
+    );
+    s.server.default_turn_type = ps_config::DefaultTurnType::Side;
+    let d = detail(&run_checks(&s, &no_env).await, CheckId::TurnTypes);
+    assert!(
+        d.contains("without a session key they are side turns: they never train")
+            && d.contains("unmodified agents produce no samples"),
+        "{d}"
+    );
+    s.server.default_turn_type = ps_config::DefaultTurnType::Main;
+    let d = detail(&run_checks(&s, &no_env).await, CheckId::TurnTypes);
+    assert!(
+        d.contains("without a session key they are main turns: they train")
+            && d.contains("with one they are main turns: they train"),
+        "{d}"
     );
 }

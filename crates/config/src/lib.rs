@@ -38,13 +38,13 @@ pub use load::{
     ENV_PREFIX, ENV_SEPARATOR, LEGACY_ENV, LEGACY_ENV_NOT_HONOURED, Overrides, ignored_legacy_env,
     load, load_with_env,
 };
-/// Re-exported: the type of `server.default_turn_type`.
-pub use ps_core::TurnType;
+/// Re-exported: the type of `server.default_turn_type`, and of the turn types it chooses.
+pub use ps_core::{DefaultTurnType, TurnType};
 pub use schema::{
-    CaptureSettings, EvalMode, InspectSettings, LogFormat, LoggingSettings, Mode, OpdSettings,
-    PauseMode, PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings, ServerSettings,
-    SessionInference, Settings, SglangSettings, SideTurnRule, StoreKind, StoreSettings,
-    TeacherBackend, TeacherSettings, TokenIdsMode,
+    CaptureSettings, EphemeralMessageRule, EvalMode, InspectSettings, LogFormat, LoggingSettings,
+    Mode, OpdSettings, PauseMode, PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings,
+    ServerSettings, SessionInference, Settings, SglangSettings, SideTurnRule, StoreKind,
+    StoreSettings, TeacherBackend, TeacherSettings, TokenIdsMode,
 };
 pub use secret::{
     EnvLookup, LEGACY_CLIENT_KEY_ENV, REDACTED, Secret, process_env, resolve_optional_secret,

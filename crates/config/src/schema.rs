@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ps_core::{AlignPolicy, TurnType};
+use ps_core::{AlignPolicy, DefaultTurnType};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::defaults as d;
@@ -104,8 +104,11 @@ pub struct ServerSettings {
     /// `rl`, `opd` or `combine`. Default `rl`.
     pub mode: Mode,
     /// Turn type assumed when a request names none (`X-Turn-Type` header or body key): `main` trains,
-    /// `side` is only forwarded. Default `side`, as in the reference; the server warns once per session.
-    pub default_turn_type: TurnType,
+    /// `side` is only forwarded, `auto` (default) is `main` for a request without a session key
+    /// whose session is recognised from its history (an unmodified agent trains) and `side` for a
+    /// request with a session key (as in the reference). A `side_turn_rules` match is always side.
+    /// The server warns once when requests will not train.
+    pub default_turn_type: DefaultTurnType,
     /// Model name filled into `model` when a request lacks it. Default `default`.
     pub served_model_name: String,
     /// The policy's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`). When absent the
@@ -144,6 +147,32 @@ pub struct ServerSettings {
     /// summary request, …): every condition of a rule must hold; any matching rule makes it a side
     /// turn. Requests matching none get `default_turn_type`. Default: none.
     pub side_turn_rules: Vec<SideTurnRule>,
+    /// Messages a client appends to a request and never sends again (a wrapper's context block):
+    /// left out of the fingerprints that recognise sessions and out of the next state. Default:
+    /// the npm OpenClaw agent's `<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>` user message.
+    pub ephemeral_message_rules: Vec<EphemeralMessageRule>,
+}
+
+/// One `[[server.ephemeral_message_rules]]` entry: messages of `role` (any when unset) whose text,
+/// leading white space aside, starts with `content_prefix`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EphemeralMessageRule {
+    /// Named in logs.
+    pub name: String,
+    pub role: Option<String>,
+    pub content_prefix: String,
+}
+
+impl EphemeralMessageRule {
+    /// The npm OpenClaw agent's context message (the default rule).
+    pub fn openclaw() -> Self {
+        Self {
+            name: "openclaw_internal_context".into(),
+            role: Some("user".into()),
+            content_prefix: ps_core::session::OPENCLAW_CONTEXT_PREFIX.into(),
+        }
+    }
 }
 
 /// One `[[server.side_turn_rules]]` entry. Unset conditions are not checked; at least one is needed.
@@ -162,6 +191,26 @@ pub struct SideTurnRule {
     pub max_tokens_at_most: Option<u64>,
 }
 
+impl SideTurnRule {
+    /// The default rules: the npm OpenClaw agent's two compaction helpers (recorded from
+    /// `openclaw` 2026.9.6), which are not the conversation's turns: the memory flush it sends
+    /// in the conversation before compacting it, and the summary request of its summariser.
+    pub fn openclaw_helpers() -> Vec<Self> {
+        vec![
+            Self {
+                name: "openclaw_memory_flush".into(),
+                last_user_prefix: Some("Pre-compaction memory flush.".into()),
+                ..Self::default()
+            },
+            Self {
+                name: "openclaw_compaction_summary".into(),
+                system_prefix: Some("You are a context summarization assistant.".into()),
+                ..Self::default()
+            },
+        ]
+    }
+}
+
 impl Default for ServerSettings {
     fn default() -> Self {
         Self {
@@ -171,7 +220,7 @@ impl Default for ServerSettings {
             session_timeout_sec: d::SERVER_SESSION_TIMEOUT_SEC,
             max_sessions: d::SERVER_MAX_SESSIONS,
             mode: Mode::default(),
-            default_turn_type: TurnType::Side,
+            default_turn_type: DefaultTurnType::Auto,
             served_model_name: d::SERVER_SERVED_MODEL_NAME.to_owned(),
             model_dir: None,
             api_key_env: None,
@@ -183,7 +232,8 @@ impl Default for ServerSettings {
             pause_hold_max_sec: d::SERVER_PAUSE_HOLD_MAX_SEC,
             admin_key_env: None,
             session_inference: SessionInference::default(),
-            side_turn_rules: Vec::new(),
+            side_turn_rules: SideTurnRule::openclaw_helpers(),
+            ephemeral_message_rules: vec![EphemeralMessageRule::openclaw()],
         }
     }
 }
@@ -227,6 +277,10 @@ pub struct SglangSettings {
     /// Deprecated: `false` is `token_ids = "retokenize"`, `true` is `auto`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub return_token_ids: Option<bool>,
+    /// The engine behind `chat_url`: `auto` (default: learned from what the server reports at
+    /// start, `GET /get_model_info` or `/v1/models`'s `owned_by`, else from its first answer),
+    /// `sglang` or `vllm`. vLLM is asked for its token ids on streamed calls too.
+    pub engine: ps_core::EngineSetting,
     /// Cap on concurrent upstream chat requests; a permit is held until a streamed body ends. A
     /// request beyond it gets 429 with Retry-After. Default 256.
     pub max_concurrency: usize,
@@ -243,6 +297,7 @@ impl Default for SglangSettings {
             stream: d::SGLANG_STREAM,
             token_ids: TokenIdsMode::default(),
             return_token_ids: None,
+            engine: ps_core::EngineSetting::default(),
             max_concurrency: d::SGLANG_MAX_CONCURRENCY,
         }
     }
@@ -265,6 +320,7 @@ impl fmt::Debug for SglangSettings {
             .field("stream", &self.stream)
             .field("token_ids", &self.token_ids)
             .field("return_token_ids", &self.return_token_ids)
+            .field("engine", &self.engine)
             .field("max_concurrency", &self.max_concurrency)
             .finish()
     }

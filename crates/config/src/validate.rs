@@ -91,6 +91,26 @@ impl Settings {
         v.var_name("server.admin_key_env", s.admin_key_env.as_deref());
         v.positive("server.max_messages", s.max_messages as u64);
         v.positive("server.max_turn_tokens", s.max_turn_tokens as u64);
+        for (i, r) in s.ephemeral_message_rules.iter().enumerate() {
+            let key = format!("server.ephemeral_message_rules[{i}]");
+            if r.name.trim().is_empty() {
+                v.fail(&format!("{key}.name"), &r.name, "a name for the logs");
+            }
+            if r.content_prefix.trim().is_empty() {
+                v.fail(
+                    &format!("{key}.content_prefix"),
+                    &r.content_prefix,
+                    "a non-empty prefix (a rule without one would name no message)",
+                );
+            }
+            if r.role.as_deref().is_some_and(|role| role.trim().is_empty()) {
+                v.fail(
+                    &format!("{key}.role"),
+                    &r.role,
+                    "a role such as \"user\", or no role for any",
+                );
+            }
+        }
         for (i, r) in s.side_turn_rules.iter().enumerate() {
             let key = format!("server.side_turn_rules[{i}]");
             if r.name.trim().is_empty() {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use ps_config::{
-    LogFormat, Mode, Overrides, PrmBackend, Settings, StoreKind, TeacherBackend, TurnType,
+    DefaultTurnType, LogFormat, Mode, Overrides, PrmBackend, Settings, StoreKind, TeacherBackend,
     load_with_env,
 };
 
@@ -88,7 +88,7 @@ fn operators_settings_json_loads_unchanged() {
 
     // Everything else keeps its default.
     assert_eq!(s.server.mode, Mode::Rl);
-    assert_eq!(s.server.default_turn_type, TurnType::Side);
+    assert_eq!(s.server.default_turn_type, DefaultTurnType::Auto);
     assert_eq!(s.capture, Default::default());
     assert_eq!(s.store, Default::default());
     assert!(!s.opd_active());
@@ -164,7 +164,7 @@ fn demo_toml_loads() {
     assert_eq!(s.server.port, 0);
     assert!(s.prm.enabled, "the demo judges turns with its fake SGLang");
     assert_eq!(s.prm.num_votes, 3);
-    assert_eq!(s.server.default_turn_type, TurnType::Main);
+    assert_eq!(s.server.default_turn_type, DefaultTurnType::Main);
     assert_eq!(s.server.model_dir, None);
     assert_eq!(s.prm_model_dir(), None);
     assert_eq!(s.server.mode, Mode::Rl);

@@ -122,19 +122,21 @@ pub struct WeightVersion {
 /// was captured) or [`TurnSink::abandon`] (the request failed, the client went away, or capture
 /// failed) for that turn. Implementations must not block: they queue and return.
 pub trait TurnSink: Send + Sync {
-    /// A main request of `session_id` arrived; its last message is the next state of the session's
-    /// previous main turn. `done` says the client ends the session with this turn. Returns the
-    /// number of this turn in its session (the default numbers nothing and returns 0).
-    fn begin(&self, _session_id: &str, _last_message: &Value, _done: bool) -> u64 {
+    /// A main request of `session_id` arrived; `next_state` (what it adds to the conversation,
+    /// without the messages a client sends only once; `None` when that leaves nothing) is the next
+    /// state of the session's previous main turn. `done` says the client ends the session with
+    /// this turn. Returns the number of this turn in its session (the default numbers nothing and
+    /// returns 0).
+    fn begin(&self, _session_id: &str, _next_state: Option<&Value>, _done: bool) -> u64 {
         0
     }
 
     /// A main request of `session_id` arrived that will not be captured (served while the trainer
-    /// has paused submission, `server.pause_mode = "serve"`). Its last message is still the next
-    /// state of the session's previous main turn: a turn's next state is only ever the message that
-    /// directly follows it, never one from several turns later. `done` ends the session as in
+    /// has paused submission, `server.pause_mode = "serve"`). Its `next_state` is still the next
+    /// state of the session's previous main turn: a turn's next state is only ever what directly
+    /// follows it, never what comes several turns later. `done` ends the session as in
     /// [`TurnSink::begin`].
-    fn advance(&self, _session_id: &str, _last_message: &Value, _done: bool) {}
+    fn advance(&self, _session_id: &str, _next_state: Option<&Value>, _done: bool) {}
 
     /// A request that is not a main turn said the session is done.
     fn end_session(&self, _session_id: &str) {}

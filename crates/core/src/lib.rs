@@ -5,7 +5,7 @@
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
 //! the captured main turn ([`capture`]) and the compact JSON its request parts wait in
 //! ([`json_text`]), the trainer's [`sample::Sample`] and the traits of where
-//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, and the events
+//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, the engine serving the policy ([`engine`]), and the events
 //! observers of sessions and turns are told ([`observe`]).
 //!
 //! It must not depend on a web framework, an async runtime or any other crate of this workspace:
@@ -14,6 +14,7 @@
 pub mod align;
 pub mod capture;
 pub mod codec;
+pub mod engine;
 pub mod errors;
 pub mod json_text;
 pub mod log;
@@ -29,6 +30,7 @@ pub mod sink;
 
 pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, EnginePrompts, TokenSource, TurnGuard, TurnSink, WeightVersion};
+pub use engine::{Engine, EngineCell, EngineSetting};
 pub use errors::error_chain;
 pub use json_text::JsonText;
 pub use log::{EncodedSample, LogError, SampleLog, StoreStats, StoredSample};
@@ -36,5 +38,5 @@ pub use observe::{NoObserver, Observers, TeacherOutcome, TurnEvent, TurnObserver
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 pub use secret::Secret;
-pub use session::{SessionHeaders, SessionOrigin, SessionSource, TurnType};
+pub use session::{DefaultTurnType, SessionHeaders, SessionOrigin, SessionSource, TurnType};
 pub use sink::{SampleSink, SinkError};

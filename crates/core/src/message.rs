@@ -24,21 +24,77 @@ pub fn flatten_content(content: &Value) -> String {
 
 /// Normalises one request message the way the reference server does before rendering:
 /// role `developer` becomes `system`; a content list is flattened with [`flatten_content`];
-/// a `null` or missing content is left as it is (the template treats it as empty).
+/// a `null` or missing content is left as it is (the template treats it as empty). A message
+/// whose reasoning is under vLLM's name, `reasoning`, with no `reasoning_content` beside it, gets
+/// it as `reasoning_content` too, the key chat templates read (vLLM hands its template both:
+/// docs/upstream-protocols.md, "vLLM as the policy engine"). Tool-call arguments sent as a JSON
+/// string are parsed into the object they hold, as SGLang and vLLM do before they render
+/// (the template then writes them with `tojson`); a string that does not hold an object becomes
+/// `{}` as in vLLM (SGLang refuses such a request, so it is never rendered there).
 pub fn normalize_message(message: &Value) -> Value {
     let Some(obj) = message.as_object() else {
         return message.clone();
     };
-    let mut out = Map::with_capacity(obj.len());
+    let mut out = Map::with_capacity(obj.len() + 1);
     for (k, v) in obj {
         let v = match (k.as_str(), v) {
             ("role", Value::String(r)) if r == "developer" => Value::String("system".into()),
             ("content", Value::Array(_)) => Value::String(flatten_content(v)),
+            ("tool_calls", Value::Array(calls)) => {
+                Value::Array(calls.iter().map(parsed_arguments).collect())
+            }
             _ => v.clone(),
         };
         out.insert(k.clone(), v);
     }
+    if let Some(reasoning) = vllm_reasoning(obj) {
+        out.insert(
+            "reasoning_content".into(),
+            Value::String(reasoning.to_owned()),
+        );
+    }
     Value::Object(out)
+}
+
+/// A tool call with its `function.arguments` as the engines hand it to the template: a JSON
+/// string parsed into its object, anything else that is not an object `{}`.
+fn parsed_arguments(call: &Value) -> Value {
+    let mut call = call.clone();
+    if let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) {
+        let args = match f.get("arguments") {
+            Some(Value::Object(_)) => return call,
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => Value::Object(Map::new()),
+            },
+            _ => Value::Object(Map::new()),
+        };
+        f.insert("arguments".into(), args);
+    }
+    call
+}
+
+/// The reasoning of a message that carries it only under vLLM's key `reasoning` (a string, with
+/// `reasoning_content` missing or `null`).
+fn vllm_reasoning(obj: &Map<String, Value>) -> Option<&str> {
+    match obj.get("reasoning_content") {
+        None | Some(Value::Null) => obj.get("reasoning").and_then(Value::as_str),
+        Some(_) => None,
+    }
+}
+
+/// Moves an answer's reasoning from vLLM's key `reasoning` to `reasoning_content`, the key the
+/// rest of the pipeline (rendering, records, judges) reads; an answer with `reasoning_content`
+/// already is left as it is.
+pub fn reasoning_to_content_key(message: &mut Value) {
+    let Some(obj) = message.as_object_mut() else {
+        return;
+    };
+    if vllm_reasoning(obj).is_some()
+        && let Some(r) = obj.shift_remove("reasoning")
+    {
+        obj.insert("reasoning_content".into(), r);
+    }
 }
 
 /// Normalises every message of a request.
@@ -111,5 +167,68 @@ mod tests {
         assert_eq!(r["content"], json!(""));
         let r = normalize_response_message(&json!({"role": "assistant"}));
         assert_eq!(r["content"], json!(""));
+    }
+
+    /// What SGLang and vLLM hand their templates (read in their sources, docs/upstream-protocols.md
+    /// "vLLM as the policy engine"): tool-call argument strings parsed into objects, so that the
+    /// template writes them with `tojson`; a string that holds no object is `{}` (vLLM).
+    #[test]
+    fn tool_call_arguments_are_parsed_as_the_engines_parse_them() {
+        let m = json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"b\":1,\"a\":[2]}"}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": "not json"}},
+            {"id": "c", "type": "function", "function": {"name": "h", "arguments": "[1]"}},
+            {"id": "d", "type": "function", "function": {"name": "i", "arguments": {"x": 1}}},
+            {"id": "e", "type": "function", "function": {"name": "j"}}]});
+        let n = normalize_message(&m);
+        let args: Vec<&Value> = n["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| &c["function"]["arguments"])
+            .collect();
+        assert_eq!(
+            args,
+            [
+                &json!({"b": 1, "a": [2]}),
+                &json!({}),
+                &json!({}),
+                &json!({"x": 1}),
+                &json!({})
+            ]
+        );
+        // Key order survives the parse (the template writes them in the client's order).
+        let keys: Vec<&String> = args[0]
+            .as_object()
+            .into_iter()
+            .flat_map(|o| o.keys())
+            .collect();
+        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(n["tool_calls"][0]["id"], "a");
+    }
+
+    /// vLLM's reasoning key: rendered as `reasoning_content` when that is missing or null; an
+    /// answer's is moved there.
+    #[test]
+    fn vllm_reasoning_is_read_as_reasoning_content() {
+        let n = normalize_message(&json!({"role": "assistant", "content": "a", "reasoning": "r"}));
+        assert_eq!(n["reasoning_content"], "r");
+        let n = normalize_message(
+            &json!({"role": "assistant", "reasoning_content": "s", "reasoning": "r"}),
+        );
+        assert_eq!(
+            n["reasoning_content"], "s",
+            "SGLang's key wins when both are set"
+        );
+        let mut answer = json!({"role": "assistant", "content": null, "reasoning": "r", "reasoning_content": null});
+        reasoning_to_content_key(&mut answer);
+        assert_eq!(
+            answer,
+            json!({"role": "assistant", "content": null, "reasoning_content": "r"})
+        );
+        let mut answer = json!({"role": "assistant", "content": "c", "reasoning_content": "s"});
+        let before = answer.clone();
+        reasoning_to_content_key(&mut answer);
+        assert_eq!(answer, before);
     }
 }

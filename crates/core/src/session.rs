@@ -28,6 +28,44 @@ impl TurnType {
     }
 }
 
+/// The start of the message the npm OpenClaw agent appends to every request after the user's own
+/// and never sends again (recorded from `openclaw` 2026.9.6): the default
+/// `server.ephemeral_message_rules` entry.
+pub const OPENCLAW_CONTEXT_PREFIX: &str = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>";
+
+/// `server.default_turn_type`: the turn type of a request that names none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultTurnType {
+    /// `main` for a request whose session is recognised from its history (no session key: an
+    /// unmodified agent trains with the defaults), `side` for one with a session key (as in the
+    /// reference, whose clients name their main turns).
+    #[default]
+    Auto,
+    Main,
+    Side,
+}
+
+impl DefaultTurnType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Main => "main",
+            Self::Side => "side",
+        }
+    }
+
+    /// The turn type of a request naming none, `inferred` when its session is (to be) recognised
+    /// from its history.
+    pub fn for_request(self, inferred: bool) -> TurnType {
+        match self {
+            Self::Auto if inferred => TurnType::Main,
+            Self::Auto | Self::Side => TurnType::Side,
+            Self::Main => TurnType::Main,
+        }
+    }
+}
+
 /// `1`, `true`, `yes` and `on` (any case) are truthy, as in the reference server.
 pub fn is_truthy(s: &str) -> bool {
     matches!(
@@ -116,6 +154,20 @@ impl SessionOrigin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_trains_inferred_sessions_and_keeps_keyed_ones_side() {
+        use DefaultTurnType as D;
+        assert_eq!(D::default(), D::Auto);
+        assert_eq!(D::Auto.for_request(true), TurnType::Main);
+        assert_eq!(D::Auto.for_request(false), TurnType::Side);
+        for inferred in [true, false] {
+            assert_eq!(D::Main.for_request(inferred), TurnType::Main);
+            assert_eq!(D::Side.for_request(inferred), TurnType::Side);
+        }
+        let parsed: Vec<D> = serde_json::from_str(r#"["auto","main","side"]"#).unwrap_or_default();
+        assert_eq!(parsed, [D::Auto, D::Main, D::Side]);
+    }
 
     #[test]
     fn truthy_values() {

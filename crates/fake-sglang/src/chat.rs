@@ -32,13 +32,13 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
     let body = admitted
         .body
         .map_err(|m| flat_error(StatusCode::BAD_REQUEST, "BadRequestError", &m))?;
-    let params = parse_chat(&body)
+    let quirks = state.config().quirks.clone();
+    let params = parse_chat(&body, quirks.vllm)
         .map_err(|m| flat_error(StatusCode::BAD_REQUEST, "BadRequestError", &m))?;
 
     let tok = state.tokenizer().clone();
     let st = state.clone();
     let reasoning = state.config().reasoning;
-    let quirks = state.config().quirks.clone();
     let id = hex_id(mix(state.next_seq(), 0x6368_6174), 32);
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -48,7 +48,11 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
     if params.stream {
         let events = blocking(Route::OpenAi, move || {
             let sample = sample_chat(&tok, &st.config().prompts, &params, reasoning)?;
-            Ok::<_, SampleError>(stream_events(&tok, &params, &sample, &id, created, &quirks))
+            Ok::<_, SampleError>(if quirks.vllm {
+                vllm_stream_events(&tok, &params, &sample, &id, created)
+            } else {
+                stream_events(&tok, &params, &sample, &id, created, &quirks)
+            })
         })
         .await?
         .map_err(sample_error)?;
@@ -176,18 +180,38 @@ fn completion_json(
         json!(sample.matched_stop)
     };
     // Large values are moved into their (already ordered) places: `json!` would copy them.
-    let mut choice = json!({
-        "index": 0,
-        "message": {
-            "role": "assistant",
-            "content": sample.content,
-            "reasoning_content": sample.reasoning,
-            "tool_calls": tool_calls_json(sample),
-        },
-        "logprobs": null,
-        "finish_reason": sample.finish.as_str(),
-        "matched_stop": matched_stop,
-    });
+    let mut choice = if q.vllm {
+        // vLLM writes `tool_calls` only when there are calls.
+        let mut message = json!({"role": "assistant", "content": sample.content, "refusal": null});
+        if sample.tool_call.is_some()
+            && let Some(m) = message.as_object_mut()
+        {
+            m.insert("tool_calls".into(), tool_calls_json(sample));
+        }
+        if let Some(m) = message.as_object_mut() {
+            m.insert("reasoning".into(), json!(sample.reasoning));
+        }
+        json!({
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": sample.finish.as_str(),
+            "stop_reason": null,
+        })
+    } else {
+        json!({
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": sample.content,
+                "reasoning_content": sample.reasoning,
+                "tool_calls": tool_calls_json(sample),
+            },
+            "logprobs": null,
+            "finish_reason": sample.finish.as_str(),
+            "matched_stop": matched_stop,
+        })
+    };
     choice["logprobs"] = logprobs;
     let mut top_level = Map::new();
     if let Some(c) = choice.as_object_mut() {
@@ -256,6 +280,92 @@ fn completion_json(
         o.extend(top_level);
     }
     answer
+}
+
+/// The `data:` events of a streamed answer as vLLM 0.32 sends them (recorded; without `[DONE]`):
+/// the role first, with the prompt's ids at the response level when asked (`null` otherwise),
+/// then one chunk per sampled token carrying its text under `reasoning`, `content` or a tool-call
+/// fragment (an empty delta when the parsers swallow it), its log-prob and, when asked, its id in
+/// `token_ids`; the finish reason and `stop_reason` ride on the last token's chunk.
+fn vllm_stream_events(
+    tok: &ChatTokenizer,
+    p: &ChatParams,
+    sample: &ChatSample,
+    id: &str,
+    created: u64,
+) -> Vec<Bytes> {
+    let chunk = |choice: Value| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": p.model,
+            "choices": [choice],
+        })
+    };
+    let mut first = chunk(
+        json!({"index": 0, "delta": {"role": "assistant", "content": ""},
+        "logprobs": null, "finish_reason": null}),
+    );
+    if let Some(o) = first.as_object_mut() {
+        let prompt = if p.return_token_ids {
+            Value::from(sample.prompt_ids.clone())
+        } else {
+            Value::Null
+        };
+        o.insert("prompt_token_ids".into(), prompt);
+    }
+    let mut events = vec![first];
+    let last_head = sample.tokens.iter().rposition(|t| t.part == Part::ToolHead);
+    let n = sample.tokens.len();
+    for (pos, t) in sample.tokens.iter().enumerate() {
+        let delta = match t.part {
+            Part::Reasoning if !t.text.is_empty() => json!({"reasoning": t.text}),
+            Part::Content if !t.text.is_empty() => json!({"content": t.text}),
+            Part::ToolHead if Some(pos) == last_head => match &sample.planned_tool {
+                Some(tc) => json!({"tool_calls": [{"id": tc.id, "type": "function", "index": 0,
+                    "function": {"name": tc.name}}]}),
+                None => json!({}),
+            },
+            Part::ToolArgs if !t.text.is_empty() => {
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": t.text}}]})
+            }
+            _ => json!({}),
+        };
+        let logprobs = if p.logprobs {
+            json!({"content": [chat_logprob_entry(tok, t, pos, p.top_logprobs)]})
+        } else {
+            Value::Null
+        };
+        let last = pos + 1 == n;
+        let mut choice = json!({"index": 0, "delta": delta, "logprobs": logprobs,
+            "finish_reason": if last { json!(sample.finish.as_str()) } else { Value::Null }});
+        if let Some(c) = choice.as_object_mut() {
+            if last {
+                c.insert("stop_reason".into(), Value::Null);
+            }
+            let ids = if p.return_token_ids {
+                json!([t.id])
+            } else {
+                Value::Null
+            };
+            c.insert("token_ids".into(), ids);
+        }
+        events.push(chunk(choice));
+    }
+    if n == 0 {
+        events.push(chunk(json!({"index": 0, "delta": {}, "logprobs": null,
+            "finish_reason": sample.finish.as_str(), "stop_reason": null})));
+    }
+    if p.include_usage {
+        let mut usage_chunk = chunk(json!(null));
+        if let Some(o) = usage_chunk.as_object_mut() {
+            o.insert("choices".into(), json!([]));
+            o.insert("usage".into(), usage_json(sample));
+        }
+        events.push(usage_chunk);
+    }
+    events.iter().map(|e| sse(&e.to_string())).collect()
 }
 
 /// The `data:` events of a streamed answer (without `[DONE]`).

@@ -432,7 +432,7 @@ async fn models(State(state): State<FakeState>, headers: axum::http::HeaderMap) 
         "id": state.model_name(),
         "object": "model",
         "created": created,
-        "owned_by": "sglang",
+        "owned_by": if state.config().quirks.vllm { "vllm" } else { "sglang" },
         "max_model_len": 32768,
     });
     if let (Some(path), Some(m)) = (&state.config().model_path, model.as_object_mut()) {
@@ -450,7 +450,7 @@ async fn model_info(State(state): State<FakeState>, headers: axum::http::HeaderM
     let Some(path) = config
         .model_path
         .as_ref()
-        .filter(|_| config.model_info_route)
+        .filter(|_| config.model_info_route && !config.quirks.vllm)
     else {
         return not_found().await;
     };

@@ -77,10 +77,14 @@ pub(crate) struct ChatParams {
     pub return_token_ids: bool,
     pub return_prompt_token_ids: bool,
     pub return_meta_info: bool,
+    /// vLLM's `structured_outputs.regex` spells a whole `<tool_call>`: the grammar forces a call
+    /// (the real engine's tests force one so), answered as `tool_choice: "required"` is.
+    pub forced_tool_call: bool,
 }
 
-/// Validates a chat request the way SGLang does (the message becomes a flat 400 error body).
-pub(crate) fn parse_chat(body: &Value) -> Result<ChatParams, String> {
+/// Validates a chat request the way SGLang does (the message becomes a flat 400 error body);
+/// `streams_ids`: the id flags are accepted on streams (vLLM), else refused (SGLang).
+pub(crate) fn parse_chat(body: &Value, streams_ids: bool) -> Result<ChatParams, String> {
     let obj = body
         .as_object()
         .ok_or_else(|| "request body must be a JSON object".to_owned())?;
@@ -108,7 +112,7 @@ pub(crate) fn parse_chat(body: &Value) -> Result<ChatParams, String> {
         }
     };
     let stream = flag("stream");
-    if stream {
+    if stream && !streams_ids {
         for k in [
             "return_token_ids",
             "return_prompt_token_ids",
@@ -156,6 +160,11 @@ pub(crate) fn parse_chat(body: &Value) -> Result<ChatParams, String> {
         return_token_ids: flag("return_token_ids"),
         return_prompt_token_ids: flag("return_prompt_token_ids"),
         return_meta_info: flag("return_meta_info"),
+        forced_tool_call: obj
+            .get("structured_outputs")
+            .and_then(|s| s.get("regex"))
+            .and_then(Value::as_str)
+            .is_some_and(|r| r.contains("<tool_call>")),
     })
 }
 
@@ -288,6 +297,9 @@ fn chosen_tool(p: &ChatParams) -> Option<(String, Option<&Value>)> {
     let first = tools.first()?;
     match &p.tool_choice {
         Value::String(s) if s == "none" => None,
+        _ if p.forced_tool_call => {
+            Some((tool_name(first).unwrap_or("tool").to_owned(), Some(first)))
+        }
         Value::String(s) if s == "required" => {
             Some((tool_name(first).unwrap_or("tool").to_owned(), Some(first)))
         }
@@ -709,6 +721,10 @@ pub(crate) fn default_vote(prompt: &str) -> i64 {
 mod tests {
     use super::*;
 
+    fn parse_chat_sglang(body: &Value) -> Result<ChatParams, String> {
+        parse_chat(body, false)
+    }
+
     #[test]
     fn py_json_matches_python_spacing() {
         let v = json!({"city": "Paris", "days": [1, 2], "x": {"a": null}});
@@ -729,7 +745,8 @@ mod tests {
         assert_eq!(elaborate(&words, 0), "");
         let tok = ChatTokenizer::mini();
         let ask = |text: &str| {
-            parse_chat(&json!({"messages": [{"role": "user", "content": text}]})).expect("valid")
+            parse_chat_sglang(&json!({"messages": [{"role": "user", "content": text}]}))
+                .expect("valid")
         };
         let prompts = PromptEncoder::new(0);
         let short = sample_chat(&tok, &prompts, &ask("tell me more"), true).expect("sampled");
@@ -760,19 +777,26 @@ mod tests {
 
     #[test]
     fn parse_chat_rejects_what_sglang_rejects() {
-        assert!(parse_chat(&json!({})).is_err());
-        assert!(parse_chat(&json!({"messages": []})).is_err());
+        assert!(parse_chat_sglang(&json!({})).is_err());
+        assert!(parse_chat_sglang(&json!({"messages": []})).is_err());
         assert!(
-            parse_chat(&json!({"messages": [{"role":"user","content":"hi"}], "stream": true, "return_token_ids": true}))
+            parse_chat_sglang(&json!({"messages": [{"role":"user","content":"hi"}], "stream": true, "return_token_ids": true}))
                 .is_err()
         );
         assert!(
-            parse_chat(
+            parse_chat_sglang(
                 &json!({"messages": [{"role":"user","content":"hi"}], "tool_choice": "required"})
             )
             .is_err()
         );
-        let p = parse_chat(&json!({"messages": [{"role":"user","content":"hi"}], "max_tokens": 5, "max_completion_tokens": 7}))
+        // vLLM streams the ids it is asked for.
+        let streamed = json!({"messages": [{"role":"user","content":"hi"}], "stream": true, "return_token_ids": true});
+        assert!(
+            parse_chat(&streamed, true)
+                .expect("vLLM accepts it")
+                .return_token_ids
+        );
+        let p = parse_chat_sglang(&json!({"messages": [{"role":"user","content":"hi"}], "max_tokens": 5, "max_completion_tokens": 7}))
             .expect("valid");
         assert_eq!(p.max_tokens, Some(7));
         assert_eq!(p.model, "default");

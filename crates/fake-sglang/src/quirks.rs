@@ -50,6 +50,27 @@ pub struct Quirks {
     /// Top lists shorter than asked and missing the sampled token (ids that decode to the same text
     /// collapse; docs/upstream-protocols.md 1.6). Default false.
     pub short_top_lists: bool,
+    /// Answers shaped as vLLM 0.32's (recorded from the real engine, docs/upstream-protocols.md
+    /// "vLLM as the policy engine"): reasoning under `reasoning`, `stop_reason` instead of
+    /// `matched_stop`, `owned_by: "vllm"` and no `/get_model_info`, and `return_token_ids`
+    /// accepted on streams (the prompt's ids on the first chunk, each chunk's sampled ids on its
+    /// choice, one sampled token and its log-prob per chunk). Default false ([`Quirks::vllm`]
+    /// sets it with the ids and weight version vLLM gives).
+    pub vllm: bool,
+}
+
+impl Quirks {
+    /// The real vLLM 0.32 (CPU build, with `--reasoning-parser qwen3` and the hermes tool parser).
+    pub fn vllm() -> Self {
+        Self {
+            id_field: IdField::Vllm,
+            stream_logprobs: StreamLogprobs::StepChunks,
+            tokens_per_chunk: 1,
+            weight_version: None,
+            short_top_lists: false,
+            vllm: true,
+        }
+    }
 }
 
 impl Default for Quirks {
@@ -60,6 +81,7 @@ impl Default for Quirks {
             tokens_per_chunk: 1,
             weight_version: Some("default".into()),
             short_top_lists: false,
+            vllm: false,
         }
     }
 }

@@ -713,6 +713,14 @@ fn check_drift(
     let text = |ids: &[u32], i: usize| ids.get(i).map(|&id| tok.token_text(id));
     let prompt_diff = first_diff(&engine.prompt_ids, &ours.prompt_ids);
     let first_prompt_difference = drift.prompts.record(prompt_diff.is_none());
+    // An answer's text holds all it sampled only when it stopped by itself: one cut by
+    // `max_tokens` may end inside what a parser holds back (a tool call's head, a call whose
+    // arguments are not yet an object) or inside a character (whose bytes the detokenizer never
+    // sends), and one stopped by a stop string leaves the string out of its text. Such a response
+    // is not compared, only its prompt.
+    let finish = &job.rollout.finish;
+    let text_incomplete =
+        finish.reason.as_deref() == Some("length") || finish.matched_stop.is_string();
     let found = if let Some(i) = prompt_diff {
         Some((
             "prompt",
@@ -720,29 +728,23 @@ fn check_drift(
             text(&engine.prompt_ids, i),
             text(&ours.prompt_ids, i),
         ))
+    } else if text_incomplete {
+        None
     } else {
-        let sampled: Vec<ps_core::SampledToken> = engine
-            .response_ids
-            .iter()
-            .map(|&id| ps_core::SampledToken {
-                token: String::new(),
-                id: Some(id),
-                logprob: 0.0,
-            })
-            .collect();
-        let a = align_logprobs(
-            &ours.response_ids,
-            |id| tok.token_text(id),
-            &sampled,
-            &job.rollout.finish,
-            tok.eos_token_id(),
-            AlignPolicy::default(),
-        );
-        // The engine's id at position i found no place among our response ids; our ids there
-        // are not position-for-position comparable (the template adds tokens), so only the
-        // engine's token is named.
-        a.first_unmatched_upstream
-            .map(|i| ("response", i, text(&engine.response_ids, i), None))
+        // The response is compared as text: the engine's sampled ids decoded together must all
+        // stand, in order, in the response our template renders from the answer (which may add
+        // what was not sampled: an empty think block, the newline after the end token). Ids are
+        // not comparable here: sampled byte-level tokens need not be what the decoded text
+        // encodes back to (a model may sample the bytes of a character apart, or merges the
+        // tokenizer would not make), so an exact engine and template would still differ by id.
+        // Decoded as the engine wrote the answer's text, without special tokens: a model may
+        // sample them anywhere (a random one does) and stop on any of its stop tokens (Qwen3:
+        // `<|im_end|>` or `<|endoftext|>`), and the template writes its own end marker.
+        let engine_text = tok.decode(&engine.response_ids, true);
+        first_unexplained_char(&engine_text, &ours.response_text).map(|i| {
+            let around: String = engine_text.chars().skip(i).take(16).collect();
+            ("response", i, Some(around), None)
+        })
     };
     if let Some((part, position, engine_token, ours_token)) = found {
         let first = drift.drifted.fetch_add(1, Ordering::Relaxed) == 0;
@@ -779,6 +781,23 @@ fn check_drift(
         *drift.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
     }
     Ok(())
+}
+
+/// The first character of `engine` (by index) that does not stand, in order, in `ours`: a
+/// character-level diff in which `ours` may add text but not drop or change any of `engine`'s.
+/// Bounded in time (a pathological pair is compared coarsely past the deadline, never wrongly
+/// declared equal).
+fn first_unexplained_char(engine: &str, ours: &str) -> Option<usize> {
+    use similar::{Algorithm, DiffOp, capture_diff_slices_deadline};
+    let e: Vec<char> = engine.chars().collect();
+    let o: Vec<char> = ours.chars().collect();
+    let deadline = Instant::now() + Duration::from_millis(200);
+    capture_diff_slices_deadline(Algorithm::Myers, &e, &o, Some(deadline))
+        .into_iter()
+        .find_map(|op| match op {
+            DiffOp::Delete { old_index, .. } | DiffOp::Replace { old_index, .. } => Some(old_index),
+            DiffOp::Equal { .. } | DiffOp::Insert { .. } => None,
+        })
 }
 
 /// A turn re-rendered and re-tokenized, its log-probs aligned to the tokens.
@@ -1417,8 +1436,10 @@ mod tests {
     fn a_response_that_differs_is_drift_but_the_prompts_still_agree() {
         let tok = ChatTokenizer::mini();
         let (prompt, mut response) = true_ids(&tok);
-        // A sampled id that is not our tokenization of the answer (engines sample such ids).
-        response[1] = prompt[0];
+        // A sampled token whose text is not in the answer our template renders.
+        let other = tok.encode("zebra").unwrap()[0];
+        assert_ne!(tok.token_text(other), tok.token_text(response[1]));
+        response[1] = other;
         let stats = CaptureStats::new(DriftCheck::new(10, 0));
         let j = engine_job(
             &tok,
@@ -1431,6 +1452,47 @@ mod tests {
         assert_eq!(st["last_drift"]["part"], "response");
         assert_eq!(st["engine_prompts_agree"], true);
         assert!(stats.drift.engine_prompts().agree());
+    }
+
+    /// The response is compared as text: an engine that sampled the answer in other pieces than
+    /// our tokenizer would cut it into (byte-level models do: a random model, a character's bytes
+    /// apart, merges the encoder would not make) agrees with the template all the same.
+    #[test]
+    fn a_response_sampled_in_other_pieces_is_not_drift() {
+        let tok = ChatTokenizer::mini();
+        let (prompt, response) = true_ids(&tok);
+        let (at, long) = response
+            .iter()
+            .enumerate()
+            .find(|(_, id)| tok.token_text(**id).chars().count() >= 2)
+            .map(|(i, id)| (i, *id))
+            .expect("a token of two characters or more");
+        let pieces: Vec<u32> = tok
+            .token_text(long)
+            .chars()
+            .flat_map(|c| tok.encode(&c.to_string()).unwrap())
+            .collect();
+        assert!(pieces.len() >= 2 && !pieces.contains(&long));
+        let mut sampled = response[..at].to_vec();
+        sampled.extend(&pieces);
+        sampled.extend(&response[at + 1..]);
+        assert_eq!(tok.decode(&sampled, true), tok.decode(&response, true));
+        let stats = CaptureStats::new(DriftCheck::new(10, 0));
+        let n = sampled.len();
+        let j = engine_job(&tok, Some((prompt.clone(), sampled.clone())), n);
+        let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+        assert_eq!(t.response_ids, sampled, "the sample keeps the engine's ids");
+        let st = stats.to_json();
+        assert_eq!(
+            (st["drift_checked"].clone(), st["drift"].clone()),
+            (json!(1), json!(0))
+        );
+        // The same answer with a character the template does not render is drift.
+        let mut wrong = sampled;
+        wrong[at] = tok.encode("Q").unwrap()[0];
+        let j = engine_job(&tok, Some((prompt, wrong.clone())), wrong.len());
+        capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+        assert_eq!(stats.to_json()["drift"], 1);
     }
 
     #[test]

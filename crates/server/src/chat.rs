@@ -116,16 +116,15 @@ fn open_turn(
 ) -> OpenedTurn {
     let opts = app.options();
     let inference = &opts.inference;
-    let turn_type = req.session.turn_type.unwrap_or_else(|| {
-        crate::infer::turn_type_by_shape(&inference.side_rules, req, opts.default_turn_type)
-    });
-    let found = crate::infer::find_session(
-        app.0.matcher.as_ref(),
-        inference.mode,
-        headers,
-        req,
-        turn_type,
-    );
+    // `auto`: main when the session is recognised from the history (an unmodified agent), side
+    // when the client keys its sessions (as the reference's clients, which name their main turns).
+    let default = opts.default_turn_type.for_request(inference.infers(req));
+    let turn_type = req
+        .session
+        .turn_type
+        .unwrap_or_else(|| crate::infer::turn_type_by_shape(&inference.side_rules, req, default));
+    let found =
+        crate::infer::find_session(app.0.matcher.as_ref(), inference, headers, req, turn_type);
     let (session_id, origin, reply) = (found.session_id, found.origin, found.reply);
     if origin.source == ps_core::SessionSource::Unknown && app.first_warning("\0no-session-id") {
         tracing::warn!(
@@ -140,18 +139,23 @@ fn open_turn(
     };
     let turn_type = match req.session.turn_type {
         Some(t) => t,
-        None if turn_type != opts.default_turn_type => turn_type,
+        None if turn_type != default => turn_type,
         None => {
             if app.first_warning(warn_key) {
                 tracing::warn!(
                     session_id = %session_id,
                     default = opts.default_turn_type.as_str(),
-                    "requests of this session carry no turn type (`X-Turn-Type: main|side`); using `server.default_turn_type` ({}), so {}",
+                    "requests of this session carry no turn type (`X-Turn-Type: main|side`); `server.default_turn_type = \"{}\"` makes them {} turns, so {}",
                     opts.default_turn_type.as_str(),
-                    if opts.default_turn_type == TurnType::Side { "they produce NO training data" } else { "they are trained on" },
+                    default.as_str(),
+                    if default == TurnType::Side {
+                        "they produce NO training data (send `X-Turn-Type: main`, or leave out the session key so that `auto` trains them)"
+                    } else {
+                        "they are trained on"
+                    },
                 );
             }
-            opts.default_turn_type
+            default
         }
     };
     let arrival_seq = app.next_arrival();
@@ -164,9 +168,16 @@ fn open_turn(
     }
 
     let sink = app.capture().sink().clone();
-    let last_message = || req.last_message();
+    // What the request adds to its conversation, without the messages a client sends once.
+    let next_state = || {
+        ps_session_infer::next_state(
+            req.added_messages(),
+            &inference.ephemeral_rules,
+            found.ephemeral_tail,
+        )
+    };
     let guard = if turn_type == TurnType::Main && collect {
-        let turn_no = sink.begin(&session_id, last_message(), req.session.done);
+        let turn_no = sink.begin(&session_id, next_state().as_ref(), req.session.done);
         span.record("turn", turn_no);
         let mut guard = ps_core::TurnGuard::new(sink, session_id.clone(), turn_no);
         guard.set_reason("upstream_failed");
@@ -175,7 +186,7 @@ fn open_turn(
         if turn_type == TurnType::Main {
             // Served while paused: not captured, but the session still moves on, so the previous
             // turn's next state is this request's message and not one from after the resume.
-            sink.advance(&session_id, last_message(), req.session.done);
+            sink.advance(&session_id, next_state().as_ref(), req.session.done);
         } else if req.session.done {
             sink.end_session(&session_id);
         }
@@ -195,7 +206,9 @@ fn open_turn(
         });
     }
     let upstream_stream = req.stream && opts.upstream_stream;
-    let asks_for_ids = !upstream_stream && opts.token_ids != TokenIdsMode::Retokenize;
+    // SGLang refuses `return_token_ids` on a streamed request; vLLM answers it chunk by chunk.
+    let asks_for_ids = opts.token_ids != TokenIdsMode::Retokenize
+        && (!upstream_stream || app.engine().is_some_and(ps_core::Engine::streams_token_ids));
     let forward_opts = ForwardOptions {
         served_model_name: &opts.served_model_name,
         stream: upstream_stream,
@@ -259,6 +272,11 @@ async fn whole_answer(
     metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());
     // Read once, without a tree: where its parts are; the client's copy is written from its bytes.
     let answer = Answer::parse(app.0.policy.chat_url(), bytes)?;
+    if app.engine_unknown()
+        && let Some(engine) = answer.engine()
+    {
+        app.learn_engine(engine, "from the shape of its first answer");
+    }
     if t.reply.is_some()
         && let Some(message) = answer.message()
     {

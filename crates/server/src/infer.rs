@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use ps_core::{SessionOrigin, SessionSource, TurnType};
 use ps_session_infer::SessionInference;
-use ps_session_infer::{History, Limits, PendingReply, SessionMatcher, ShapeRule};
+use ps_session_infer::{EphemeralRule, History, Limits, PendingReply, SessionMatcher, ShapeRule};
 use serde_json::Value;
 
 use crate::metrics as m;
@@ -25,6 +25,8 @@ pub struct InferenceOptions {
     pub max_sessions: usize,
     /// `server.side_turn_rules`.
     pub side_rules: Vec<ShapeRule>,
+    /// `server.ephemeral_message_rules`.
+    pub ephemeral_rules: Vec<EphemeralRule>,
 }
 
 impl Default for InferenceOptions {
@@ -34,6 +36,7 @@ impl Default for InferenceOptions {
             idle: Duration::from_secs(600),
             max_sessions: 10_000,
             side_rules: Vec::new(),
+            ephemeral_rules: vec![EphemeralRule::openclaw()],
         }
     }
 }
@@ -70,6 +73,22 @@ impl InferenceOptions {
         for r in &self.side_rules {
             tracing::info!(rule = %r.describe(), "side-turn rule active");
         }
+        for r in &self.ephemeral_rules {
+            tracing::info!(
+                rule = %r.describe(),
+                "messages sent once: left out of session recognition and of next states"
+            );
+        }
+    }
+
+    /// Whether a request's session is (to be) recognised from its history: no client key it may
+    /// use, and inference on.
+    pub(crate) fn infers(&self, req: &ChatRequest) -> bool {
+        match self.mode {
+            SessionInference::Off => false,
+            SessionInference::Always => true,
+            SessionInference::WhenMissing => req.session.session_id.is_none(),
+        }
     }
 }
 
@@ -80,6 +99,9 @@ pub(crate) struct Found {
     pub origin: SessionOrigin,
     /// Registers our reply when the answer is complete (inferred sessions only).
     pub reply: Option<PendingReply>,
+    /// How many trailing messages the previous request of the conversation showed it sends once
+    /// (inferred continuations only; [`ps_session_infer::next_state`]).
+    pub ephemeral_tail: usize,
 }
 
 /// The turn type of a request that names none: a side turn when a shape rule matches, otherwise
@@ -113,11 +135,12 @@ pub(crate) fn turn_type_by_shape(
 /// otherwise (main turns) from its history; a side turn without a key shares `unknown`.
 pub(crate) fn find_session(
     matcher: Option<&Arc<SessionMatcher>>,
-    mode: SessionInference,
+    opts: &InferenceOptions,
     headers: &HeaderMap,
     req: &ChatRequest,
     turn_type: TurnType,
 ) -> Found {
+    let mode = opts.mode;
     let keyed = req
         .session
         .session_id
@@ -137,12 +160,14 @@ pub(crate) fn find_session(
             session_id: id,
             origin: SessionOrigin::of(source),
             reply: None,
+            ephemeral_tail: 0,
         };
     }
     let unknown = || Found {
         session_id: crate::request::UNKNOWN_SESSION.to_owned(),
         origin: SessionOrigin::of(SessionSource::Unknown),
         reply: None,
+        ephemeral_tail: 0,
     };
     let Some(matcher) = matcher.filter(|_| turn_type == TurnType::Main) else {
         return unknown();
@@ -156,12 +181,13 @@ pub(crate) fn find_session(
             return unknown();
         }
     };
-    let history = History::of(&messages);
+    let history = History::of_with(&messages, &opts.ephemeral_rules);
     let r = matcher.resolve(&history, tokio::time::Instant::now().into_std());
     metrics::counter!(m::SESSION_INFERENCE_TOTAL, "outcome" => r.outcome.as_str()).increment(1);
     tracing::debug!(
         session_id = %r.session_id,
         outcome = r.outcome.as_str(),
+        ephemeral_tail = r.ephemeral_tail,
         parent_session = r.origin.parent_session.as_deref(),
         continued_from = r.origin.continued_from.as_deref(),
         "session recognised from the history"
@@ -174,6 +200,7 @@ pub(crate) fn find_session(
         session_id: r.session_id,
         origin: r.origin,
         reply: Some(r.reply),
+        ephemeral_tail: r.ephemeral_tail,
     }
 }
 
@@ -226,10 +253,9 @@ mod tests {
         };
         let matcher = opts.matcher().expect("inference is on");
         let headers = HeaderMap::new();
-        let mode = SessionInference::WhenMissing;
         for i in 0..10_000 {
             let req = request(&format!("task {i}"));
-            let found = find_session(Some(&matcher), mode, &headers, &req, TurnType::Main);
+            let found = find_session(Some(&matcher), &opts, &headers, &req, TurnType::Main);
             assert_eq!(found.origin.source, SessionSource::Inferred);
             complete(
                 found.reply,
@@ -241,7 +267,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(600)).await;
         let a = find_session(
             Some(&matcher),
-            mode,
+            &opts,
             &headers,
             &request("a"),
             TurnType::Main,
@@ -258,7 +284,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         let found = find_session(
             Some(&matcher),
-            mode,
+            &opts,
             &headers,
             &request("b"),
             TurnType::Main,
@@ -282,7 +308,10 @@ mod tests {
         .expect("valid");
         let f = find_session(
             matcher.as_ref(),
-            SessionInference::WhenMissing,
+            &InferenceOptions {
+                mode: SessionInference::WhenMissing,
+                ..InferenceOptions::default()
+            },
             &headers,
             &keyed,
             TurnType::Main,
@@ -297,7 +326,10 @@ mod tests {
             .expect("valid");
         let f = find_session(
             matcher.as_ref(),
-            SessionInference::WhenMissing,
+            &InferenceOptions {
+                mode: SessionInference::WhenMissing,
+                ..InferenceOptions::default()
+            },
             &headers,
             &req_h,
             TurnType::Main,
@@ -308,7 +340,10 @@ mod tests {
         );
         let f = find_session(
             matcher.as_ref(),
-            SessionInference::Always,
+            &InferenceOptions {
+                mode: SessionInference::Always,
+                ..InferenceOptions::default()
+            },
             &headers,
             &req_h,
             TurnType::Main,
@@ -317,13 +352,29 @@ mod tests {
         // A side turn without a key is not matched.
         let f = find_session(
             matcher.as_ref(),
-            SessionInference::WhenMissing,
+            &InferenceOptions {
+                mode: SessionInference::WhenMissing,
+                ..InferenceOptions::default()
+            },
             &HeaderMap::new(),
             &req,
             TurnType::Side,
         );
         assert_eq!(f.origin.source, SessionSource::Unknown);
         assert!(f.reply.is_none());
+        // Whose session is recognised from the history: no key (or keys ignored), inference on.
+        let when_missing = InferenceOptions::default();
+        assert!(when_missing.infers(&request("x")) && !when_missing.infers(&keyed));
+        let always = InferenceOptions {
+            mode: SessionInference::Always,
+            ..InferenceOptions::default()
+        };
+        assert!(always.infers(&keyed));
+        let off = InferenceOptions {
+            mode: SessionInference::Off,
+            ..InferenceOptions::default()
+        };
+        assert!(!off.infers(&request("x")));
         assert!(
             InferenceOptions {
                 mode: SessionInference::Off,

@@ -389,6 +389,12 @@ impl ProxyStream {
         let Some(assembler) = self.assembler.take() else {
             return;
         };
+        if self.app.engine_unknown()
+            && let Some(engine) = assembler.engine()
+        {
+            self.app
+                .learn_engine(engine, "from the shape of its first answer");
+        }
         let finished = assembler.finished();
         let rollout = assembler.finish();
         // The client has the whole answer, whether or not it is captured (served while paused) or

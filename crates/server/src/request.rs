@@ -32,8 +32,12 @@ pub struct ChatRequest<'a> {
     fields: Vec<(Cow<'a, str>, &'a RawValue)>,
     /// Where `messages` is in `fields` (validated: a non-empty array of objects).
     messages_at: usize,
-    /// The last message as a tree (the previous turn's next state; one message, as before).
-    last_message: Value,
+    /// The messages after the last assistant message, as trees: what the request adds to the
+    /// conversation it continues, from which the previous turn's next state is taken. Only the
+    /// last message when there is no assistant message (a new conversation: nothing it adds is a
+    /// next state, except to a keyed session's turn before it, which gets the last message, as in
+    /// the reference).
+    added: Vec<Value>,
     pub session: SessionHeaders,
     pub stream: bool,
 }
@@ -109,14 +113,24 @@ pub fn parse_limited<'a>(
         return Err(wrong_type("tools", "an array", Kind::of(tools)));
     }
     let session = session_keys(&body, headers)?;
+    let is_assistant = |m: &RawValue| {
+        RawObject::of(m)
+            .and_then(|o| {
+                o.get("role")
+                    .and_then(raw::as_str)
+                    .map(|r| r == "assistant")
+            })
+            .unwrap_or(false)
+    };
     // Validated non-empty above.
-    let last_message = messages.last().ok_or_else(|| {
-        ApiError::invalid(
-            "empty_messages",
-            "`messages` must hold at least one message",
-        )
-    })?;
-    let last_message = serde_json::from_str(last_message.get())
+    let from = match messages.iter().rposition(|m| is_assistant(m)) {
+        Some(i) => i + 1,
+        None => messages.len().saturating_sub(1),
+    };
+    let added = messages[from..]
+        .iter()
+        .map(|m| serde_json::from_str(m.get()))
+        .collect::<Result<Vec<Value>, _>>()
         .map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let fields: Vec<(Cow<'_, str>, &RawValue)> = body
         .into_entries()
@@ -129,7 +143,7 @@ pub fn parse_limited<'a>(
     Ok(ChatRequest {
         fields,
         messages_at,
-        last_message,
+        added,
         session,
         stream,
     })
@@ -268,9 +282,10 @@ impl<'a> ChatRequest<'a> {
         serde_json::from_str(self.messages_json().get())
     }
 
-    /// The last message as a tree (the previous turn's next state).
-    pub fn last_message(&self) -> &Value {
-        &self.last_message
+    /// The messages after the last assistant message, as trees (only the last message when there
+    /// is none): what the request adds to the conversation it continues.
+    pub fn added_messages(&self) -> &[Value] {
+        &self.added
     }
 
     /// The body as a tree without our session keys (tests: what [`Self::shape_view`] stands for).
@@ -351,6 +366,8 @@ impl<'a> ChatRequest<'a> {
 pub struct ForwardOptions<'a> {
     pub served_model_name: &'a str,
     pub stream: bool,
+    /// Ask the engine for its ids (`return_token_ids: true`) unless the client set the flag. The
+    /// caller decides: never on a streamed call to SGLang, which refuses it (vLLM streams them).
     pub return_token_ids: bool,
 }
 
@@ -373,7 +390,7 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
         .is_some_and(|m| !m.is_empty());
     let model = serde_json::to_string(opts.served_model_name).unwrap_or_else(|_| "\"\"".into());
     let stream: &[u8] = if opts.stream { b"true" } else { b"false" };
-    let add_ids = !opts.stream && opts.return_token_ids && !req.contains_key("return_token_ids");
+    let add_ids = opts.return_token_ids && !req.contains_key("return_token_ids");
     let return_token_ids = add_ids || req.is_true("return_token_ids");
     let fields = RawObject::from_entries(
         req.fields
@@ -545,20 +562,28 @@ mod tests {
         assert_eq!(f["foo"], json!({"bar": 1}));
         assert_eq!(f["return_token_ids"], true);
         assert!(f.get("stream_options").is_none());
+        // The chat path asks a streamed call for ids only when the engine streams them (vLLM;
+        // SGLang refuses the flag on streams).
         let streamed = forward_body(
+            &r,
+            &ForwardOptions {
+                stream: true,
+                return_token_ids: false,
+                ..opts
+            },
+        );
+        assert_eq!(streamed["stream"], true);
+        assert_eq!(streamed["top_logprobs"], 5);
+        assert!(streamed.get("return_token_ids").is_none());
+        assert_eq!(streamed["stream_options"], json!({"include_usage": true}));
+        let vllm_stream = forward_body(
             &r,
             &ForwardOptions {
                 stream: true,
                 ..opts
             },
         );
-        assert_eq!(streamed["stream"], true);
-        assert_eq!(streamed["top_logprobs"], 5);
-        assert!(
-            streamed.get("return_token_ids").is_none(),
-            "SGLang refuses ids with streams"
-        );
-        assert_eq!(streamed["stream_options"], json!({"include_usage": true}));
+        assert_eq!(vllm_stream["return_token_ids"], true);
     }
 
     #[test]
@@ -869,12 +894,29 @@ mod typed_tests {
         )
         .expect("valid");
         assert_eq!(r.session.session_id.as_deref(), Some("7"));
-        assert_eq!(r.last_message(), &json!({"role": "user", "content": "u"}));
+        // No assistant message: only the last message is read as a tree.
+        assert_eq!(
+            r.added_messages(),
+            &[json!({"role": "user", "content": "u"})]
+        );
         assert_eq!(r.messages().expect("readable").len(), 2);
         assert!(r.tools_json().is_none());
         assert_eq!(
             r.template_kwargs_json().map(RawValue::get),
             Some(r#"{"enable_thinking":false}"#)
+        );
+        // What the request adds after its last assistant message, in order.
+        let r = parse(
+            br#"{"messages":[{"role":"user","content":"u"},{"role":"assistant","content":"a","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"t"},{"role":"user","content":"v"}]}"#,
+            &HeaderMap::new(),
+        )
+        .expect("valid");
+        assert_eq!(
+            r.added_messages(),
+            &[
+                json!({"role": "tool", "tool_call_id": "1", "content": "t"}),
+                json!({"role": "user", "content": "v"})
+            ]
         );
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::modes::PauseMode;
 use metrics_exporter_prometheus::PrometheusHandle;
-use ps_core::{AlignPolicy, TurnEvent, TurnObserver, TurnType};
+use ps_core::{AlignPolicy, TurnEvent, TurnObserver};
 use ps_sglang_client::PolicyClient;
 
 use ps_core::SampleLog;
@@ -27,7 +27,7 @@ const WARNED_SESSIONS_CAP: usize = 10_000;
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Turn type of a request that names none (`server.default_turn_type`).
-    pub default_turn_type: TurnType,
+    pub default_turn_type: ps_core::DefaultTurnType,
     /// Filled into `model` when a request has none (`server.served_model_name`).
     pub served_model_name: String,
     /// Largest accepted request body (`server.max_body_bytes`).
@@ -56,6 +56,9 @@ pub struct ServerOptions {
     pub max_upstream: usize,
     /// Sessions of requests without a key, and side turns by shape (`crate::infer`).
     pub inference: crate::infer::InferenceOptions,
+    /// The engine behind the upstream URL (`sglang.engine`): vLLM is asked for its ids on
+    /// streamed calls too.
+    pub engine: ps_core::EngineSetting,
 }
 
 /// `Retry-After` of a request refused while paused.
@@ -64,7 +67,7 @@ pub const PAUSED_RETRY_AFTER_SECS: u64 = 5;
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
-            default_turn_type: TurnType::Side,
+            default_turn_type: ps_core::DefaultTurnType::Auto,
             served_model_name: DEFAULT_SERVED_MODEL_NAME.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             client_api_key: None,
@@ -79,6 +82,7 @@ impl Default for ServerOptions {
             max_messages: 4096,
             max_upstream: 256,
             inference: crate::infer::InferenceOptions::default(),
+            engine: ps_core::EngineSetting::Auto,
         }
     }
 }
@@ -101,6 +105,8 @@ pub(crate) struct Inner {
     pub matcher: Option<Arc<ps_session_infer::SessionMatcher>>,
     /// Told about every chat request (the inspection page's history), once set.
     observer: std::sync::OnceLock<Arc<dyn TurnObserver>>,
+    /// The engine in effect: `sglang.engine`, or learned (`AppState::learn_engine`).
+    engine: ps_core::EngineCell,
 }
 
 /// Cloneable handle on the state (one `Arc`).
@@ -137,6 +143,7 @@ impl AppState {
             submission: tokio::sync::watch::Sender::new(options.submission_enabled),
             upstream_permits: Arc::new(tokio::sync::Semaphore::new(options.max_upstream.max(1))),
             matcher: options.inference.matcher(),
+            engine: ps_core::EngineCell::new(options.engine),
             rollout,
             options,
             policy,
@@ -168,6 +175,34 @@ impl AppState {
         if let Some(o) = self.0.observer.get() {
             o.observe(event);
         }
+    }
+
+    /// The engine serving the policy, when known.
+    pub fn engine(&self) -> Option<ps_core::Engine> {
+        self.0.engine.get()
+    }
+
+    /// Records the engine serving the policy (`sglang.engine = "auto"`): from what the policy
+    /// server reported at start (`how`), or from the shape of its first answer. The first report
+    /// wins; it is logged once.
+    pub fn learn_engine(&self, engine: ps_core::Engine, how: &str) {
+        if self.0.engine.learn(engine) {
+            tracing::info!(
+                engine = engine.as_str(),
+                "the policy engine is {} ({how}){}",
+                engine.as_str(),
+                if engine.streams_token_ids() {
+                    ": streamed main turns ask it for their token ids too"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+
+    /// Whether the engine is still to be learned from an answer.
+    pub(crate) fn engine_unknown(&self) -> bool {
+        !self.0.engine.is_known()
     }
 
     pub fn capture(&self) -> &CaptureQueue {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 fn setup(quirks: Quirks, token_ids: TokenIdsMode) -> Setup {
     Setup {
         options: ServerOptions {
-            default_turn_type: ps_core::TurnType::Main,
+            default_turn_type: ps_core::DefaultTurnType::Main,
             token_ids,
             ..ServerOptions::default()
         },
@@ -95,13 +95,15 @@ fn assert_engine_turn(h: &Harness, turn: &CapturedTurn, reported: &[f64]) {
     // The engine's prompt is the one our template renders (same template and tokenizer here).
     let (messages, tools) = (turn.messages.parse().unwrap(), turn.tools.as_ref());
     let tools = tools.map(|t| t.parse().unwrap());
+    let kwargs: Option<serde_json::Map<String, Value>> =
+        turn.template_kwargs.as_ref().map(|k| k.parse().unwrap());
     let ours = h
         .tokenizer
         .split_turn(&ps_chat_template::TurnInput {
             messages: &messages,
             tools: tools.as_ref(),
             response_message: &turn.response_message,
-            template_kwargs: None,
+            template_kwargs: kwargs.as_ref(),
         })
         .unwrap();
     assert_eq!(turn.prompt_ids, ours.prompt_ids);
@@ -418,5 +420,124 @@ async fn the_weight_version_of_a_non_streamed_answer_is_recorded() {
     // Streamed answers carry none (and no trainer announced one here).
     ask_streamed(&h, json!({})).await;
     assert!(h.next_turn().await.weight_version.is_none());
+    h.stop().await;
+}
+
+/// vLLM's shapes (the fake's [`Quirks::vllm`], as recorded from vLLM 0.32): reasoning under
+/// `reasoning`, the prompt's ids on the first streamed chunk and each chunk's sampled ids on its
+/// choice. With `sglang.engine = "vllm"` every turn, streamed or not, thinking on or off, with a
+/// tool call or not, is an engine-id turn whose reasoning is read; nothing injected reaches the
+/// client.
+#[tokio::test]
+async fn vllm_answers_streamed_or_not_are_engine_id_turns_with_their_reasoning() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let mut s = setup(Quirks::vllm(), TokenIdsMode::Engine);
+    s.options.engine = ps_core::EngineSetting::Vllm;
+    let mut h = Harness::with(s).await;
+    for stream in [false, true] {
+        for thinking in [true, false] {
+            for tool in [false, true] {
+                let mut body = json!({"messages": messages(), "stream": stream,
+                    "chat_template_kwargs": {"enable_thinking": thinking}});
+                if tool {
+                    body["tools"] = tools.clone();
+                    body["tool_choice"] = json!("required");
+                }
+                let what = format!("stream={stream} thinking={thinking} tool={tool}");
+                let r = ask(&h, body).await;
+                assert_eq!(r.status(), 200, "{what}");
+                let text = r.text().await.unwrap();
+                assert!(
+                    !text.contains("token_ids"),
+                    "{what}: injected ids leaked to the client: {text}"
+                );
+                if thinking && !tool {
+                    assert!(
+                        text.contains("\"reasoning\""),
+                        "{what}: vLLM's key reaches the client"
+                    );
+                }
+                let sent = h.fake().requests().pop().unwrap();
+                assert_eq!(sent.body["return_token_ids"], true, "{what}");
+                let t = h.next_turn().await;
+                let reported = reported_logprobs_of(&h, &t);
+                assert_engine_turn(&h, &t, &reported);
+                assert_eq!(
+                    t.response_message["reasoning_content"].as_str().is_some(),
+                    thinking,
+                    "{what}: the reasoning is read from `reasoning`: {}",
+                    t.response_message
+                );
+                if thinking {
+                    assert!(
+                        t.response_text
+                            .contains(t.response_message["reasoning_content"].as_str().unwrap()),
+                        "{what}: the rendered response holds the reasoning"
+                    );
+                }
+                assert_eq!(
+                    t.response_message["tool_calls"].is_array(),
+                    tool,
+                    "{what}: {}",
+                    t.response_message
+                );
+            }
+        }
+    }
+    h.stop().await;
+}
+
+/// `sglang.engine = "auto"` with an engine that was not asked at start (the harness builds the
+/// server without a start-up probe): its first answer's shape names it. vLLM's first streamed
+/// turn is re-tokenized (not asked for ids yet, its reasoning read all the same); from then on
+/// streamed calls ask for ids. An SGLang-shaped engine is never asked for ids on a stream (it
+/// refuses them with 400).
+#[tokio::test]
+async fn the_engine_is_learned_from_its_first_answer() {
+    let mut h = Harness::with(setup(Quirks::vllm(), TokenIdsMode::Auto)).await;
+    let body = json!({"messages": messages(), "stream": true});
+    let r = ask(&h, body.clone()).await;
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap();
+    assert!(
+        h.fake()
+            .requests()
+            .pop()
+            .unwrap()
+            .body
+            .get("return_token_ids")
+            .is_none()
+    );
+    let first = h.next_turn().await;
+    assert_eq!(first.token_source, TokenSource::Retokenized);
+    assert!(first.response_message["reasoning_content"].is_string());
+    let r = ask(&h, body).await;
+    r.text().await.unwrap();
+    assert_eq!(
+        h.fake().requests().pop().unwrap().body["return_token_ids"],
+        true
+    );
+    let second = h.next_turn().await;
+    let reported = reported_logprobs_of(&h, &second);
+    assert_engine_turn(&h, &second, &reported);
+    h.stop().await;
+
+    let mut h = Harness::with(setup(Quirks::default(), TokenIdsMode::Auto)).await;
+    for _ in 0..2 {
+        let r = ask(&h, json!({"messages": messages(), "stream": true})).await;
+        assert_eq!(r.status(), 200, "SGLang is never asked for ids on a stream");
+        r.text().await.unwrap();
+        assert!(
+            h.fake()
+                .requests()
+                .pop()
+                .unwrap()
+                .body
+                .get("return_token_ids")
+                .is_none()
+        );
+        h.next_turn().await;
+    }
     h.stop().await;
 }

@@ -336,7 +336,7 @@ async fn non_streamed_upstream_serves_a_streaming_client_with_synthesised_chunks
     let setup = Setup {
         options: ServerOptions {
             upstream_stream: false,
-            default_turn_type: ps_core::TurnType::Main,
+            default_turn_type: ps_core::DefaultTurnType::Main,
             ..ServerOptions::default()
         },
         ..Setup::default()
@@ -447,7 +447,7 @@ async fn client_key_is_required_when_configured() {
     let setup = Setup {
         options: ServerOptions {
             client_api_key: Some("s3cret".into()),
-            default_turn_type: ps_core::TurnType::Main,
+            default_turn_type: ps_core::DefaultTurnType::Main,
             ..ServerOptions::default()
         },
         ..Setup::default()
@@ -684,7 +684,7 @@ async fn requests_beyond_the_upstream_cap_get_429_and_a_stream_holds_its_permit_
     let setup = Setup {
         options: ServerOptions {
             max_upstream: 1,
-            default_turn_type: ps_core::TurnType::Main,
+            default_turn_type: ps_core::DefaultTurnType::Main,
             ..ServerOptions::default()
         },
         fake: Some(FakeSglang::builder().token_delay(Duration::from_millis(50))),

@@ -390,7 +390,7 @@ impl SessionBuffer {
 }
 
 impl TurnSink for SessionBuffer {
-    fn begin(&self, session_id: &str, last_message: &Value, done: bool) -> u64 {
+    fn begin(&self, session_id: &str, next_state: Option<&Value>, done: bool) -> u64 {
         let now = Instant::now();
         let mut jobs = Vec::new();
         let n = {
@@ -401,7 +401,7 @@ impl TurnSink for SessionBuffer {
             let s = sessions
                 .entry(session_id.to_owned())
                 .or_insert_with(|| Session::new(now));
-            let n = s.begin(last_message, done, now);
+            let n = s.begin(next_state, done, now);
             self.collect_ready(session_id, s, &mut jobs);
             n
         };
@@ -409,7 +409,7 @@ impl TurnSink for SessionBuffer {
         n
     }
 
-    fn advance(&self, session_id: &str, last_message: &Value, done: bool) {
+    fn advance(&self, session_id: &str, next_state: Option<&Value>, done: bool) {
         let mut jobs = Vec::new();
         {
             let mut sessions = lock(&self.0.sessions);
@@ -417,7 +417,7 @@ impl TurnSink for SessionBuffer {
                 // No turn of this session waits for a next state.
                 return;
             };
-            s.advance(last_message, done, Instant::now());
+            s.advance(next_state, done, Instant::now());
             self.collect_ready(session_id, s, &mut jobs);
         }
         self.dispatch(jobs);

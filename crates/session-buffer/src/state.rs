@@ -148,18 +148,22 @@ impl Session {
         }
     }
 
-    /// Gives the latest turn its next state, if it still waits for one.
-    fn set_next_state(&mut self, turn: u64, last_message: &Value) {
+    /// Gives the latest turn its next state, if it still waits for one (`None`: the request that
+    /// followed it added nothing but messages sent once, so it has none).
+    fn set_next_state(&mut self, turn: u64, next_state: Option<&Value>) {
         if let Some(prev) = self.slots.get_mut(&turn)
             && matches!(prev.next, Next::Pending)
         {
-            prev.next = Next::State(last_message.clone());
+            prev.next = match next_state {
+                Some(state) => Next::State(state.clone()),
+                None => Next::Missing,
+            };
         }
     }
 
-    /// A main request arrived: numbers its turn, and its last message is the previous turn's next
-    /// state. Returns the turn's number.
-    pub fn begin(&mut self, last_message: &Value, done: bool, now: Instant) -> u64 {
+    /// A main request arrived: numbers its turn, and `next_state` (what it adds) is the previous
+    /// turn's next state. Returns the turn's number.
+    pub fn begin(&mut self, next_state: Option<&Value>, done: bool, now: Instant) -> u64 {
         let n = self.next_turn;
         self.closing = false;
         if std::mem::replace(&mut self.done, false) {
@@ -171,7 +175,7 @@ impl Session {
         }
         self.last_activity = now;
         self.next_turn += 1;
-        self.set_next_state(n - 1, last_message);
+        self.set_next_state(n - 1, next_state);
         self.slots.insert(
             n,
             Slot {
@@ -187,11 +191,11 @@ impl Session {
         n
     }
 
-    /// A main request that is not a turn itself (served while paused): its last message is still
-    /// the latest turn's next state.
-    pub fn advance(&mut self, last_message: &Value, done: bool, now: Instant) {
+    /// A main request that is not a turn itself (served while paused): what it adds is still the
+    /// latest turn's next state.
+    pub fn advance(&mut self, next_state: Option<&Value>, done: bool, now: Instant) {
         self.last_activity = now;
-        self.set_next_state(self.next_turn - 1, last_message);
+        self.set_next_state(self.next_turn - 1, next_state);
         if done && !self.closing {
             metrics::counter!(m::SESSIONS_CLOSED_TOTAL, "reason" => "done").increment(1);
             self.close();

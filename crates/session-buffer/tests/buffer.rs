@@ -188,11 +188,11 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test]
 async fn the_next_main_request_gives_the_previous_turn_its_next_state() {
     let r = rig();
-    let t1 = r.buffer.begin("s", &user("first"), false);
+    let t1 = r.buffer.begin("s", Some(&user("first")), false);
     assert_eq!(t1, 1);
     r.buffer.accept(captured("s", t1));
     assert_eq!(r.buffer.status().pending.waiting_next_state, 1);
-    let t2 = r.buffer.begin("s", &user("thanks score:1"), false);
+    let t2 = r.buffer.begin("s", Some(&user("thanks score:1")), false);
     assert_eq!(t2, 2);
     wait_for("one sample", || r.sink.taken().len() == 1).await;
     let s = &r.sink.taken()[0];
@@ -218,9 +218,9 @@ async fn the_next_main_request_gives_the_previous_turn_its_next_state() {
 async fn a_tool_message_is_a_next_state_with_its_role_and_flattened_content() {
     let r = rig();
     r.buffer
-        .accept(captured("s", r.buffer.begin("s", &user("q"), false)));
+        .accept(captured("s", r.buffer.begin("s", Some(&user("q")), false)));
     let tool = json!({"role": "tool", "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "score:-1"}]});
-    r.buffer.begin("s", &tool, false);
+    r.buffer.begin("s", Some(&tool), false);
     wait_for("a sample", || r.sink.taken().len() == 1).await;
     let input = &r.scorer.inputs.lock().unwrap()[0];
     assert_eq!(input.next_state_role, "tool");
@@ -232,8 +232,8 @@ async fn a_tool_message_is_a_next_state_with_its_role_and_flattened_content() {
 async fn session_done_flushes_the_last_turn_without_a_next_state() {
     let r = rig();
     r.buffer
-        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
-    let t2 = r.buffer.begin("s", &user("b score:1"), true);
+        .accept(captured("s", r.buffer.begin("s", Some(&user("a")), false)));
+    let t2 = r.buffer.begin("s", Some(&user("b score:1")), true);
     r.buffer.accept(captured("s", t2));
     wait_for("two samples", || r.sink.taken().len() == 2).await;
     let samples = r.sink.taken();
@@ -253,7 +253,7 @@ async fn session_done_flushes_the_last_turn_without_a_next_state() {
 async fn end_session_from_a_side_request_flushes_too() {
     let r = rig();
     r.buffer
-        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
+        .accept(captured("s", r.buffer.begin("s", Some(&user("a")), false)));
     r.buffer.end_session("s");
     wait_for("a sample", || r.sink.taken().len() == 1).await;
     assert_eq!(r.sink.taken()[0].metadata["excluded"], "no_next_state");
@@ -266,7 +266,7 @@ async fn at_least_one_guarantee_then_zero_scores_are_excluded() {
         .iter()
         .enumerate()
     {
-        let t = r.buffer.begin("s", &user(next), i == 3);
+        let t = r.buffer.begin("s", Some(&user(next)), i == 3);
         r.buffer.accept(captured("s", t));
     }
     wait_for("four samples", || r.sink.taken().len() == 4).await;
@@ -288,9 +288,9 @@ async fn at_least_one_guarantee_then_zero_scores_are_excluded() {
 async fn samples_of_a_session_are_submitted_in_turn_order_even_when_scoring_finishes_out_of_order()
 {
     let r = rig();
-    let t1 = r.buffer.begin("s", &user("a"), false);
-    let t2 = r.buffer.begin("s", &user("hold score:1"), false); // turn 1's judge is held
-    let _t3 = r.buffer.begin("s", &user("score:-1"), false);
+    let t1 = r.buffer.begin("s", Some(&user("a")), false);
+    let t2 = r.buffer.begin("s", Some(&user("hold score:1")), false); // turn 1's judge is held
+    let _t3 = r.buffer.begin("s", Some(&user("score:-1")), false);
     r.buffer.accept(captured("s", t2));
     r.buffer.accept(captured("s", t1));
     wait_for("turn 2 judged", || {
@@ -309,7 +309,7 @@ async fn samples_of_a_session_are_submitted_in_turn_order_even_when_scoring_fini
 #[tokio::test]
 async fn with_the_prm_off_turns_are_submitted_at_once_and_excluded() {
     let r = rig_with(false, 100);
-    let t1 = r.buffer.begin("s", &user("a"), false);
+    let t1 = r.buffer.begin("s", Some(&user("a")), false);
     r.buffer.accept(captured("s", t1));
     wait_for("a sample", || r.sink.taken().len() == 1).await;
     let s = &r.sink.taken()[0];
@@ -323,7 +323,7 @@ async fn with_the_prm_off_turns_are_submitted_at_once_and_excluded() {
 async fn idle_sessions_time_out_and_their_turns_are_flushed() {
     let r = rig();
     r.buffer
-        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
+        .accept(captured("s", r.buffer.begin("s", Some(&user("a")), false)));
     tokio::time::advance(Duration::from_secs(30)).await;
     r.buffer.sweep();
     assert!(r.sink.taken().is_empty(), "not idle long enough");
@@ -341,7 +341,7 @@ async fn the_sweeper_task_closes_idle_sessions_by_itself() {
     let r = rig();
     r.buffer.spawn_sweeper(Duration::from_secs(5));
     r.buffer
-        .accept(captured("s", r.buffer.begin("s", &user("a"), false)));
+        .accept(captured("s", r.buffer.begin("s", Some(&user("a")), false)));
     tokio::time::sleep(Duration::from_secs(70)).await;
     wait_for("flushed sample", || r.sink.taken().len() == 1).await;
 }
@@ -350,10 +350,10 @@ async fn the_sweeper_task_closes_idle_sessions_by_itself() {
 async fn the_session_cap_evicts_the_oldest_idle_session() {
     let r = rig_with(true, 2);
     r.buffer
-        .accept(captured("a", r.buffer.begin("a", &user("x"), false)));
+        .accept(captured("a", r.buffer.begin("a", Some(&user("x")), false)));
     r.buffer
-        .accept(captured("b", r.buffer.begin("b", &user("x"), false)));
-    r.buffer.begin("c", &user("x"), false);
+        .accept(captured("b", r.buffer.begin("b", Some(&user("x")), false)));
+    r.buffer.begin("c", Some(&user("x")), false);
     wait_for("a's turn flushed", || r.sink.taken().len() == 1).await;
     assert_eq!(r.sink.taken()[0].session_id, "a");
     let st = r.buffer.status();
@@ -364,13 +364,13 @@ async fn the_session_cap_evicts_the_oldest_idle_session() {
 #[tokio::test]
 async fn abandoned_turns_do_not_block_later_ones() {
     let r = rig();
-    let t1 = r.buffer.begin("s", &user("a"), false);
-    let t2 = r.buffer.begin("s", &user("b score:1"), false);
+    let t1 = r.buffer.begin("s", Some(&user("a")), false);
+    let t2 = r.buffer.begin("s", Some(&user("b score:1")), false);
     r.buffer.abandon("s", t2, "upstream_failed");
-    let t3 = r.buffer.begin("s", &user("c score:-1"), false);
+    let t3 = r.buffer.begin("s", Some(&user("c score:-1")), false);
     r.buffer.accept(captured("s", t3));
     r.buffer.accept(captured("s", t1));
-    r.buffer.begin("s", &user("d score:1"), true);
+    r.buffer.begin("s", Some(&user("d score:1")), true);
     wait_for("turns 1 and 3", || r.sink.taken().len() == 2).await;
     let turns: Vec<u64> = r.sink.taken().iter().map(|s| s.turn).collect();
     assert_eq!(turns, vec![1, 3]);
@@ -389,7 +389,7 @@ async fn concurrent_requests_of_one_session_get_distinct_turns() {
     for i in 0..50 {
         let b = r.buffer.clone();
         handles.push(tokio::spawn(async move {
-            b.begin("s", &user(&format!("m{i}")), false)
+            b.begin("s", Some(&user(&format!("m{i}"))), false)
         }));
     }
     let mut turns = Vec::new();
@@ -412,7 +412,7 @@ async fn a_failing_sink_is_retried_and_nothing_is_lost() {
     let r = rig();
     r.sink.fail_first.store(2, Ordering::SeqCst);
     r.buffer
-        .accept(captured("s", r.buffer.begin("s", &user("a"), true)));
+        .accept(captured("s", r.buffer.begin("s", Some(&user("a")), true)));
     wait_for("the sample after retries", || r.sink.taken().len() == 1).await;
     assert_eq!(r.buffer.status().samples_dropped, 0);
 }
@@ -422,7 +422,7 @@ async fn shutdown_flushes_every_waiting_turn() {
     let r = rig();
     let mut per_session = HashMap::new();
     for s in ["a", "b", "c"] {
-        let t = r.buffer.begin(s, &user("x"), false);
+        let t = r.buffer.begin(s, Some(&user("x")), false);
         r.buffer.accept(captured(s, t));
         per_session.insert(s, t);
     }
@@ -457,11 +457,11 @@ async fn turns_unfinished_at_the_shutdown_deadline_are_persisted_and_resumed_in_
     let r = rig();
     let pending = Arc::new(MemPending::default());
     let buffer = r.buffer.clone().with_pending_store(pending.clone());
-    let t1 = buffer.begin("s", &user("a"), false);
+    let t1 = buffer.begin("s", Some(&user("a")), false);
     buffer.accept(captured("s", t1));
-    let t2 = buffer.begin("s", &user("hold score:1"), false); // turn 1's judge hangs
+    let t2 = buffer.begin("s", Some(&user("hold score:1")), false); // turn 1's judge hangs
     buffer.accept(captured("s", t2));
-    let t3 = buffer.begin("s", &user("score:-1"), true); // turn 2 judged, turn 3 has no next state
+    let t3 = buffer.begin("s", Some(&user("score:-1")), true); // turn 2 judged, turn 3 has no next state
     buffer.accept(captured("s", t3));
     wait_for("turns 2 and 3 waiting behind turn 1", || {
         buffer.status().pending.waiting_order == 2
@@ -522,9 +522,9 @@ async fn turns_persisted_with_another_tokenizer_are_abandoned_not_resumed() {
             .clone()
             .with_pending_store(pending.clone())
             .with_tokenizer_fingerprint(fingerprint);
-        let t1 = buffer.begin("s", &user("a"), false);
+        let t1 = buffer.begin("s", Some(&user("a")), false);
         buffer.accept(captured("s", t1));
-        let t2 = buffer.begin("s", &user("hold score:1"), true); // turn 1's judge hangs
+        let t2 = buffer.begin("s", Some(&user("hold score:1")), true); // turn 1's judge hangs
         buffer.accept(captured("s", t2));
         wait_for("turn 2 waiting behind turn 1", || {
             buffer.status().pending.waiting_order >= 1
@@ -583,12 +583,12 @@ async fn a_resumed_session_remembers_it_already_had_an_effective_sample() {
     let r = rig();
     let pending = Arc::new(MemPending::default());
     let buffer = r.buffer.clone().with_pending_store(pending.clone());
-    let t1 = buffer.begin("s", &user("a"), false);
+    let t1 = buffer.begin("s", Some(&user("a")), false);
     buffer.accept(captured("s", t1));
-    let t2 = buffer.begin("s", &user("score:1"), false); // turn 1: effective
+    let t2 = buffer.begin("s", Some(&user("score:1")), false); // turn 1: effective
     buffer.accept(captured("s", t2));
     wait_for("turn 1 submitted", || r.sink.taken().len() == 1).await;
-    let t3 = buffer.begin("s", &user("hold score:0"), true); // turn 2's judge hangs
+    let t3 = buffer.begin("s", Some(&user("hold score:0")), true); // turn 2's judge hangs
     buffer.accept(captured("s", t3));
     wait_for("turn 2 scoring", || buffer.status().pending.scoring == 1).await;
     assert!(!buffer.shutdown(Duration::from_millis(200)).await);
@@ -620,18 +620,18 @@ async fn a_resumed_session_remembers_it_already_had_an_effective_sample() {
 async fn a_turn_beyond_the_judge_backlog_is_dropped_and_counted_and_later_turns_go_on() {
     let r = rig_config(|c| c.max_judge_backlog = 1);
     // Session a's turn 1 takes the only backlog slot and its judge hangs.
-    let t = r.buffer.begin("a", &user("x"), false);
+    let t = r.buffer.begin("a", Some(&user("x")), false);
     r.buffer.accept(captured("a", t));
-    let t = r.buffer.begin("a", &user("hold score:1"), false);
+    let t = r.buffer.begin("a", Some(&user("hold score:1")), false);
     r.buffer.accept(captured("a", t));
     wait_for("a's turn 1 judging", || {
         r.buffer.status().pending.scoring == 1
     })
     .await;
     // Session b's turn 1 needs the judge too: dropped. Its turn 2 (no next state) needs none.
-    let t = r.buffer.begin("b", &user("y"), false);
+    let t = r.buffer.begin("b", Some(&user("y")), false);
     r.buffer.accept(captured("b", t));
-    let t = r.buffer.begin("b", &user("score:1"), true);
+    let t = r.buffer.begin("b", Some(&user("score:1")), true);
     r.buffer.accept(captured("b", t));
     wait_for("b's turn 2 submitted", || r.sink.taken().len() == 1).await;
     let s = r.sink.taken();
@@ -650,16 +650,16 @@ async fn a_turn_beyond_the_judge_backlog_is_dropped_and_counted_and_later_turns_
 #[tokio::test]
 async fn a_request_served_while_paused_is_the_previous_turns_next_state() {
     let r = rig();
-    let t1 = r.buffer.begin("s", &user("q"), false);
+    let t1 = r.buffer.begin("s", Some(&user("q")), false);
     r.buffer.accept(captured("s", t1));
     r.buffer
-        .advance("s", &user("during the pause score:1"), false);
+        .advance("s", Some(&user("during the pause score:1")), false);
     r.buffer
-        .advance("s", &user("later in the pause score:-1"), false);
+        .advance("s", Some(&user("later in the pause score:-1")), false);
     wait_for("turn 1's sample", || r.sink.taken().len() == 1).await;
     let t2 = r
         .buffer
-        .begin("s", &user("after the resume score:-1"), false);
+        .begin("s", Some(&user("after the resume score:-1")), false);
     assert_eq!(t2, 2, "paused requests take no turn number");
     r.buffer.accept(captured("s", t2));
     let s = &r.sink.taken()[0];
@@ -668,7 +668,7 @@ async fn a_request_served_while_paused_is_the_previous_turns_next_state() {
     assert_eq!(inputs.len(), 1, "turn 2 waits for its own next state");
     assert_eq!(inputs[0].next_state_text, "during the pause score:1");
     // A paused request that ends the session is turn 2's next state, and closes the session.
-    r.buffer.advance("s", &user("bye score:-1"), true);
+    r.buffer.advance("s", Some(&user("bye score:-1")), true);
     wait_for("turn 2's sample", || r.sink.taken().len() == 2).await;
     assert_eq!(r.sink.taken()[1].reward.score, -1.0);
     assert_eq!(
@@ -677,7 +677,7 @@ async fn a_request_served_while_paused_is_the_previous_turns_next_state() {
     );
     assert_eq!(r.buffer.status().live_sessions, 0);
     // A paused request of a session nobody knows creates nothing.
-    r.buffer.advance("other", &user("x"), false);
+    r.buffer.advance("other", Some(&user("x")), false);
     wait_for("session s removed", || r.buffer.status().live_sessions == 0).await;
 }
 
@@ -687,15 +687,17 @@ async fn a_request_served_while_paused_is_the_previous_turns_next_state() {
 #[tokio::test]
 async fn a_session_id_reused_after_done_starts_a_fresh_at_least_one_state() {
     let r = rig();
-    let t1 = r.buffer.begin("s", &user("q"), false);
+    let t1 = r.buffer.begin("s", Some(&user("q")), false);
     r.buffer.accept(captured("s", t1));
-    let t2 = r.buffer.begin("s", &user("score:1"), true);
+    let t2 = r.buffer.begin("s", Some(&user("score:1")), true);
     // The id comes back before the first conversation is drained (its turn 2 is not captured yet).
-    let t3 = r.buffer.begin("s", &user("a new conversation"), false);
+    let t3 = r
+        .buffer
+        .begin("s", Some(&user("a new conversation")), false);
     r.buffer.accept(captured("s", t2));
     r.buffer.accept(captured("s", t3));
-    let t4 = r.buffer.begin("s", &user("score:0"), false);
-    let t5 = r.buffer.begin("s", &user("score:0 again"), true);
+    let t4 = r.buffer.begin("s", Some(&user("score:0")), false);
+    let t5 = r.buffer.begin("s", Some(&user("score:0 again")), true);
     r.buffer.accept(captured("s", t4));
     r.buffer.abandon("s", t5, "test");
     wait_for("four samples", || r.sink.taken().len() == 4).await;
@@ -717,11 +719,11 @@ async fn a_session_id_reused_after_done_starts_a_fresh_at_least_one_state() {
 #[tokio::test]
 async fn the_eval_score_covers_every_submitted_rl_sample() {
     let r = rig();
-    let t1 = r.buffer.begin("s", &user("q"), false);
+    let t1 = r.buffer.begin("s", Some(&user("q")), false);
     r.buffer.accept(captured("s", t1));
-    let t2 = r.buffer.begin("s", &user("score:1"), false);
+    let t2 = r.buffer.begin("s", Some(&user("score:1")), false);
     r.buffer.accept(captured("s", t2));
-    let t3 = r.buffer.begin("s", &user("score:0"), true);
+    let t3 = r.buffer.begin("s", Some(&user("score:0")), true);
     r.buffer.accept(captured("s", t3));
     wait_for("three samples", || r.sink.taken().len() == 3).await;
     // turn 1 scored 1; turn 2 scored 0 (excluded, the session has an effective sample); turn 3
@@ -740,13 +742,13 @@ async fn a_restart_keeps_each_conversations_own_at_least_one_state() {
     let r = rig();
     let pending = Arc::new(MemPending::default());
     let buffer = r.buffer.clone().with_pending_store(pending.clone());
-    let t1 = buffer.begin("s", &user("a"), false);
+    let t1 = buffer.begin("s", Some(&user("a")), false);
     buffer.accept(captured("s", t1));
-    let t2 = buffer.begin("s", &user("score:1 hold"), true); // conversation 1 ends; turn 1 hangs
+    let t2 = buffer.begin("s", Some(&user("score:1 hold")), true); // conversation 1 ends; turn 1 hangs
     buffer.accept(captured("s", t2));
-    let t3 = buffer.begin("s", &user("conversation 2"), false);
+    let t3 = buffer.begin("s", Some(&user("conversation 2")), false);
     buffer.accept(captured("s", t3));
-    let t4 = buffer.begin("s", &user("score:0"), true);
+    let t4 = buffer.begin("s", Some(&user("score:0")), true);
     buffer.accept(captured("s", t4));
     wait_for("turn 1 scoring, 2-4 waiting for it", || {
         let p = buffer.status().pending;
@@ -782,15 +784,15 @@ async fn a_restart_keeps_each_conversations_own_at_least_one_state() {
 #[tokio::test(start_paused = true)]
 async fn a_session_continued_after_an_idle_timeout_is_the_same_conversation() {
     let r = rig();
-    let t1 = r.buffer.begin("s", &user("a"), false);
+    let t1 = r.buffer.begin("s", Some(&user("a")), false);
     r.buffer.accept(captured("s", t1));
-    let t2 = r.buffer.begin("s", &user("score:1"), false);
+    let t2 = r.buffer.begin("s", Some(&user("score:1")), false);
     r.buffer.accept(captured("s", t2));
     tokio::time::advance(Duration::from_secs(61)).await;
     r.buffer.sweep(); // turn 2 gets no next state; the session closes
-    let t3 = r.buffer.begin("s", &user("back again"), false);
+    let t3 = r.buffer.begin("s", Some(&user("back again")), false);
     r.buffer.accept(captured("s", t3));
-    r.buffer.begin("s", &user("score:0"), true);
+    r.buffer.begin("s", Some(&user("score:0")), true);
     wait_for("three samples", || r.sink.taken().len() == 3).await;
     let s = r.sink.taken();
     assert_eq!(s[0].reward.score, 1.0);
@@ -853,9 +855,9 @@ async fn the_observer_is_told_captures_votes_samples_abandons_and_closes() {
     let r = rig();
     let told = Arc::new(Told::default());
     let buffer = r.buffer.clone().with_observer(told.clone());
-    let t1 = buffer.begin("s", &user("a"), false);
+    let t1 = buffer.begin("s", Some(&user("a")), false);
     buffer.accept(captured("s", t1));
-    let t2 = buffer.begin("s", &user("b score:1"), false);
+    let t2 = buffer.begin("s", Some(&user("b score:1")), false);
     wait_for("turn 1's sample", || r.sink.taken().len() == 1).await;
     wait_for("its event", || told.0.lock().unwrap().len() == 3).await;
     buffer.abandon("s", t2, "upstream_failed");

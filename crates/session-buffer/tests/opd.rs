@@ -266,9 +266,9 @@ async fn wait_for(mut cond: impl FnMut() -> bool) {
 
 /// One turn of `session` whose next state is `next`; the session then ends.
 async fn one_turn(r: &Rig, session: &str, next: &str) {
-    let t1 = r.buffer.begin(session, &user("q"), false);
+    let t1 = r.buffer.begin(session, Some(&user("q")), false);
     r.buffer.accept(captured(&r.tok, session, t1));
-    let t2 = r.buffer.begin(session, &user(next), true);
+    let t2 = r.buffer.begin(session, Some(&user(next)), true);
     r.buffer.abandon(session, t2, "test");
     wait_for(|| {
         r.buffer.status().pending == Default::default() && r.buffer.status().live_sessions == 0
@@ -345,7 +345,7 @@ async fn top_k_fields_have_t_rows_of_k() {
 async fn turns_without_a_hint_or_a_next_state_give_no_sample_and_are_recorded() {
     let r = rig(BufferMode::Opd);
     one_turn(&r, "a", "ok thanks").await; // no hint
-    let t = r.buffer.begin("b", &user("q"), true); // no next state
+    let t = r.buffer.begin("b", Some(&user("q")), true); // no next state
     r.buffer.accept(captured(&r.tok, "b", t));
     wait_for(|| r.buffer.status().turns_dropped == 2).await;
     assert!(samples(&r).is_empty());
@@ -476,11 +476,13 @@ async fn combine_with_neither_gives_nothing() {
 #[tokio::test]
 async fn dropped_turns_do_not_block_later_samples_of_the_session() {
     let r = rig(BufferMode::Opd);
-    let t1 = r.buffer.begin("s", &user("q"), false);
-    let t2 = r.buffer.begin("s", &user("no hint"), false);
-    let t3 = r
-        .buffer
-        .begin("s", &user("hint:Answer in miles for a US user|"), true);
+    let t1 = r.buffer.begin("s", Some(&user("q")), false);
+    let t2 = r.buffer.begin("s", Some(&user("no hint")), false);
+    let t3 = r.buffer.begin(
+        "s",
+        Some(&user("hint:Answer in miles for a US user|")),
+        true,
+    );
     r.buffer.accept(captured(&r.tok, "s", t1));
     r.buffer.accept(captured(&r.tok, "s", t2));
     r.buffer.accept(captured(&r.tok, "s", t3));
@@ -499,7 +501,7 @@ async fn opd_with_the_prm_off_waits_for_the_real_next_state() {
             ..OpdOptions::default()
         };
         let r = rig_prm(BufferMode::Opd, opd, echo_teacher(Arc::default()), false);
-        let t1 = r.buffer.begin("s", &user("q"), false);
+        let t1 = r.buffer.begin("s", Some(&user("q")), false);
         r.buffer.accept(captured(&r.tok, "s", t1));
         tokio::task::yield_now().await;
         assert_eq!(
@@ -507,9 +509,11 @@ async fn opd_with_the_prm_off_waits_for_the_real_next_state() {
             1,
             "drop_without_next_state = {drop_without_next_state}"
         );
-        let t2 = r
-            .buffer
-            .begin("s", &user("hint:Answer in miles for a US user|"), true);
+        let t2 = r.buffer.begin(
+            "s",
+            Some(&user("hint:Answer in miles for a US user|")),
+            true,
+        );
         r.buffer.abandon("s", t2, "test");
         wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
         let s = &samples(&r)[0];
@@ -530,9 +534,11 @@ fn eos_position(tok: &ChatTokenizer, s: &Sample) -> usize {
 #[tokio::test]
 async fn combine_rl_samples_never_train_a_placeholder_teacher_value() {
     let r = rig(BufferMode::Combine);
-    let t1 = r.buffer.begin("s", &user("q"), false);
+    let t1 = r.buffer.begin("s", Some(&user("q")), false);
     r.buffer.accept(captured_unreported(&r.tok, "s", t1, 2));
-    let t2 = r.buffer.begin("s", &user("eval:1 no hint here"), true);
+    let t2 = r
+        .buffer
+        .begin("s", Some(&user("eval:1 no hint here")), true);
     r.buffer.abandon("s", t2, "test");
     wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
     let s = &samples(&r)[0];
@@ -568,11 +574,13 @@ async fn combine_rl_samples_never_train_a_placeholder_teacher_value() {
 #[tokio::test]
 async fn trained_positions_without_a_rollout_logprob_are_listed_and_counted() {
     let r = rig(BufferMode::Opd);
-    let t1 = r.buffer.begin("s", &user("q"), false);
+    let t1 = r.buffer.begin("s", Some(&user("q")), false);
     r.buffer.accept(captured_unreported(&r.tok, "s", t1, 2));
-    let t2 = r
-        .buffer
-        .begin("s", &user("hint:Answer in miles for a US user|"), true);
+    let t2 = r.buffer.begin(
+        "s",
+        Some(&user("hint:Answer in miles for a US user|")),
+        true,
+    );
     r.buffer.abandon("s", t2, "test");
     wait_for(|| r.buffer.status().live_sessions == 0 && samples(&r).len() == 1).await;
     let s = &samples(&r)[0];
@@ -656,9 +664,11 @@ async fn the_teacher_permits_cap_calls_in_flight() {
         EnginePrompts::default(),
     );
     for session in ["a", "b", "c"] {
-        let t1 = r.buffer.begin(session, &user("q"), false);
+        let t1 = r.buffer.begin(session, Some(&user("q")), false);
         r.buffer.accept(captured(&r.tok, session, t1));
-        let t2 = r.buffer.begin(session, &user("hint:use the table|"), true);
+        let t2 = r
+            .buffer
+            .begin(session, Some(&user("hint:use the table|")), true);
         r.buffer.abandon(session, t2, "test");
     }
     wait_for(|| teacher.in_flight.load(SeqCst) == 2).await;
@@ -803,7 +813,7 @@ async fn teach_agent_session(
         // The request's last message is the previous turn's next state, carrying its hint.
         let n = r
             .buffer
-            .begin("s", history.last().unwrap(), i + 1 == hints.len());
+            .begin("s", Some(history.last().unwrap()), i + 1 == hints.len());
         let response = if i % 2 == 0 {
             json!({"role": "assistant", "content": "", "reasoning_content": "Look first.",
                    "tool_calls": [{"id": format!("c{i}"), "type": "function", "function": {"name": "ls", "arguments": "{}"}}]})

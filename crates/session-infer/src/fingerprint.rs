@@ -75,7 +75,8 @@ pub fn chain(prefix: Key, message: &Value) -> Key {
     chain_key(prefix, message_key(message))
 }
 
-fn chain_key(prefix: Key, message: Key) -> Key {
+/// The key of a conversation whose key is `prefix`, extended by a message whose key is `message`.
+pub fn chain_key(prefix: Key, message: Key) -> Key {
     let mut buf = [0u8; 32];
     buf[..16].copy_from_slice(&prefix.to_le_bytes());
     buf[16..].copy_from_slice(&message.to_le_bytes());
@@ -131,38 +132,80 @@ fn write_canonical(v: &Value, out: &mut Vec<u8>) {
     }
 }
 
+/// Longest trailing tail a reply is also registered without ([`History::tail_bases`]).
+pub const MAX_EPHEMERAL_TAIL: usize = 2;
+
 /// The keys of every prefix of a request's messages, computed in one pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct History {
-    /// `keys[i]` is the key of `messages[..=i]`.
+    /// `keys[i]` is the key of `messages[..=i]` (messages an ephemeral rule names left out).
     keys: Vec<Key>,
     /// Indices of the assistant messages: where an answered conversation can end.
     assistant_at: Vec<usize>,
     /// The key of the messages up to and including the first user message (the system prompt and
     /// the task), when there is a user message.
     opening: Option<Key>,
+    /// Keys of the request without a short trailing tail, with the tail's length
+    /// ([`History::tail_bases`]).
+    tails: Vec<(Key, usize)>,
 }
 
 impl History {
     pub fn of(messages: &[Value]) -> Self {
+        Self::of_with(messages, &[])
+    }
+
+    /// The keys of `messages`, those `rules` name left out (a message sent once and never again
+    /// must not break the chain: crate::ephemeral).
+    pub fn of_with(messages: &[Value], rules: &[crate::EphemeralRule]) -> Self {
         let mut keys = Vec::with_capacity(messages.len());
         let mut assistant_at = Vec::new();
         let mut opening = None;
         let mut key = EMPTY;
+        let mut visible = Vec::new();
         for (i, m) in messages.iter().enumerate() {
+            if crate::ephemeral::is_ephemeral(rules, m) {
+                keys.push(key);
+                continue;
+            }
             key = chain(key, m);
             keys.push(key);
-            match m.get("role").and_then(Value::as_str) {
-                Some("assistant") => assistant_at.push(i),
+            let role = m.get("role").and_then(Value::as_str);
+            match role {
+                Some("assistant") => {
+                    assistant_at.push(i);
+                    visible.clear();
+                }
                 Some("user") if opening.is_none() => opening = Some(key),
                 _ => {}
             }
+            if role != Some("assistant") {
+                visible.push((i, matches!(role, Some("user" | "tool"))));
+            }
         }
+        // What the request adds after its last assistant message (or all of it): its reply is
+        // also registered without the last 1..=MAX_EPHEMERAL_TAIL of those messages, when one of
+        // them is left and the kept part ends as a prompt does (a user or tool message).
+        let tails = (1..=MAX_EPHEMERAL_TAIL)
+            .filter(|&j| visible.len() > j)
+            .filter_map(|j| {
+                let (at, prompt_end) = visible[visible.len() - 1 - j];
+                prompt_end.then(|| (keys[at], j))
+            })
+            .collect();
         Self {
             keys,
             assistant_at,
             opening,
+            tails,
         }
+    }
+
+    /// The keys of the request without its last `j` messages (after its last assistant message,
+    /// at least one of those kept), each with `j`: the histories a client that sent those `j`
+    /// messages only once continues from. Our reply is registered under each of them too.
+    pub fn tail_bases(&self) -> &[(Key, usize)] {
+        &self.tails
     }
 
     /// The key of the whole request.

@@ -12,7 +12,11 @@
 //!   live session, that session is recorded as `continued_from` (compaction);
 //! - a claim is made permanent only when the answer is complete ([`PendingReply::complete`]); a
 //!   request that fails releases it when dropped, so the client's retry continues the same
-//!   session instead of forking.
+//!   session instead of forking;
+//! - a reply is registered under the request's history and under that history without a short
+//!   trailing tail ([`History::tail_bases`]): a client that sends a message once and never again
+//!   (crate::ephemeral) still continues. These ends are siblings: claiming one claims all, and a
+//!   continuation through a tail says how long the tail was ([`Resolved::ephemeral_tail`]).
 //!
 //! Memory: per live session its origin and one key per answered turn; a session goes with the
 //! session itself: when the session buffer closes it (timeout, eviction, shutdown: the matcher is a
@@ -90,6 +94,10 @@ pub struct Resolved {
     pub origin: SessionOrigin,
     pub outcome: Outcome,
     pub reply: PendingReply,
+    /// A continuation through a history without the previous request's last `n` messages: the
+    /// client sent them once (0 otherwise). The next state leaves as many out of this request's
+    /// end ([`crate::ephemeral::next_state`]).
+    pub ephemeral_tail: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +114,10 @@ enum Next {
 struct End {
     session: String,
     next: Next,
+    /// Registered under the history without its last `tail` messages (0: the whole history).
+    tail: usize,
+    /// The other ends of the same reply (under other tails): claimed, taken and released with it.
+    siblings: Box<[Key]>,
 }
 
 #[derive(Debug)]
@@ -173,16 +185,20 @@ impl SessionMatcher {
     pub fn resolve(self: &Arc<Self>, history: &History, now: Instant) -> Resolved {
         let mut st = self.lock();
         st.expire(now, self.limits.idle);
-        let found = history
-            .answered_prefixes()
-            .find_map(|k| st.ends.get(&k).map(|e| (k, e.session.clone(), e.next)));
+        let found = history.answered_prefixes().find_map(|k| {
+            st.ends
+                .get(&k)
+                .map(|e| (k, e.session.clone(), e.next, e.tail))
+        });
+        let ephemeral_tail = match found {
+            Some((_, _, Next::Open, tail)) => tail,
+            _ => 0,
+        };
         let (session_id, origin, outcome, claimed, created) = match found {
-            Some((key, owner, Next::Open)) => {
+            Some((key, owner, Next::Open, _)) => {
                 st.tick += 1;
                 let claim = st.tick;
-                if let Some(e) = st.ends.get_mut(&key) {
-                    e.next = Next::Pending(claim);
-                }
+                st.set_next(key, Next::Open, Next::Pending(claim));
                 st.touch(&owner, now);
                 st.stats.continued += 1;
                 let origin = st
@@ -192,7 +208,7 @@ impl SessionMatcher {
                     .unwrap_or_default();
                 (owner, origin, Outcome::Continued, Some((key, claim)), false)
             }
-            Some((_, parent, _)) => {
+            Some((_, parent, _, _)) => {
                 let id = self.new_id();
                 let origin = SessionOrigin {
                     source: SessionSource::Fork,
@@ -235,6 +251,7 @@ impl SessionMatcher {
                 matcher: self.clone(),
                 session_id: session_id.clone(),
                 base: history.key(),
+                tails: history.tail_bases().to_vec(),
                 claimed,
                 created,
                 done: false,
@@ -242,6 +259,7 @@ impl SessionMatcher {
             session_id,
             origin,
             outcome,
+            ephemeral_tail,
         }
     }
 
@@ -267,26 +285,36 @@ impl SessionMatcher {
 
     fn complete(&self, r: &PendingReply, reply: &Value, now: Instant) {
         let mut st = self.lock();
-        if let Some((key, claim)) = r.claimed
-            && let Some(e) = st.ends.get_mut(&key)
-            && e.next == Next::Pending(claim)
-        {
-            e.next = Next::Taken;
+        if let Some((key, claim)) = r.claimed {
+            st.set_next(key, Next::Pending(claim), Next::Taken);
         }
         if !st.sessions.contains_key(&r.session_id) {
             // Ended, idled out or evicted meanwhile: nothing to continue.
             return;
         }
-        let key = crate::fingerprint::chain(r.base, reply);
-        // The same conversation answered the same way in another live session: the first keeps
-        // it (the two cannot be told apart).
-        if let std::collections::hash_map::Entry::Vacant(slot) = st.ends.entry(key) {
-            slot.insert(End {
-                session: r.session_id.clone(),
-                next: Next::Open,
-            });
-            if let Some(s) = st.sessions.get_mut(&r.session_id) {
-                s.ends.push(key);
+        let reply_key = crate::fingerprint::message_key(reply);
+        let ends: Vec<(Key, usize)> = std::iter::once((r.base, 0))
+            .chain(r.tails.iter().copied())
+            .map(|(base, tail)| (crate::fingerprint::chain_key(base, reply_key), tail))
+            .collect();
+        for (i, &(key, tail)) in ends.iter().enumerate() {
+            // The same conversation answered the same way in another live session: the first
+            // keeps it (the two cannot be told apart).
+            if let std::collections::hash_map::Entry::Vacant(slot) = st.ends.entry(key) {
+                slot.insert(End {
+                    session: r.session_id.clone(),
+                    next: Next::Open,
+                    tail,
+                    siblings: ends
+                        .iter()
+                        .enumerate()
+                        .filter(|&(j, _)| j != i)
+                        .map(|(_, &(k, _))| k)
+                        .collect(),
+                });
+                if let Some(s) = st.sessions.get_mut(&r.session_id) {
+                    s.ends.push(key);
+                }
             }
         }
         st.touch(&r.session_id, now);
@@ -294,11 +322,8 @@ impl SessionMatcher {
 
     fn release(&self, r: &PendingReply) {
         let mut st = self.lock();
-        if let Some((key, claim)) = r.claimed
-            && let Some(e) = st.ends.get_mut(&key)
-            && e.next == Next::Pending(claim)
-        {
-            e.next = Next::Open;
+        if let Some((key, claim)) = r.claimed {
+            st.set_next(key, Next::Pending(claim), Next::Open);
         }
         if r.created
             && st
@@ -326,6 +351,27 @@ impl TurnObserver for SessionMatcher {
 }
 
 impl State {
+    /// Moves the end `key` and its siblings that are in state `from` (and still belong to the
+    /// same session) to `to`.
+    fn set_next(&mut self, key: Key, from: Next, to: Next) {
+        let Some(e) = self.ends.get_mut(&key) else {
+            return;
+        };
+        if e.next != from {
+            return;
+        }
+        e.next = to;
+        let (session, siblings) = (e.session.clone(), e.siblings.clone());
+        for k in siblings.iter() {
+            if let Some(s) = self.ends.get_mut(k)
+                && s.session == session
+                && s.next == from
+            {
+                s.next = to;
+            }
+        }
+    }
+
     fn create(
         &mut self,
         id: &str,
@@ -416,6 +462,8 @@ pub struct PendingReply {
     matcher: Arc<SessionMatcher>,
     session_id: String,
     base: Key,
+    /// The request's history without short trailing tails ([`History::tail_bases`]).
+    tails: Vec<(Key, usize)>,
     claimed: Option<(Key, u64)>,
     created: bool,
     done: bool,

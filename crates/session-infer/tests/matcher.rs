@@ -445,3 +445,126 @@ proptest! {
         prop_assert_eq!(m.stats().live_sessions, truths.len());
     }
 }
+
+/// OpenClaw's context message: appended to every request after the user's message, never sent
+/// again. The next request continues the history without it.
+fn context(n: usize) -> Value {
+    json!({"role": "user", "content": [{"type": "text", "text": format!(
+        "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nActive exec sessions: {n}\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>")}]})
+}
+
+/// Sends `messages` keyed with `rules`, answers `answer`; returns the session, the outcome and
+/// the ephemeral tail the continuation showed.
+fn turn_with(
+    m: &Arc<SessionMatcher>,
+    messages: &[Value],
+    rules: &[ps_session_infer::EphemeralRule],
+    answer: &Value,
+    now: Instant,
+) -> (String, Outcome, usize) {
+    let r = m.resolve(&History::of_with(messages, rules), now);
+    let out = (r.session_id.clone(), r.outcome, r.ephemeral_tail);
+    r.reply.complete(answer, now);
+    out
+}
+
+#[test]
+fn a_trailing_message_sent_once_does_not_break_the_conversation() {
+    // Without a rule: the reply is also registered under the history without its tail.
+    let m = matcher();
+    let t = Instant::now();
+    let mut h = vec![sys("S"), user("task")];
+    let mut sent = h.clone();
+    sent.push(context(0));
+    let (s1, o1, tail) = turn_with(&m, &sent, &[], &reply("a1"), t);
+    assert_eq!((o1, tail), (Outcome::New, 0));
+    for i in 1..5 {
+        h.push(reply(&format!("a{i}")));
+        h.push(user(&format!("next {i}")));
+        let mut sent = h.clone();
+        sent.push(context(i));
+        let (s, o, tail) = turn_with(&m, &sent, &[], &reply(&format!("a{}", i + 1)), t);
+        assert_eq!(
+            (s.as_str(), o, tail),
+            (s1.as_str(), Outcome::Continued, 1),
+            "turn {i}"
+        );
+    }
+    let st = m.stats();
+    assert_eq!((st.continued, st.unmatched, st.live_sessions), (4, 0, 1));
+    // One end for the whole history and one without its tail, per answered turn.
+    assert_eq!(st.answered_ends, 10);
+
+    // With OpenClaw's rule the context message is not part of any key: continued, no tail shown.
+    let m = matcher();
+    let rules = [ps_session_infer::EphemeralRule::openclaw()];
+    let mut h = vec![sys("S"), user("task")];
+    let mut sent = h.clone();
+    sent.push(context(0));
+    let (s1, _, _) = turn_with(&m, &sent, &rules, &reply("a1"), t);
+    h.extend([reply("a1"), user("next")]);
+    let mut sent = h.clone();
+    sent.push(context(1));
+    let (s, o, tail) = turn_with(&m, &sent, &rules, &reply("a2"), t);
+    assert_eq!((s, o, tail), (s1, Outcome::Continued, 0));
+}
+
+#[test]
+fn the_ends_of_one_reply_are_claimed_together() {
+    let m = matcher();
+    let t = Instant::now();
+    let first = vec![sys("S"), user("task"), context(0)];
+    let (parent, _, _) = turn_with(&m, &first, &[], &reply("a1"), t);
+    // One continuation through the tail, one that re-sends the tail: the second is a fork.
+    let without = vec![sys("S"), user("task"), reply("a1"), user("next")];
+    let with = vec![
+        sys("S"),
+        user("task"),
+        context(0),
+        reply("a1"),
+        user("next"),
+    ];
+    let a = m.resolve(&History::of(&without), t);
+    let b = m.resolve(&History::of(&with), t);
+    assert_eq!(
+        (a.session_id.as_str(), a.outcome),
+        (parent.as_str(), Outcome::Continued)
+    );
+    assert_eq!(b.outcome, Outcome::Fork);
+    assert_eq!(b.origin.parent_session.as_deref(), Some(parent.as_str()));
+    // A failed continuation frees every end of the reply: the retry, either way, continues.
+    drop(a);
+    drop(b);
+    let r = m.resolve(&History::of(&with), t);
+    assert_eq!(
+        (r.session_id.as_str(), r.outcome),
+        (parent.as_str(), Outcome::Continued)
+    );
+    assert_eq!(r.ephemeral_tail, 0);
+}
+
+#[test]
+fn a_tail_is_only_dropped_down_to_a_prompt_end() {
+    // The kept part must end as a prompt does (a user or tool message) and keep a new message.
+    let h = History::of(&[sys("S"), user("u"), context(0), context(1)]);
+    let tails: Vec<usize> = h.tail_bases().iter().map(|&(_, j)| j).collect();
+    assert_eq!(tails, [1, 2]);
+    assert_eq!(
+        h.tail_bases()[1].0,
+        History::of(&[sys("S"), user("u")]).key()
+    );
+    assert!(History::of(&[sys("S"), user("u")]).tail_bases().is_empty());
+    assert!(History::of(&[user("u")]).tail_bases().is_empty());
+    let after_reply = History::of(&[
+        user("u"),
+        reply("a"),
+        json!({"role": "tool", "content": "x"}),
+        context(0),
+    ]);
+    assert_eq!(after_reply.tail_bases().len(), 1);
+    assert!(
+        History::of(&[user("u"), reply("a"), user("v")])
+            .tail_bases()
+            .is_empty()
+    );
+}

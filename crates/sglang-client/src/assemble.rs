@@ -230,6 +230,18 @@ fn sglext_ids(sglext: Option<&str>, key: &str) -> Option<Vec<u32>> {
     }
 }
 
+/// The engine a choice (of an answer or a chunk) comes from, by a key only one engine writes: vLLM
+/// always writes `stop_reason` (`null` unless a stop string or id matched), SGLang `matched_stop`.
+fn engine_of_choice<'t>(choice: &impl Fields<'t>) -> Option<ps_core::Engine> {
+    if choice.field("stop_reason").is_some() {
+        Some(ps_core::Engine::Vllm)
+    } else if choice.field("matched_stop").is_some() {
+        Some(ps_core::Engine::Sglang)
+    } else {
+        None
+    }
+}
+
 /// The engine's sampled ids, where each build puts them (docs/upstream-protocols.md, 1.5): SGLang after
 /// its August 2026 rename `choices[].response_token_ids`, earlier SGLang and vLLM
 /// `choices[].token_ids`, `sglext.output_ids` (per choice or response-level), and the ids of
@@ -319,7 +331,12 @@ fn finish_of<'t>(choice: &impl Fields<'t>) -> serde_json::Result<FinishReason> {
         }
         _ => None,
     };
-    let matched_stop = match choice.field("matched_stop") {
+    // SGLang's `matched_stop`, vLLM's `stop_reason` (`null` for the end-of-turn token, a stop
+    // token's id, or a stop string).
+    let matched_stop = match choice
+        .field("matched_stop")
+        .or_else(|| choice.field("stop_reason"))
+    {
         Some(text) => serde_json::from_str(text)?,
         None => Value::Null,
     };
@@ -438,6 +455,12 @@ impl Answer {
         engine_ids_of(&self.scanned(&self.top), &self.first_choice()?)
     }
 
+    /// The engine whose answer this is, by the keys only one of them writes: vLLM's
+    /// `choices[].stop_reason`, SGLang's `choices[].matched_stop`.
+    pub fn engine(&self) -> Option<ps_core::Engine> {
+        engine_of_choice(&self.first_choice()?)
+    }
+
     /// The answer as a tree (for the rare paths that reshape it as one).
     /// The parse validated the answer as a tree parse would, so an error is not expected; the
     /// caller answers it as a body that is not the expected JSON, never as `null`.
@@ -516,10 +539,11 @@ impl Answer {
                 field: field.to_owned(),
             })
         });
-        let message = match choice.field("message") {
+        let mut message = match choice.field("message") {
             Some(text) => serde_json::from_str(text)?,
             None => Value::Null,
         };
+        ps_core::message::reasoning_to_content_key(&mut message);
         Ok(RolloutResponse {
             message,
             tokens,
@@ -607,6 +631,12 @@ pub struct StreamAssembler {
     /// Streamed `sglext` ids (a final `choices: []` chunk before `[DONE]`).
     sglext_prompt: Option<Vec<u32>>,
     sglext_response: Option<Vec<u32>>,
+    /// vLLM's streamed ids (`return_token_ids`): the prompt's on the first chunk (response level),
+    /// each chunk's sampled ids on its choice (`token_ids`), gathered in order.
+    stream_prompt: Option<Vec<u32>>,
+    stream_response: Option<Vec<u32>>,
+    /// The engine the chunks' shape shows, once one did.
+    engine: Option<ps_core::Engine>,
 }
 
 impl StreamAssembler {
@@ -683,6 +713,9 @@ impl StreamAssembler {
         if let Some(ids) = sglext_ids(sglext, "input_ids") {
             self.sglext_prompt = Some(ids);
         }
+        if let Some(ids) = chunk.get("prompt_token_ids").and_then(raw::as_ids) {
+            self.stream_prompt = Some(ids);
+        }
         let Some(choice) = chunk.get("choices").and_then(raw::array).and_then(|cs| {
             cs.iter().find_map(|c| {
                 // A choice that is not an object counts as choice 0 (it has no `index`).
@@ -696,10 +729,22 @@ impl StreamAssembler {
         if let Some(ids) = sglext_ids(choice.field("sglext"), "output_ids") {
             self.sglext_response = Some(ids);
         }
+        if self.engine.is_none() {
+            self.engine = engine_of_choice(&choice);
+        }
+        if let Some(ids) = choice.get("token_ids").and_then(raw::as_ids) {
+            self.stream_response
+                .get_or_insert_with(Vec::new)
+                .extend_from_slice(&ids);
+        }
         if choice.contains_key("delta") {
             let delta = object(&choice, "delta").unwrap_or_default();
             let content = delta.get("content").and_then(raw::as_str);
-            let reasoning = delta.get("reasoning_content").and_then(raw::as_str);
+            // SGLang's `reasoning_content`, vLLM's `reasoning` (one or the other per build).
+            let reasoning = delta
+                .get("reasoning_content")
+                .and_then(raw::as_str)
+                .or_else(|| delta.get("reasoning").and_then(raw::as_str));
             let calls = delta
                 .get("tool_calls")
                 .and_then(raw::array)
@@ -740,6 +785,7 @@ impl StreamAssembler {
             self.finish.reason = Some(reason.into_owned());
             self.finish.matched_stop = choice
                 .get("matched_stop")
+                .or_else(|| choice.get("stop_reason"))
                 .map_or(Value::Null, raw::to_value);
         }
     }
@@ -768,6 +814,11 @@ impl StreamAssembler {
                 acc.arguments.push_str(&a);
             }
         }
+    }
+
+    /// The engine the chunks came from, when their shape showed it ([`Answer::engine`]).
+    pub fn engine(&self) -> Option<ps_core::Engine> {
+        self.engine
     }
 
     /// Whether a finish reason arrived.
@@ -804,11 +855,21 @@ impl StreamAssembler {
                 Value::Array(calls)
             },
         );
-        let engine_ids = match (self.sglext_prompt, self.sglext_response) {
-            (Some(prompt), Some(response)) => Some(EngineIds {
+        let engine_ids = match (
+            self.sglext_prompt,
+            self.sglext_response,
+            self.stream_prompt,
+            self.stream_response,
+        ) {
+            (Some(prompt), Some(response), _, _) => Some(EngineIds {
                 prompt,
                 response,
                 field: "sglext.output_ids".into(),
+            }),
+            (_, _, Some(prompt), Some(response)) => Some(EngineIds {
+                prompt,
+                response,
+                field: "token_ids".into(),
             }),
             _ => None,
         };
@@ -841,7 +902,7 @@ pub fn synthesize_chunks(resp: &Value) -> Vec<Value> {
         "content".into(),
         message.get("content").cloned().unwrap_or(Value::Null),
     );
-    for key in ["reasoning_content", "tool_calls"] {
+    for key in ["reasoning_content", "reasoning", "tool_calls"] {
         if let Some(v) = message.get(key).filter(|v| !v.is_null()) {
             delta.insert(key.into(), v.clone());
         }

@@ -15,6 +15,9 @@ pub struct ModelInfo {
     pub model_path: Option<String>,
     /// `vocab_size`, when the server reports it.
     pub vocab_size: Option<u64>,
+    /// The engine that answered: SGLang when `/get_model_info` did, else what `/v1/models`'s
+    /// `owned_by` names.
+    pub engine: Option<ps_core::Engine>,
 }
 
 impl ModelInfo {
@@ -46,6 +49,7 @@ pub(crate) fn from_sglang(url: &str, v: &Value) -> ModelInfo {
         tokenizer_path: text(v, "tokenizer_path"),
         model_path: text(v, "model_path"),
         vocab_size: v.get("vocab_size").and_then(Value::as_u64),
+        engine: Some(ps_core::Engine::Sglang),
     }
 }
 
@@ -64,6 +68,10 @@ pub(crate) fn from_models(url: &str, v: &Value, served: &str) -> ModelInfo {
         vocab_size: entry
             .and_then(|e| e.get("vocab_size"))
             .and_then(Value::as_u64),
+        engine: entry
+            .and_then(|e| e.get("owned_by"))
+            .and_then(Value::as_str)
+            .and_then(ps_core::Engine::from_owned_by),
     }
 }
 
@@ -98,6 +106,18 @@ mod tests {
             Some("/q")
         );
         assert_eq!(from_models("u", &v, "x").model_path.as_deref(), Some("/o"));
+        assert_eq!(from_models("u", &v, "x").engine, None);
+        // What vLLM 0.32 answers (recorded): `owned_by: "vllm"` names the engine.
+        let vllm = json!({"object": "list", "data": [{"id": "qwen3-4b", "object": "model",
+            "owned_by": "vllm", "root": "/m", "parent": null, "max_model_len": 4096}]});
+        assert_eq!(
+            from_models("u", &vllm, "qwen3-4b").engine,
+            Some(ps_core::Engine::Vllm)
+        );
+        assert_eq!(
+            from_sglang("u", &json!({"model_path": "/m"})).engine,
+            Some(ps_core::Engine::Sglang)
+        );
         assert!(!from_models("u", &json!({"data": [{"id": "a"}]}), "a").is_reported());
     }
 }

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ps_config::{Settings, TurnType};
+use ps_config::Settings;
 use ps_fake_sglang::FakeHandle;
 use serde_json::{Value, json};
 
@@ -21,7 +21,7 @@ pub const CLIENT_VAR: &str = "TEST_CLIENT_KEY";
 pub fn settings(fake: &FakeHandle, store: &Path) -> Settings {
     let mut s = Settings::default();
     s.server.port = 0;
-    s.server.default_turn_type = TurnType::Main;
+    s.server.default_turn_type = ps_core::DefaultTurnType::Main;
     s.sglang.chat_url = fake.chat_url();
     s.prm.router_url = fake.generate_url();
     s.prm.timeout_sec = 5;

@@ -57,7 +57,7 @@ impl Default for Setup {
     fn default() -> Self {
         Self {
             options: ServerOptions {
-                default_turn_type: ps_core::TurnType::Main,
+                default_turn_type: ps_core::DefaultTurnType::Main,
                 ..ServerOptions::default()
             },
             timeout: Duration::from_secs(10),
