@@ -24,6 +24,15 @@ use harness::{KillOnDrop, free_port};
 use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
 
+/// Every HTTP call of these tests: bounded, so that a server that accepts and then stalls fails
+/// the test instead of hanging it (an answer of the engine takes seconds on this CPU).
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+}
+
 /// The engine's base URL, or `None` (the test then passes with a note, unless required).
 fn engine_url() -> Option<String> {
     match std::env::var("POLICY_SERVING_REAL_VLLM_URL") {
@@ -45,7 +54,9 @@ fn engine_url() -> Option<String> {
 
 /// The name the engine serves its model under.
 async fn served_model(engine: &str) -> String {
-    let v: Value = reqwest::get(format!("{engine}/v1/models"))
+    let v: Value = http()
+        .get(format!("{engine}/v1/models"))
+        .send()
         .await
         .unwrap()
         .json()
@@ -92,6 +103,8 @@ async fn serve(mode: &str, chat_base: &str, judge: &str, engine: &str, model: &s
             .args(["serve", "--config"])
             .arg(&config)
             .env_remove("RUST_LOG")
+            // Warnings and errors only: CI's log stays readable (a drift or a failed vote shows).
+            .env("POLICY_SERVING_LOGGING__LEVEL", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -101,7 +114,7 @@ async fn serve(mode: &str, chat_base: &str, judge: &str, engine: &str, model: &s
     // Bounded so that a server that never listens fails clearly (it asks the engine for its model
     // and loads the real tokenizer first).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while reqwest::get(format!("{base}/health")).await.is_err() {
+    while http().get(format!("{base}/health")).send().await.is_err() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "serve never answered /health"
@@ -121,6 +134,8 @@ struct Variant {
     stream: bool,
     thinking: bool,
     tool: bool,
+    /// The call forced with a named `tool_choice` (vLLM's grammar) instead of a regex.
+    named: bool,
     /// `max_tokens` (a forced tool call takes ~37 tokens: fewer cut it off).
     max_tokens: u32,
 }
@@ -134,7 +149,7 @@ fn tools() -> Value {
 
 /// The client's view of one answer: the message it sends back next turn.
 async fn ask(base: &str, session: &str, body: &Value, done: bool) -> Value {
-    let mut req = reqwest::Client::new()
+    let mut req = http()
         .post(format!("{base}/v1/chat/completions"))
         .header("X-Session-Id", session)
         .header("X-Turn-Type", "main")
@@ -146,6 +161,10 @@ async fn ask(base: &str, session: &str, body: &Value, done: bool) -> Value {
     assert_eq!(r.status(), 200, "{session}");
     if body["stream"] == true {
         let text = r.text().await.unwrap();
+        assert!(
+            !text.contains("token_ids"),
+            "{session}: the ids asked for training reached the client: {text}"
+        );
         let (mut content, mut calls) = (String::new(), Vec::<Value>::new());
         for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
             if data == "[DONE]" {
@@ -177,6 +196,10 @@ async fn ask(base: &str, session: &str, body: &Value, done: bool) -> Value {
         m
     } else {
         let v: Value = r.json().await.unwrap();
+        assert!(
+            v.get("prompt_token_ids").is_none() && v["choices"][0].get("token_ids").is_none(),
+            "{session}: the ids asked for training reached the client: {v}"
+        );
         let m = &v["choices"][0]["message"];
         let mut out = json!({"role": "assistant", "content": m["content"].as_str().unwrap_or("")});
         if m["tool_calls"].is_array() {
@@ -203,7 +226,12 @@ async fn conversation(base: &str, model: &str, session: &str, v: Variant) {
             // by the drift check, as a cut one's is not.
             body["structured_outputs"] = json!({"regex": "(Sunny|Rainy), [1-3][0-9] degrees\\."});
         }
-        if v.tool {
+        if v.tool && v.named {
+            // vLLM decodes a named tool_choice with a grammar that forces the call's head; with
+            // random weights its arguments never close, and the answer is cut by max_tokens.
+            body["tools"] = tools();
+            body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+        } else if v.tool {
             body["tools"] = tools();
             body["tool_choice"] = json!("auto");
             body["structured_outputs"] = json!({"regex":
@@ -211,7 +239,7 @@ async fn conversation(base: &str, model: &str, session: &str, v: Variant) {
         }
         let reply = ask(base, session, &body, turn + 1 == TURNS).await;
         let call = reply["tool_calls"][0].clone();
-        if v.tool && !v.thinking && v.max_tokens >= 64 {
+        if v.tool && !v.named && !v.thinking && v.max_tokens >= 64 {
             assert!(
                 call.is_object(),
                 "{session}: the forced call was parsed: {reply}"
@@ -233,7 +261,9 @@ async fn settled(base: &str, turns: u64) -> Value {
     // Bounded so that a stuck pipeline fails with its status; judging and the teacher are local.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
-        let st: Value = reqwest::get(format!("{base}/v1/rollout/status"))
+        let st: Value = http()
+            .get(format!("{base}/v1/rollout/status"))
+            .send()
             .await
             .unwrap()
             .json()
@@ -287,6 +317,7 @@ async fn run_mode(mode: &str) -> Option<usize> {
                 stream,
                 thinking,
                 tool: false,
+                named: false,
                 max_tokens: 24,
             });
         }
@@ -294,7 +325,15 @@ async fn run_mode(mode: &str) -> Option<usize> {
             stream,
             thinking: false,
             tool: true,
+            named: false,
             max_tokens: 64,
+        });
+        variants.push(Variant {
+            stream,
+            thinking: false,
+            tool: true,
+            named: true,
+            max_tokens: 24,
         });
     }
     // A tool call cut off by `max_tokens`, streamed: the parser has announced the call, its
@@ -303,6 +342,7 @@ async fn run_mode(mode: &str) -> Option<usize> {
         stream: true,
         thinking: false,
         tool: true,
+        named: false,
         max_tokens: 20,
     });
     for (i, v) in variants.iter().enumerate() {
@@ -326,7 +366,9 @@ async fn run_mode(mode: &str) -> Option<usize> {
     assert_eq!(st["turns_abandoned"], 0, "{mode}: {st}");
     assert_eq!(st["teacher_mismatches"], 0, "{mode}: {st}");
 
-    let page: Value = reqwest::get(format!("{}/v1/rollout/samples?after=0&max=1024", s.base))
+    let page: Value = http()
+        .get(format!("{}/v1/rollout/samples?after=0&max=1024", s.base))
+        .send()
         .await
         .unwrap()
         .json()
@@ -365,7 +407,7 @@ async fn run_mode(mode: &str) -> Option<usize> {
         .count();
     let forced = variants
         .iter()
-        .filter(|v| !v.thinking && v.max_tokens >= 24)
+        .filter(|v| !v.thinking && !v.named && v.max_tokens >= 24)
         .count()
         * TURNS;
     assert_eq!(

@@ -109,8 +109,18 @@ async fn turn(openclaw: &Path, home: &Path, session: &str, text: &str) {
     );
 }
 
+/// Bounded, so that a server that accepts and then stalls fails the test instead of hanging it.
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
 async fn status(base: &str) -> Value {
-    reqwest::get(format!("{base}/v1/rollout/status"))
+    http()
+        .get(format!("{base}/v1/rollout/status"))
+        .send()
         .await
         .unwrap()
         .json()
@@ -171,6 +181,8 @@ async fn the_real_openclaw_agent_trains_with_the_defaults() {
             .args(["serve", "--config"])
             .arg(&config)
             .env_remove("RUST_LOG")
+            // Warnings and errors only: CI's log stays readable (a drift or a failed vote shows).
+            .env("POLICY_SERVING_LOGGING__LEVEL", "warn")
             .env_remove("SGLANG_API_KEY")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -179,7 +191,7 @@ async fn the_real_openclaw_agent_trains_with_the_defaults() {
     );
     let base = format!("http://127.0.0.1:{port}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while reqwest::get(format!("{base}/health")).await.is_err() {
+    while http().get(format!("{base}/health")).send().await.is_err() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "serve never answered /health"

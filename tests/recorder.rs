@@ -98,7 +98,11 @@ impl Recorder {
         let log = Arc::new(Mutex::new(Vec::new()));
         let state = Upstream {
             base: upstream_base.trim_end_matches('/').to_owned(),
-            http: reqwest::Client::new(),
+            // Bounded: an engine that stalls fails the test (the proxy's own timeout is longer).
+            http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(600))
+                .build()
+                .unwrap(),
             log: log.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);

@@ -371,14 +371,16 @@ pub fn turn_type_line(settings: &Settings) -> String {
     let fix = match (keyless, keyed) {
         (true, true) => String::new(),
         _ if s.default_turn_type == DefaultTurnType::Side => {
-            "; unmodified agents produce no samples: send `X-Turn-Type: main`, or set              server.default_turn_type = \"auto\""
+            "; unmodified agents produce no samples: send `X-Turn-Type: main`, or set \
+             server.default_turn_type = \"auto\""
                 .to_owned()
         }
         (_, false) => {
             "; clients that key their sessions mark main turns with `X-Turn-Type: main`".to_owned()
         }
         (false, true) => {
-            "; with server.session_inference = \"off\" requests without a key share the session              \"unknown\""
+            "; with server.session_inference = \"off\" requests without a key share the session \
+             \"unknown\""
                 .to_owned()
         }
     };

@@ -72,8 +72,9 @@ impl EngineSetting {
     }
 }
 
-/// The engine in effect: fixed by the setting, or learned once (the first report wins; a later
-/// one that disagrees is ignored, and the caller told so).
+/// The engine in effect: fixed by the setting, or learned once (the first report wins:
+/// [`EngineCell::learn`] says whether it set it, and the caller warns when a later report
+/// disagrees); [`EngineCell::correct`] overrides it when the engine itself proved it wrong.
 #[derive(Debug, Default)]
 pub struct EngineCell(AtomicU8);
 
@@ -110,6 +111,11 @@ impl EngineCell {
             .compare_exchange(UNKNOWN, code(engine), Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     }
+
+    /// Sets `engine` whatever was known (the engine's own answer proved the setting wrong).
+    pub fn correct(&self, engine: Engine) {
+        self.0.store(code(engine), Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +134,8 @@ mod tests {
         assert!(cell.learn(Engine::Sglang));
         assert!(!cell.learn(Engine::Vllm));
         assert_eq!(cell.get(), Some(Engine::Sglang));
+        cell.correct(Engine::Vllm);
+        assert_eq!(cell.get(), Some(Engine::Vllm));
     }
 
     #[test]

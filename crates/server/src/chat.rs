@@ -119,10 +119,14 @@ fn open_turn(
     // `auto`: main when the session is recognised from the history (an unmodified agent), side
     // when the client keys its sessions (as the reference's clients, which name their main turns).
     let default = opts.default_turn_type.for_request(inference.infers(req));
-    let turn_type = req
-        .session
-        .turn_type
-        .unwrap_or_else(|| crate::infer::turn_type_by_shape(&inference.side_rules, req, default));
+    let turn_type = req.session.turn_type.unwrap_or_else(|| {
+        crate::infer::turn_type_by_shape(
+            &inference.side_rules,
+            &inference.ephemeral_rules,
+            req,
+            default,
+        )
+    });
     let found =
         crate::infer::find_session(app.0.matcher.as_ref(), inference, headers, req, turn_type);
     let (session_id, origin, reply) = (found.session_id, found.origin, found.reply);
@@ -142,18 +146,25 @@ fn open_turn(
         None if turn_type != default => turn_type,
         None => {
             if app.first_warning(warn_key) {
-                tracing::warn!(
-                    session_id = %session_id,
-                    default = opts.default_turn_type.as_str(),
-                    "requests of this session carry no turn type (`X-Turn-Type: main|side`); `server.default_turn_type = \"{}\"` makes them {} turns, so {}",
-                    opts.default_turn_type.as_str(),
-                    default.as_str(),
-                    if default == TurnType::Side {
-                        "they produce NO training data (send `X-Turn-Type: main`, or leave out the session key so that `auto` trains them)"
-                    } else {
-                        "they are trained on"
-                    },
-                );
+                let setting = opts.default_turn_type.as_str();
+                if default == TurnType::Side {
+                    tracing::warn!(
+                        session_id = %session_id,
+                        default = setting,
+                        "requests of this session carry no turn type (`X-Turn-Type: main|side`); \
+                         `server.default_turn_type = \"{setting}\"` makes them side turns, so they \
+                         produce NO training data (send `X-Turn-Type: main`, or leave out the \
+                         session key so that `auto` trains them)"
+                    );
+                } else {
+                    tracing::info!(
+                        session_id = %session_id,
+                        default = setting,
+                        "requests of this session carry no turn type (`X-Turn-Type: main|side`); \
+                         `server.default_turn_type = \"{setting}\"` makes them main turns: they \
+                         are trained on"
+                    );
+                }
             }
             default
         }
@@ -250,7 +261,19 @@ async fn streamed_answer(
     permit: OwnedSemaphorePermit,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let events = app.0.policy.chat_stream(t.forwarded.body).await?;
+    let events = match app.0.policy.chat_stream(t.forwarded.body.clone()).await {
+        // Only vLLM streams ids: an engine that refuses the flag (SGLang, 400) is sent the request
+        // again as the client sent it, and never asked again (the chat path does not fail for a
+        // flag it added for training).
+        Err(ps_sglang_client::SglangError::Status { status: 400, .. })
+            if t.forwarded.injected_ids =>
+        {
+            app.engine_refused_streamed_ids();
+            let body = request::without_injected_ids(&t.forwarded.body);
+            app.0.policy.chat_stream(body).await?
+        }
+        other => other?,
+    };
     metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
     let stream = ProxyStream::start(events, app.clone(), t.turn, t.reply, t.shape, permit).await?;
     Ok(sse_response(Body::from_stream(stream)))
@@ -272,10 +295,8 @@ async fn whole_answer(
     metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());
     // Read once, without a tree: where its parts are; the client's copy is written from its bytes.
     let answer = Answer::parse(app.0.policy.chat_url(), bytes)?;
-    if app.engine_unknown()
-        && let Some(engine) = answer.engine()
-    {
-        app.learn_engine(engine, "from the shape of its first answer");
+    if let Some(engine) = answer.engine() {
+        app.learn_engine(engine, "from the keys of its answer");
     }
     if t.reply.is_some()
         && let Some(message) = answer.message()

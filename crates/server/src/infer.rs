@@ -108,13 +108,14 @@ pub(crate) struct Found {
 /// `default`.
 pub(crate) fn turn_type_by_shape(
     rules: &[ShapeRule],
+    ephemeral: &[EphemeralRule],
     req: &ChatRequest,
     default: TurnType,
 ) -> TurnType {
     if rules.is_empty() {
         return default;
     }
-    let body = match req.shape_view() {
+    let body = match req.shape_view(ephemeral) {
         Ok(body) => body,
         Err(e) => {
             // Validated as a tree parse would: not expected; the turn keeps its default type.
@@ -294,6 +295,36 @@ mod tests {
         assert_eq!(st.expired, 10_000);
         // Only the session of "a" is left ("b" failed: dropped without a reply).
         assert_eq!((st.live_sessions, st.answered_ends), (1, 1));
+    }
+
+    /// A side-turn rule on the last user message reads the user's, not a context block the client
+    /// appends after it and sends once (OpenClaw's memory flush, should it carry the block).
+    #[test]
+    fn shape_rules_look_past_messages_sent_once() {
+        let flush = ShapeRule {
+            name: "openclaw_memory_flush".into(),
+            last_user_prefix: Some("Pre-compaction memory flush.".into()),
+            ..ShapeRule::default()
+        };
+        let body = json!({"messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "Pre-compaction memory flush. Store durable memories."},
+            {"role": "user", "content": [{"type": "text",
+                "text": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nnone\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"}]}
+        ]})
+        .to_string();
+        let req = request::parse(body.as_bytes(), &HeaderMap::new()).expect("valid");
+        let rules = std::slice::from_ref(&flush);
+        let openclaw = [EphemeralRule::openclaw()];
+        assert_eq!(
+            turn_type_by_shape(rules, &openclaw, &req, TurnType::Main),
+            TurnType::Side
+        );
+        assert_eq!(
+            turn_type_by_shape(rules, &[], &req, TurnType::Main),
+            TurnType::Main,
+            "without the rule the context block is the last user message"
+        );
     }
 
     #[test]

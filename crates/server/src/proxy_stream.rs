@@ -389,11 +389,8 @@ impl ProxyStream {
         let Some(assembler) = self.assembler.take() else {
             return;
         };
-        if self.app.engine_unknown()
-            && let Some(engine) = assembler.engine()
-        {
-            self.app
-                .learn_engine(engine, "from the shape of its first answer");
+        if let Some(engine) = assembler.engine() {
+            self.app.learn_engine(engine, "from the keys of its answer");
         }
         let finished = assembler.finished();
         let rollout = assembler.finish();

@@ -300,9 +300,13 @@ impl<'a> ChatRequest<'a> {
     /// What the side-turn shape rules read, as a small tree: `messages` as its first message and
     /// its last user message (the only ones the rules look at, in their order), `tools` as an
     /// empty or one-element stand-in of the same kind, `max_tokens` and `max_completion_tokens`.
-    /// The other messages are scanned for their role, never built. An error as for
-    /// [`Self::messages`].
-    pub fn shape_view(&self) -> serde_json::Result<Map<String, Value>> {
+    /// The other messages are scanned for their role, never built. The last user message is the
+    /// last one `ephemeral` does not name (a client's context block sent once is not what the
+    /// user asked). An error as for [`Self::messages`].
+    pub fn shape_view(
+        &self,
+        ephemeral: &[ps_session_infer::EphemeralRule],
+    ) -> serde_json::Result<Map<String, Value>> {
         let elems: Vec<&RawValue> = serde_json::from_str(self.messages_json().get())?;
         let is_user = |m: &RawValue| {
             RawObject::parse(m.get())
@@ -310,13 +314,20 @@ impl<'a> ChatRequest<'a> {
                 .and_then(|o| o.get("role").and_then(raw::as_str).map(|r| r == "user"))
                 .unwrap_or(false)
         };
-        let last_user = elems.iter().rposition(|m| is_user(m));
+        let mut last_user = None;
+        for (i, m) in elems.iter().enumerate().rev().filter(|(_, m)| is_user(m)) {
+            let message = serde_json::from_str::<Value>(m.get())?;
+            if !ps_session_infer::ephemeral::is_ephemeral(ephemeral, &message) {
+                last_user = Some((i, message));
+                break;
+            }
+        }
         let mut messages = Vec::new();
         if let Some(first) = elems.first() {
             messages.push(serde_json::from_str::<Value>(first.get())?);
         }
-        if let Some(i) = last_user.filter(|&i| i > 0) {
-            messages.push(serde_json::from_str::<Value>(elems[i].get())?);
+        if let Some((_, m)) = last_user.filter(|&(i, _)| i > 0) {
+            messages.push(m);
         }
         let mut view = Map::new();
         view.insert("messages".into(), Value::Array(messages));
@@ -377,6 +388,25 @@ pub struct Forwarded {
     pub body: Bytes,
     /// Whether it asks for the engine's ids (`return_token_ids: true`, ours or the client's).
     pub return_token_ids: bool,
+    /// Whether the ask is ours (the client did not set the flag): it is the body's last entry.
+    pub injected_ids: bool,
+}
+
+/// The ids flag `forward_body` adds, the last entry of the body it writes.
+const INJECTED_IDS: &[u8] = br#","return_token_ids":true}"#;
+
+/// `body` (written by [`forward_body`] with the ids flag added) without that flag: the body as the
+/// client sent it otherwise.
+pub fn without_injected_ids(body: &Bytes) -> Bytes {
+    match body.strip_suffix(INJECTED_IDS) {
+        Some(rest) => {
+            let mut b = Vec::with_capacity(rest.len() + 1);
+            b.extend_from_slice(rest);
+            b.push(b'}');
+            Bytes::from(b)
+        }
+        None => body.clone(),
+    }
 }
 
 /// The body sent upstream: log-probs forced on (`top_logprobs` at least 1), `model` filled when absent,
@@ -436,6 +466,7 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
     Forwarded {
         body: Bytes::from(out),
         return_token_ids,
+        injected_ids: add_ids,
     }
 }
 
@@ -584,6 +615,25 @@ mod tests {
             },
         );
         assert_eq!(vllm_stream["return_token_ids"], true);
+        // Without the flag it added, the body is the one written without asking.
+        let asked = super::forward_body(
+            &r,
+            &ForwardOptions {
+                stream: true,
+                ..opts
+            },
+        );
+        let unasked = super::forward_body(
+            &r,
+            &ForwardOptions {
+                stream: true,
+                return_token_ids: false,
+                ..opts
+            },
+        );
+        assert!(asked.injected_ids && !unasked.injected_ids);
+        assert_eq!(without_injected_ids(&asked.body), unasked.body);
+        assert_eq!(without_injected_ids(&unasked.body), unasked.body);
     }
 
     #[test]
@@ -668,7 +718,10 @@ mod typed_tests {
             for extra in extras {
                 let body = format!(r#"{{"messages":{m}{extra}}}"#);
                 let r = parse(body.as_bytes(), &HeaderMap::new()).expect("valid");
-                let (view, whole) = (r.shape_view().expect("view"), r.body_map().expect("body"));
+                let (view, whole) = (
+                    r.shape_view(&[]).expect("view"),
+                    r.body_map().expect("body"),
+                );
                 for rule in &rules {
                     assert_eq!(rule.matches(&view), rule.matches(&whole), "{rule:?} {body}");
                 }

@@ -183,9 +183,27 @@ impl AppState {
     }
 
     /// Records the engine serving the policy (`sglang.engine = "auto"`): from what the policy
-    /// server reported at start (`how`), or from the shape of its first answer. The first report
-    /// wins; it is logged once.
+    /// server reported at start (`how`), or from the shape of its answers. The first report wins;
+    /// it is logged once, and an answer of another engine's shape is warned about once (naming
+    /// `sglang.engine`).
     pub fn learn_engine(&self, engine: ps_core::Engine, how: &str) {
+        if let Some(known) = self.0.engine.get()
+            && known != engine
+        {
+            if self.first_warning("\0engine-disagrees") {
+                tracing::warn!(
+                    engine = known.as_str(),
+                    observed = engine.as_str(),
+                    "the policy engine is taken to be {} (sglang.engine = \"{}\"), but an answer has \
+                     {}'s shape ({how}): set sglang.engine to the engine behind sglang.chat_url \
+                     (logged once)",
+                    known.as_str(),
+                    self.0.options.engine.as_str(),
+                    engine.as_str(),
+                );
+            }
+            return;
+        }
         if self.0.engine.learn(engine) {
             tracing::info!(
                 engine = engine.as_str(),
@@ -200,9 +218,19 @@ impl AppState {
         }
     }
 
-    /// Whether the engine is still to be learned from an answer.
-    pub(crate) fn engine_unknown(&self) -> bool {
-        !self.0.engine.is_known()
+    /// The engine refused what only vLLM accepts (`return_token_ids` on a stream): it is SGLang,
+    /// whatever was set or learned. Warned about once, naming `sglang.engine`.
+    pub(crate) fn engine_refused_streamed_ids(&self) {
+        self.0.engine.correct(ps_core::Engine::Sglang);
+        if self.first_warning("\0engine-refused-ids") {
+            tracing::warn!(
+                "the policy engine answered 400 to a streamed call asking for its token ids \
+                 (return_token_ids), as SGLang does: the call was sent again without them, and \
+                 streamed calls no longer ask for them. Set sglang.engine = \"sglang\" (it is \
+                 \"{}\") (logged once)",
+                self.0.options.engine.as_str()
+            );
+        }
     }
 
     pub fn capture(&self) -> &CaptureQueue {

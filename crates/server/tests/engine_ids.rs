@@ -541,3 +541,33 @@ async fn the_engine_is_learned_from_its_first_answer() {
     }
     h.stop().await;
 }
+
+/// An engine wrongly taken to be vLLM (`sglang.engine = "vllm"` in front of SGLang): the first
+/// streamed call asks for ids and gets SGLang's 400; the call is sent again as the client sent it
+/// and answered, and later streamed calls do not ask. The chat path never fails for a flag it
+/// added for training.
+#[tokio::test]
+async fn an_engine_that_refuses_streamed_ids_is_asked_again_without_them() {
+    let mut s = setup(Quirks::default(), TokenIdsMode::Auto);
+    s.options.engine = ps_core::EngineSetting::Vllm;
+    let mut h = Harness::with(s).await;
+    for round in 0..2 {
+        let r = ask(&h, json!({"messages": messages(), "stream": true})).await;
+        assert_eq!(r.status(), 200, "round {round}");
+        let sse = r.text().await.unwrap();
+        assert!(sse.contains("[DONE]") && !sse.contains("error"), "{sse}");
+        let t = h.next_turn().await;
+        assert_eq!(t.token_source, TokenSource::Retokenized, "round {round}");
+    }
+    let sent: Vec<Value> = h.fake().requests().into_iter().map(|r| r.body).collect();
+    let asked: Vec<bool> = sent
+        .iter()
+        .map(|b| b.get("return_token_ids").is_some())
+        .collect();
+    assert_eq!(asked, [true, false, false], "asked once, then never again");
+    // The retry is the first call without the flag, byte for byte as forwarded otherwise.
+    let mut first = sent[0].clone();
+    first.as_object_mut().unwrap().remove("return_token_ids");
+    assert_eq!(first, sent[1]);
+    h.stop().await;
+}

@@ -249,6 +249,24 @@ async fn session_done_flushes_the_last_turn_without_a_next_state() {
     wait_for("session removed", || r.buffer.status().live_sessions == 0).await;
 }
 
+/// A request that adds nothing but messages sent once (`next_state` is `None`): the previous turn
+/// gets no next state, is not judged, and its sample says why; the request's own turn goes on.
+#[tokio::test]
+async fn a_request_adding_nothing_gives_the_previous_turn_no_next_state() {
+    let r = rig();
+    r.buffer
+        .accept(captured("s", r.buffer.begin("s", Some(&user("a")), false)));
+    let t2 = r.buffer.begin("s", None, false);
+    assert_eq!(t2, 2);
+    wait_for("a sample", || r.sink.taken().len() == 1).await;
+    let s = &r.sink.taken()[0];
+    assert_eq!((s.turn, s.reward.score), (1, 0.0));
+    assert_eq!(s.metadata["excluded"], "no_next_state");
+    assert!(r.scorer.inputs.lock().unwrap().is_empty(), "not judged");
+    r.buffer.accept(captured("s", t2));
+    assert_eq!(r.buffer.status().pending.waiting_next_state, 1);
+}
+
 #[tokio::test]
 async fn end_session_from_a_side_request_flushes_too() {
     let r = rig();

@@ -36,10 +36,11 @@ impl EphemeralRule {
         }
     }
 
-    /// Whether `message` is one this rule names. An empty prefix names nothing (configuration
-    /// refuses it).
+    /// Whether `message` is one this rule names (leading white space of the text and of the prefix
+    /// aside). An empty prefix names nothing (configuration refuses it).
     pub fn matches(&self, message: &Value) -> bool {
-        if self.content_prefix.is_empty() {
+        let prefix = self.content_prefix.trim_start();
+        if prefix.is_empty() {
             return false;
         }
         if let Some(role) = &self.role
@@ -48,10 +49,10 @@ impl EphemeralRule {
             return false;
         }
         match message.get("content") {
-            Some(Value::String(s)) => s.trim_start().starts_with(&self.content_prefix),
+            Some(Value::String(s)) => s.trim_start().starts_with(prefix),
             Some(c @ Value::Array(_)) => ps_core::message::flatten_content(c)
                 .trim_start()
-                .starts_with(&self.content_prefix),
+                .starts_with(prefix),
             _ => false,
         }
     }
@@ -149,10 +150,15 @@ mod tests {
             &json!({"role": "system", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"})
         ));
         let empty = EphemeralRule {
-            content_prefix: String::new(),
+            content_prefix: "  ".into(),
             ..EphemeralRule::openclaw()
         };
         assert!(!empty.matches(&json!({"role": "user", "content": "anything"})));
+        let indented = EphemeralRule {
+            content_prefix: format!("\n {}", OPENCLAW_CONTEXT_PREFIX),
+            ..EphemeralRule::openclaw()
+        };
+        assert!(indented.matches(&context()));
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //!   (crate::ephemeral) still continues. These ends are siblings: claiming one claims all, and a
 //!   continuation through a tail says how long the tail was ([`Resolved::ephemeral_tail`]).
 //!
-//! Memory: per live session its origin and one key per answered turn; a session goes with the
+//! Memory: per live session its origin and one to three keys per answered turn (the history and
+//! up to two tails); a session goes with the
 //! session itself: when the session buffer closes it (timeout, eviction, shutdown: the matcher is a
 //! [`TurnObserver`] of the buffer and forgets on [`TurnEvent::SessionClosed`]) or the client ends
 //! it ([`SessionMatcher::forget`]). Its own idle clock ([`Limits::idle`], checked on every request)
@@ -75,7 +76,8 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
     pub live_sessions: usize,
-    /// Answered conversation ends held (one per answered turn of a live session).
+    /// Answered conversation ends held (one to three per answered turn of a live session: the
+    /// history, and the history without one or two trailing messages).
     pub answered_ends: usize,
     pub continued: u64,
     pub new_sessions: u64,
@@ -298,23 +300,35 @@ impl SessionMatcher {
             .map(|(base, tail)| (crate::fingerprint::chain_key(base, reply_key), tail))
             .collect();
         for (i, &(key, tail)) in ends.iter().enumerate() {
-            // The same conversation answered the same way in another live session: the first
-            // keeps it (the two cannot be told apart).
-            if let std::collections::hash_map::Entry::Vacant(slot) = st.ends.entry(key) {
-                slot.insert(End {
-                    session: r.session_id.clone(),
-                    next: Next::Open,
-                    tail,
-                    siblings: ends
-                        .iter()
-                        .enumerate()
-                        .filter(|&(j, _)| j != i)
-                        .map(|(_, &(k, _))| k)
-                        .collect(),
-                });
-                if let Some(s) = st.sessions.get_mut(&r.session_id) {
-                    s.ends.push(key);
+            let end = End {
+                session: r.session_id.clone(),
+                next: Next::Open,
+                tail,
+                siblings: ends
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(_, &(k, _))| k)
+                    .collect(),
+            };
+            match st.ends.entry(key) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(end);
                 }
+                // A whole history wins over another session's guess that a tail was sent once
+                // (that session's request ended with one message more, answered alike): this
+                // conversation's next request must continue this session.
+                std::collections::hash_map::Entry::Occupied(mut slot)
+                    if tail == 0 && slot.get().tail > 0 && slot.get().next == Next::Open =>
+                {
+                    slot.insert(end);
+                }
+                // The same conversation answered the same way in another live session: the
+                // first keeps it (the two cannot be told apart).
+                std::collections::hash_map::Entry::Occupied(_) => continue,
+            }
+            if let Some(s) = st.sessions.get_mut(&r.session_id) {
+                s.ends.push(key);
             }
         }
         st.touch(&r.session_id, now);

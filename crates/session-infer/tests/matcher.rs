@@ -568,3 +568,47 @@ fn a_tail_is_only_dropped_down_to_a_prompt_end() {
             .is_empty()
     );
 }
+
+/// Another session's guess that a tail was sent once never takes a whole history's place: two
+/// conversations, one of whose requests carried one message more, answered alike, each continue
+/// their own session.
+#[test]
+fn a_whole_history_wins_over_another_sessions_tail() {
+    let m = matcher();
+    let t = Instant::now();
+    let longer = vec![sys("S"), user("task"), user("more")];
+    let shorter = vec![sys("S"), user("task")];
+    // X: [S, task, more] registers its reply under [S, task] too; Y: [S, task] gets the same reply.
+    let (x, _, _) = turn(&m, &longer, Some(&reply("same")), t);
+    let y_request = m.resolve(&History::of(&shorter), t);
+    // Y is its own conversation (a first request): a new session, not X's.
+    assert_eq!(y_request.outcome, Outcome::New);
+    let y = y_request.session_id.clone();
+    assert_ne!(x, y);
+    y_request.reply.complete(&reply("same"), t);
+    // Y's next request continues Y, through its whole history, not X through a guessed tail.
+    let r = m.resolve(
+        &History::of(&[sys("S"), user("task"), reply("same"), user("next")]),
+        t,
+    );
+    assert_eq!(
+        (r.session_id.as_str(), r.outcome, r.ephemeral_tail),
+        (y.as_str(), Outcome::Continued, 0)
+    );
+    drop(r);
+    // X's own continuation still continues X.
+    let r = m.resolve(
+        &History::of(&[
+            sys("S"),
+            user("task"),
+            user("more"),
+            reply("same"),
+            user("next"),
+        ]),
+        t,
+    );
+    assert_eq!(
+        (r.session_id.as_str(), r.outcome),
+        (x.as_str(), Outcome::Continued)
+    );
+}

@@ -635,6 +635,10 @@ pub struct StreamAssembler {
     /// each chunk's sampled ids on its choice (`token_ids`), gathered in order.
     stream_prompt: Option<Vec<u32>>,
     stream_response: Option<Vec<u32>>,
+    /// A chunk's ids and log-probs did not pair one for one (ids without their log-probs, or
+    /// log-probs without their ids once ids were coming): the streamed ids cannot be trusted to sit
+    /// beside the right log-probs, so none are used.
+    stream_ids_unpaired: bool,
     /// The engine the chunks' shape shows, once one did.
     engine: Option<ps_core::Engine>,
 }
@@ -732,11 +736,7 @@ impl StreamAssembler {
         if self.engine.is_none() {
             self.engine = engine_of_choice(&choice);
         }
-        if let Some(ids) = choice.get("token_ids").and_then(raw::as_ids) {
-            self.stream_response
-                .get_or_insert_with(Vec::new)
-                .extend_from_slice(&ids);
-        }
+        let chunk_ids = choice.get("token_ids").and_then(raw::as_ids);
         if choice.contains_key("delta") {
             let delta = object(&choice, "delta").unwrap_or_default();
             let content = delta.get("content").and_then(raw::as_str);
@@ -777,6 +777,25 @@ impl StreamAssembler {
         let before = self.tokens.len();
         // A chunk a tree parse refuses was not read raw: no error here.
         let _ = push_logprob_entries(choice.field("logprobs"), &mut self.tokens);
+        // vLLM sends each chunk's sampled ids beside that chunk's log-probs: they are paired chunk
+        // by chunk, not only counted at the end.
+        let logprobs_here = self.tokens.len() - before;
+        match chunk_ids {
+            Some(ids) => {
+                // Log-probs that came before any id have no id beside them.
+                let unpaired_before = self.stream_response.is_none() && before > 0;
+                if ids.len() != logprobs_here || unpaired_before {
+                    self.stream_ids_unpaired = true;
+                }
+                self.stream_response
+                    .get_or_insert_with(Vec::new)
+                    .extend_from_slice(&ids);
+            }
+            None if logprobs_here > 0 && self.stream_response.is_some() => {
+                self.stream_ids_unpaired = true;
+            }
+            None => {}
+        }
         self.token_chars += self.tokens[before..]
             .iter()
             .map(|t| t.token.chars().count())
@@ -866,7 +885,7 @@ impl StreamAssembler {
                 response,
                 field: "sglext.output_ids".into(),
             }),
-            (_, _, Some(prompt), Some(response)) => Some(EngineIds {
+            (_, _, Some(prompt), Some(response)) if !self.stream_ids_unpaired => Some(EngineIds {
                 prompt,
                 response,
                 field: "token_ids".into(),
@@ -1171,6 +1190,45 @@ mod tests {
         a.feed(&json!({"choices": [], "sglext": {"input_ids": [1, 2, 3], "output_ids": [[5, 6]]}}));
         let ids = a.finish().engine_ids.expect("ids");
         assert_eq!((ids.prompt, ids.response), (vec![1, 2, 3], vec![5, 6]));
+    }
+
+    /// vLLM's streamed ids are paired with the log-probs of their own chunk: a chunk whose ids and
+    /// log-probs differ in number, or log-probs without ids once ids came (or before), makes the
+    /// streamed ids unusable even when the totals agree (every later position would get its
+    /// neighbour's log-prob).
+    #[test]
+    fn streamed_vllm_ids_pair_chunk_by_chunk() {
+        let first = json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            "prompt_token_ids": [1, 2]});
+        let chunk = |text: &str, ids: Value, lps: Value| json!({"choices": [{"index": 0, "delta": {"content": text}, "logprobs": lps, "token_ids": ids}]});
+        let last = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length", "stop_reason": null, "token_ids": []}]});
+        let run = |chunks: &[Value]| {
+            let mut a = StreamAssembler::new();
+            a.feed(&first);
+            for c in chunks {
+                a.feed(c);
+            }
+            a.feed(&last);
+            a.finish().engine_ids
+        };
+        let paired = run(&[
+            chunk("A", json!([7]), json!({"content": [lp("A", -0.1)]})),
+            chunk("B", json!([8]), json!({"content": [lp("B", -0.2)]})),
+        ]);
+        assert_eq!(paired.map(|e| e.response), Some(vec![7, 8]));
+        // The same totals, shifted by a chunk: ids without log-probs, then log-probs without ids.
+        let shifted = run(&[
+            chunk("A", json!([7]), Value::Null),
+            chunk("B", json!([8]), json!({"content": [lp("A", -0.1)]})),
+            chunk("", Value::Null, json!({"content": [lp("B", -0.2)]})),
+        ]);
+        assert_eq!(shifted, None);
+        // Log-probs before the first ids.
+        let late = run(&[
+            chunk("A", Value::Null, json!({"content": [lp("A", -0.1)]})),
+            chunk("B", json!([7, 8]), json!({"content": [lp("B", -0.2)]})),
+        ]);
+        assert_eq!(late, None);
     }
 }
 
