@@ -533,3 +533,106 @@ async fn combine_gives_rl_samples_with_teacher_fields_when_no_hint_is_accepted()
     assert_eq!(sample["teacher_log_probs"], sample["rollout_log_probs"]);
     s.stop().await;
 }
+
+/// A content part that is not text (an image, audio, a video, a file, any other kind) is never
+/// captured: in every mode, streamed or not, each turn whose prompt holds one gives no sample and
+/// is counted under its reason, and the engine got the request as the client sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_with_parts_that_are_not_text_give_no_sample_in_any_mode() {
+    let parts = [
+        (
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}),
+            "image_unsupported",
+        ),
+        (
+            json!({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}),
+            "audio_unsupported",
+        ),
+        (
+            json!({"type": "video_url", "video_url": {"url": "https://example.invalid/v.mp4"}}),
+            "video_unsupported",
+        ),
+        (
+            json!({"type": "file", "file": {"file_id": "file-1"}}),
+            "file_unsupported",
+        ),
+        (
+            json!({"type": "hologram", "hologram": {}}),
+            "content_part_unsupported",
+        ),
+    ];
+    for mode in [Mode::Rl, Mode::Opd, Mode::Combine] {
+        let fake = FakeSglang::builder().spawn().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server = start(&settings(&fake, mode, dir.path())).await;
+        let mut turns = 0;
+        for (i, (part, _)) in parts.iter().enumerate() {
+            for stream in [false, true] {
+                let session = format!("{mode:?}-{i}-{stream}");
+                let mut messages = vec![
+                    json!({"role": "system", "content": "You are terse."}),
+                    json!({"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]}),
+                ];
+                let r = server
+                    .turn(
+                        &session,
+                        json!({"messages": messages, "stream": stream}),
+                        false,
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200, "{session}: answered as usual");
+                let text = r.text().await.unwrap();
+                let reply = if stream {
+                    common::assemble_sse(&text)
+                } else {
+                    let v: Value = serde_json::from_str(&text).unwrap();
+                    json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]})
+                };
+                // The engine got the part as the client sent it.
+                let sent = fake
+                    .requests()
+                    .into_iter()
+                    .rev()
+                    .find(|r| r.path == "/v1/chat/completions")
+                    .unwrap();
+                assert_eq!(&sent.body["messages"][1]["content"][1], part, "{session}");
+                // The follow-up still carries the part in its history: no sample either.
+                messages.push(reply);
+                messages.push(user("And now?"));
+                let r = server
+                    .turn(
+                        &session,
+                        json!({"messages": messages, "stream": stream}),
+                        true,
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200, "{session}");
+                r.text().await.unwrap();
+                turns += 2;
+            }
+        }
+        // Bounded: capture is local and immediate.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let st = loop {
+            let st = server.status().await;
+            if st["turns_abandoned"] == turns {
+                break st;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{mode:?}: {st}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        };
+        for (_, reason) in &parts {
+            assert_eq!(
+                st["turns_abandoned_by_reason"][reason], 4,
+                "{mode:?} {reason}: {st}"
+            );
+        }
+        assert_eq!(st["samples"]["submitted"], 0, "{mode:?}: {st}");
+        assert_eq!(st["stored"], 0, "{mode:?}: no sample at all: {st}");
+        server.stop().await;
+    }
+}

@@ -22,6 +22,44 @@ pub fn flatten_content(content: &Value) -> String {
     }
 }
 
+/// Why a conversation cannot be captured exactly: the first content part of `messages` that is not
+/// text (an image, audio, a video, a file, a refusal or any other kind, or a part that is not an
+/// object), as a drop reason (`image_unsupported`, `audio_unsupported`, `video_unsupported`,
+/// `file_unsupported`, `content_part_unsupported`) and a sentence saying where it is. The chat
+/// template sees text only ([`flatten_content`] leaves other parts out), so a turn with such a
+/// part would be a sample of a prompt the policy never saw: it is dropped with this reason
+/// instead.
+pub fn unsupported_part(messages: &[Value]) -> Option<(&'static str, String)> {
+    for (i, m) in messages.iter().enumerate() {
+        let Some(Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        for (j, p) in parts.iter().enumerate() {
+            let kind = p.get("type").and_then(Value::as_str);
+            let reason = match kind {
+                Some("text") => continue,
+                Some("image_url" | "image" | "input_image") => "image_unsupported",
+                Some("input_audio" | "audio" | "audio_url") => "audio_unsupported",
+                Some("video_url" | "video") => "video_unsupported",
+                Some("file" | "input_file") => "file_unsupported",
+                _ => "content_part_unsupported",
+            };
+            let what = kind.map_or_else(
+                || "a part without a string `type`".to_owned(),
+                |k| format!("a `{k}` part"),
+            );
+            return Some((
+                reason,
+                format!(
+                    "messages[{i}].content[{j}] is {what}: only text is captured, so a sample would \
+                     hold a prompt the policy never saw"
+                ),
+            ));
+        }
+    }
+    None
+}
+
 /// Normalises one request message the way the reference server does before rendering:
 /// role `developer` becomes `system`; a content list is flattened with [`flatten_content`];
 /// a `null` or missing content is left as it is (the template treats it as empty). A message
@@ -230,5 +268,65 @@ mod tests {
         let before = answer.clone();
         reasoning_to_content_key(&mut answer);
         assert_eq!(answer, before);
+    }
+
+    #[test]
+    fn every_part_that_is_not_text_names_its_reason() {
+        let with = |part: Value| {
+            vec![
+                json!({"role": "system", "content": "S"}),
+                json!({"role": "user", "content": [{"type": "text", "text": "look"}, part]}),
+            ]
+        };
+        for (part, reason) in [
+            (
+                json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}),
+                "image_unsupported",
+            ),
+            (
+                json!({"type": "input_image", "image_url": "https://x/y.png"}),
+                "image_unsupported",
+            ),
+            (
+                json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+                "audio_unsupported",
+            ),
+            (
+                json!({"type": "video_url", "video_url": {"url": "https://x/y.mp4"}}),
+                "video_unsupported",
+            ),
+            (
+                json!({"type": "file", "file": {"file_id": "f"}}),
+                "file_unsupported",
+            ),
+            (
+                json!({"type": "refusal", "refusal": "no"}),
+                "content_part_unsupported",
+            ),
+            (json!({"type": "hologram"}), "content_part_unsupported"),
+            (json!("a bare string"), "content_part_unsupported"),
+            (json!({"text": "no type"}), "content_part_unsupported"),
+        ] {
+            let (got, detail) = unsupported_part(&with(part.clone())).unwrap();
+            assert_eq!(got, reason, "{part}");
+            assert!(detail.starts_with("messages[1].content[1]"), "{detail}");
+        }
+        // Text parts, strings and null contents are captured.
+        let text = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "a"}]}),
+            json!({"role": "assistant", "content": null}),
+            json!({"role": "tool", "content": "out"}),
+        ];
+        assert_eq!(unsupported_part(&text), None);
+        // In any message, earlier turns too.
+        let mut later = text.clone();
+        later.insert(
+            0,
+            json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}),
+        );
+        assert_eq!(
+            unsupported_part(&later).map(|(r, _)| r),
+            Some("image_unsupported")
+        );
     }
 }

@@ -11,7 +11,9 @@ pub const STREAM_BROKEN_TOTAL: &str = "policy_serving_stream_broken_total";
 /// Main turns handed to capture, labelled `outcome` (`captured`|`queue_full`|`render_failed`|
 /// `turn_too_long`|`no_engine_ids`|`engine_logprob_count_mismatch`|`stream_logprobs_missing`|
 /// `request_unreadable`: the request's messages, tools or template kwargs did not parse on the
-/// capture thread; `answer_unreadable`: the upstream's answer did not, there).
+/// capture thread; `answer_unreadable`: the upstream's answer did not, there; `image_unsupported`,
+/// `audio_unsupported`, `video_unsupported`, `file_unsupported`, `content_part_unsupported`: a
+/// message holds a content part that is not text, which is not captured).
 pub const CAPTURE_TOTAL: &str = "policy_serving_capture_total";
 /// Turns whose full text did not start with the prompt text (response = full text).
 pub const PROMPT_NOT_PREFIX_TOTAL: &str = "policy_serving_capture_prompt_not_prefix_total";

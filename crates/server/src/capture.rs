@@ -476,6 +476,12 @@ pub fn capture_turn_with(
     cache: Option<&PrefixCache>,
     stats: &CaptureStats,
 ) -> Result<CapturedTurn, CaptureError> {
+    // A prompt with an image, audio or any part that is not text is not captured exactly (not even
+    // on the engine's ids, which hold the image's pads but not the image the trainer needs): the
+    // turn is dropped with its reason, whichever path its ids would take.
+    if let Some((reason, detail)) = ps_core::message::unsupported_part(&job.messages) {
+        return Err(CaptureError::Refused { reason, detail });
+    }
     let rollout = &job.rollout;
     let weight_version = match (&rollout.weight_version, &job.trainer_weight_version) {
         (Some(v), _) => Some(WeightVersion {
