@@ -54,6 +54,43 @@ pub fn workspace_root() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// An HTTP client whose every call is bounded by `timeout`: a server that accepts and then stalls
+/// fails the test instead of hanging it.
+pub fn http(timeout: std::time::Duration) -> reqwest::Client {
+    reqwest::Client::builder().timeout(timeout).build().unwrap()
+}
+
+/// `policy-serving serve --config CONFIG` on `port`, logging warnings and errors only (a test's
+/// log stays readable; a drift or a failed vote shows) and without the caller's `RUST_LOG` or
+/// `SGLANG_API_KEY`, once it answers `/health` (bounded: 120 s, so that a server that never
+/// listens fails clearly; it may ask a real engine for its model and load a real tokenizer
+/// first). Returns the server and its base URL.
+pub async fn serve(config: &Path, port: u16) -> (KillOnDrop, String) {
+    let child = KillOnDrop(
+        Command::new(policy_serving())
+            .args(["serve", "--config"])
+            .arg(config)
+            .env_remove("RUST_LOG")
+            .env_remove("SGLANG_API_KEY")
+            .env("POLICY_SERVING_LOGGING__LEVEL", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let client = http(std::time::Duration::from_secs(10));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    while client.get(format!("{base}/health")).send().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serve never answered /health"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    (child, base)
+}
+
 /// The `policy-serving` executable cargo built for this test run.
 pub fn policy_serving() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_policy-serving"))

@@ -17,20 +17,15 @@ mod harness;
 #[path = "recorder.rs"]
 mod recorder;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use harness::{KillOnDrop, free_port};
 use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
 
-/// Every HTTP call of these tests: bounded, so that a server that accepts and then stalls fails
-/// the test instead of hanging it (an answer of the engine takes seconds on this CPU).
+/// Every HTTP call of these tests, bounded (an answer of the engine takes seconds on this CPU).
 fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
+    harness::http(Duration::from_secs(300))
 }
 
 /// The engine's base URL, or `None` (the test then passes with a note, unless required).
@@ -98,29 +93,7 @@ async fn serve(mode: &str, chat_base: &str, judge: &str, engine: &str, model: &s
         ),
     )
     .unwrap();
-    let child = KillOnDrop(
-        Command::new(harness::policy_serving())
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env_remove("RUST_LOG")
-            // Warnings and errors only: CI's log stays readable (a drift or a failed vote shows).
-            .env("POLICY_SERVING_LOGGING__LEVEL", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    // Bounded so that a server that never listens fails clearly (it asks the engine for its model
-    // and loads the real tokenizer first).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while http().get(format!("{base}/health")).send().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "serve never answered /health"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (child, base) = harness::serve(&config, port).await;
     Serve {
         base,
         _child: child,

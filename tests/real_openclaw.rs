@@ -109,16 +109,8 @@ async fn turn(openclaw: &Path, home: &Path, session: &str, text: &str) {
     );
 }
 
-/// Bounded, so that a server that accepts and then stalls fails the test instead of hanging it.
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
 async fn status(base: &str) -> Value {
-    http()
+    harness::http(Duration::from_secs(60))
         .get(format!("{base}/v1/rollout/status"))
         .send()
         .await
@@ -176,28 +168,7 @@ async fn the_real_openclaw_agent_trains_with_the_defaults() {
         ),
     )
     .unwrap();
-    let _server = KillOnDrop(
-        Command::new(harness::policy_serving())
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env_remove("RUST_LOG")
-            // Warnings and errors only: CI's log stays readable (a drift or a failed vote shows).
-            .env("POLICY_SERVING_LOGGING__LEVEL", "warn")
-            .env_remove("SGLANG_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while http().get(format!("{base}/health")).send().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "serve never answered /health"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (_server, base) = harness::serve(&config, port).await;
     let home = dir.path().join("home");
     write_openclaw_config(&home, &base);
 
