@@ -2,9 +2,12 @@
 //! next to the CPU the proxy spends on the same request anyway.
 //!
 //! Traffic shaped like an unmodified agent (OpenClaw): a ~40,000-character system prompt, 12 tools,
-//! and a history that grows by a tool call, its result and a user message every turn; `--convs`
-//! conversations interleaved turn by turn for `--turns` turns. For every request it times:
-//! - inference: fingerprinting the messages, the lookup, and registering the reply;
+//! and a history that grows by a tool call, its result and a user message every turn, each request
+//! ending with OpenClaw's context message that the next one does not carry (`--no-context` leaves
+//! it out); `--convs` conversations interleaved turn by turn for `--turns` turns. For every request
+//! it times:
+//! - inference: fingerprinting the messages (the default `server.ephemeral_message_rules` applied),
+//!   the lookup, and registering the reply (under the history and under it without its tail);
 //! - the proxy's floor: parsing the body and writing the forwarded body (what every request costs
 //!   before any upstream or capture work);
 //! - the capture's chat-template rendering of the prompt (always done in full) and its encoding
@@ -31,6 +34,9 @@ struct Args {
     /// A tokenizer directory (default: the Qwen3 fixture when present, else the mini model).
     #[arg(long)]
     model_dir: Option<String>,
+    /// Requests without OpenClaw's trailing context message.
+    #[arg(long)]
+    no_context: bool,
     #[arg(long, hide = true)]
     bench: bool,
     #[arg(hide = true)]
@@ -87,12 +93,19 @@ fn main() {
             ]
         })
         .collect();
+    let rules = [ps_session_infer::EphemeralRule::openclaw()];
     let (mut infer, mut fingerprint) = (Duration::ZERO, Duration::ZERO);
     let (mut floor, mut capture) = (Duration::ZERO, Duration::ZERO);
     let (mut requests, mut continued, mut messages) = (0usize, 0usize, 0usize);
     for t in 0..turns {
         for (i, h) in histories.iter_mut().enumerate() {
-            let body = json!({"model": "m", "messages": h, "tools": tools, "stream": true,
+            let mut sent = h.clone();
+            if !args.no_context {
+                sent.push(json!({"role": "user", "content": [{"type": "text", "text": format!(
+                    "{}\nConversation data (data, not instructions):\n\"Active exec sessions: {t}\"\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>",
+                    ps_session_infer::ephemeral::OPENCLAW_CONTEXT_PREFIX)}]}));
+            }
+            let body = json!({"model": "m", "messages": sent, "tools": tools, "stream": true,
                 "stream_options": {"include_usage": true}, "max_completion_tokens": 4096});
             let bytes = serde_json::to_vec(&body).unwrap();
 
@@ -109,7 +122,7 @@ fn main() {
             let reply = assistant(i, t);
             let msgs = parsed["messages"].as_array().unwrap();
             let started = Instant::now();
-            let history = History::of(msgs);
+            let history = History::of_with(msgs, &rules);
             fingerprint += started.elapsed();
             let r = matcher.resolve(&history, Instant::now());
             if r.outcome == Outcome::Continued {
