@@ -36,7 +36,10 @@ const STORE_CHECKED: &str = "the sample store was not closed cleanly";
 
 async fn wait_healthy(base: &str) {
     for _ in 0..200 {
-        if let Ok(r) = reqwest::get(format!("{base}/health")).await
+        if let Ok(r) = harness::http(Duration::from_secs(10))
+            .get(format!("{base}/health"))
+            .send()
+            .await
             && r.status() == 200
         {
             return;
@@ -50,7 +53,9 @@ async fn pull_all(base: &str, after: u64) -> BTreeMap<u64, Value> {
     let mut out = BTreeMap::new();
     let mut after = after;
     loop {
-        let v: Value = reqwest::get(format!("{base}/v1/rollout/samples?after={after}&max=500"))
+        let v: Value = harness::http(Duration::from_secs(30))
+            .get(format!("{base}/v1/rollout/samples?after={after}&max=500"))
+            .send()
             .await
             .unwrap()
             .json()
@@ -90,34 +95,53 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
     let mut server = KillOnDrop(spawn_server(&config, &log(1)));
     wait_healthy(&base).await;
 
-    // Load: 8 agents, each running two-turn sessions back to back.
-    let stop = Arc::new(AtomicBool::new(false));
+    // Load: 8 agents, each running two-turn sessions back to back. Until the kill every request
+    // must be answered whole; after it, failures are expected and end the agent. Each agent
+    // returns the failures it saw before the kill.
+    let killed = Arc::new(AtomicBool::new(false));
     let mut agents = Vec::new();
     for a in 0..8 {
-        let (stop, url) = (stop.clone(), format!("{base}/v1/chat/completions"));
+        let (killed, url) = (killed.clone(), format!("{base}/v1/chat/completions"));
         agents.push(tokio::spawn(async move {
-            let http = reqwest::Client::new();
+            // Bounded: a request the server never answers is a failure, not a hang.
+            let http = harness::http(Duration::from_secs(30));
+            let mut failures = Vec::new();
             let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
+            'agent: while !killed.load(Ordering::Relaxed) {
                 n += 1;
                 let session = format!("agent{a}-{n}");
                 let mut history = vec![json!({"role": "user", "content": format!("task {n}")})];
                 for turn in 0..2 {
-                    let r = http
-                        .post(&url)
-                        .header("x-session-id", &session)
-                        .header("x-session-done", if turn == 1 { "1" } else { "0" })
-                        .json(&json!({"messages": history}))
-                        .send()
-                        .await;
-                    let Ok(r) = r else { return };
-                    let Ok(v) = r.json::<Value>().await else {
-                        return;
-                    };
-                    history.push(v["choices"][0]["message"].clone());
-                    history.push(json!({"role": "user", "content": "thanks FAKE_VOTES=1"}));
+                    let answer = async {
+                        let r = http
+                            .post(&url)
+                            .header("x-session-id", &session)
+                            .header("x-session-done", if turn == 1 { "1" } else { "0" })
+                            .json(&json!({"messages": history}))
+                            .send()
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if r.status() != 200 {
+                            return Err(format!("HTTP {}", r.status()));
+                        }
+                        r.json::<Value>().await.map_err(|e| e.to_string())
+                    }
+                    .await;
+                    match answer {
+                        Ok(v) => {
+                            history.push(v["choices"][0]["message"].clone());
+                            history.push(json!({"role": "user", "content": "thanks FAKE_VOTES=1"}));
+                        }
+                        Err(e) => {
+                            if !killed.load(Ordering::Relaxed) {
+                                failures.push(format!("{session} turn {turn}: {e}"));
+                            }
+                            break 'agent;
+                        }
+                    }
                 }
             }
+            failures
         }));
     }
 
@@ -132,11 +156,25 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(seen.len() >= 40, "only {} samples under load", seen.len());
+    // Everything stored by now was submitted (a sample counts as submitted once it is in the
+    // store): all of it must survive, not only what the trainer had already pulled. Samples
+    // stored between this read and the kill only add to it.
+    let stored: Value = harness::http(Duration::from_secs(30))
+        .get(format!("{base}/v1/rollout/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stored = stored["last_seq"].as_u64().unwrap();
+    assert!(stored >= *seen.keys().next_back().unwrap());
+    killed.store(true, Ordering::Relaxed);
     server.0.kill().unwrap(); // SIGKILL
     server.0.wait().unwrap();
-    stop.store(true, Ordering::Relaxed);
     for a in agents {
-        let _ = a.await;
+        let failures = a.await.unwrap();
+        assert!(failures.is_empty(), "before the kill: {failures:?}");
     }
 
     let mut server = KillOnDrop(spawn_server(&config, &log(2)));
@@ -148,6 +186,13 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
         "the start after kill -9 says that it checks the store: {restarted_log}"
     );
     let after_restart = pull_all(&base, 0).await;
+    let missing: Vec<u64> = (1..=stored)
+        .filter(|s| !after_restart.contains_key(s))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "stored before the kill, lost after it: {missing:?}"
+    );
     for (seq, sample) in &seen {
         assert_eq!(
             after_restart.get(seq),
@@ -159,7 +204,7 @@ async fn kill_9_under_load_loses_no_submitted_sample() {
     assert!(last >= *seen.keys().next_back().unwrap());
 
     // New samples continue the sequence.
-    let http = reqwest::Client::new();
+    let http = harness::http(Duration::from_secs(30));
     http.post(format!("{base}/v1/chat/completions"))
         .header("x-session-id", "after-restart")
         .header("x-session-done", "1")

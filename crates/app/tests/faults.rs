@@ -57,10 +57,15 @@ impl Server {
     }
 }
 
+/// A fault's delay that `sglang.timeout_sec` (6 s) always cuts: the round is a 504.
+const TIMEOUT_DELAY: Duration = Duration::from_millis(9000);
+
 fn settings(policy: &FakeHandle, judge: &FakeHandle, dir: &std::path::Path) -> Settings {
     let mut s = common::settings(policy, &dir.join("store"));
-    // Short enough to time out a few requests, long enough for a loaded CI machine.
-    s.sglang.timeout_sec = 2;
+    // Long enough that a healthy round never times out on a loaded 2-core CI machine (the fake
+    // answers in milliseconds; 2 s was seen to fail there as 504), short enough to time out the
+    // few rounds whose fault delays past it (TIMEOUT_DELAY) without making the test slow.
+    s.sglang.timeout_sec = 6;
     s.sglang.connect_timeout_sec = 1;
     s.prm.router_url = judge.generate_url();
     s.prm.timeout_sec = 1;
@@ -119,7 +124,7 @@ fn random_fault(rng: &mut Lcg, timeouts_left: &mut u32) -> Option<Fault> {
         16 => Some(Fault::Delay(Duration::from_millis(30))),
         _ if *timeouts_left > 0 && rng.next(4) == 0 => {
             *timeouts_left -= 1;
-            Some(Fault::Delay(Duration::from_millis(3500)))
+            Some(Fault::Delay(TIMEOUT_DELAY))
         }
         _ => None,
     }

@@ -221,9 +221,23 @@ async fn two_replicas_feed_one_stream_and_the_trainer_gets_each_sample_once() {
         b.url
     );
     let poll = tokio::spawn(async move {
-        let page: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+        // Bounded (longer than the poll's own 30 s): a poll that is never answered fails.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let page: Value = client.get(url).send().await.unwrap().json().await.unwrap();
         page
     });
+    // The poll is waiting at replica b (not merely sent) before replica a appends: bounded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while common::status(&b.url).await["waiting_pulls"] != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the poll never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     a.session("late", 1).await;
     let page = poll.await.unwrap();
     let got = keys(page["samples"].as_array().unwrap());

@@ -31,6 +31,15 @@ async fn start(settings: Settings, fake: FakeHandle) -> Server {
     }
 }
 
+/// Every HTTP call of these tests: bounded (longer than the longest long poll, 30 s), so that a
+/// request that is never answered (a hold that never gives up) fails instead of hanging CI.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
 impl Server {
     async fn stop(mut self) -> FakeHandle {
         self.running.take().unwrap().stop().await.unwrap();
@@ -38,7 +47,7 @@ impl Server {
     }
 
     async fn chat(&self, session: &str, messages: Value, done: bool) -> reqwest::Response {
-        reqwest::Client::new()
+        client()
             .post(format!("{}/v1/chat/completions", self.url))
             .header("x-session-id", session)
             .header("x-session-done", if done { "1" } else { "0" })
@@ -49,7 +58,7 @@ impl Server {
     }
 
     async fn get(&self, path: &str) -> reqwest::Response {
-        reqwest::Client::new()
+        client()
             .get(format!("{}{path}", self.url))
             .send()
             .await
@@ -57,7 +66,7 @@ impl Server {
     }
 
     async fn post(&self, path: &str, body: Value) -> reqwest::Response {
-        reqwest::Client::new()
+        client()
             .post(format!("{}{path}", self.url))
             .json(&body)
             .send()
@@ -67,6 +76,20 @@ impl Server {
 
     async fn status(&self) -> Value {
         self.get("/v1/rollout/status").await.json().await.unwrap()
+    }
+
+    /// Waits until the status satisfies `until` (`what` names it in the failure). Bounded (20 s),
+    /// so that a state that never comes fails instead of hanging.
+    async fn wait_status(&self, what: &str, until: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = self.status().await;
+            if until(&st) {
+                return st;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never {what}: {st}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     async fn wait_submitted(&self, n: u64) -> Value {
@@ -215,14 +238,19 @@ async fn a_long_poll_returns_as_soon_as_a_sample_arrives() {
     let (s, _dir) = fresh().await;
     let url = format!("{}/v1/rollout/samples?after=0&max=10&wait_ms=30000", s.url);
     let poll = tokio::spawn(async move {
-        reqwest::get(url)
+        client()
+            .get(url)
+            .send()
             .await
             .unwrap()
             .json::<Value>()
             .await
             .unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The pull is waiting at the server (not merely sent) before the sample is made: bounded, so
+    // that a pull that never arrives or never waits fails here.
+    s.wait_status("the pull waiting", |st| st["waiting_pulls"] == 1)
+        .await;
     assert!(!poll.is_finished(), "nothing newer yet: the poll waits");
     assert_eq!(s.chat("lp", json!([user("hi")]), true).await.status(), 200);
     let got = tokio::time::timeout(Duration::from_secs(20), poll)
@@ -262,7 +290,7 @@ async fn bad_admin_requests_get_clear_errors() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "commit_ahead");
     assert!(body["error"]["message"].as_str().unwrap().contains('5'));
-    let r = reqwest::Client::new()
+    let r = client()
         .post(format!("{}/v1/rollout/commit", s.url))
         .body("{not json")
         .send()
@@ -285,7 +313,7 @@ async fn the_rollout_api_needs_the_admin_key_and_not_the_client_key() {
     set.server.admin_key_env = Some(ADMIN_VAR.into());
     set.server.api_key_env = Some(CLIENT_VAR.into());
     let s = start(set, fake).await;
-    let http = reqwest::Client::new();
+    let http = client();
     let pause = format!("{}/v1/rollout/pause", s.url);
     assert_eq!(http.post(&pause).send().await.unwrap().status(), 401);
     assert_eq!(
@@ -424,7 +452,7 @@ async fn samples_carry_the_policy_version_from_the_answer_or_the_trainer() {
         .unwrap();
     assert_eq!(r["weight_version"], "step-7");
     // A streamed session and a non-streamed one, each closed at once.
-    let streamed = reqwest::Client::new()
+    let streamed = client()
         .post(format!("{}/v1/chat/completions", s.url))
         .header("x-session-id", "streamed")
         .header("x-session-done", "1")
@@ -479,7 +507,7 @@ async fn paused_hold_mode_waits_for_resume() {
     let (s, _dir) = paused_server(PauseMode::Hold, Duration::from_secs(30)).await;
     let url = format!("{}/v1/chat/completions", s.url);
     let held = tokio::spawn(async move {
-        reqwest::Client::new()
+        client()
             .post(url)
             .header("x-session-id", "h")
             .header("x-session-done", "1")
@@ -489,11 +517,14 @@ async fn paused_hold_mode_waits_for_resume() {
             .unwrap()
             .status()
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Held at the server (not merely sent): bounded, so that a request that is never held fails.
+    s.wait_status("the request held", |st| st["held_requests"] == 1)
+        .await;
     assert!(!held.is_finished(), "held while paused");
     assert!(s.fake.requests().is_empty());
     s.post("/v1/rollout/resume", json!({})).await;
     assert_eq!(held.await.unwrap(), 200);
+    assert_eq!(s.status().await["held_requests"], 0);
     s.wait_submitted(1).await;
     s.stop().await;
 }
@@ -754,11 +785,11 @@ async fn samples_are_served_as_messagepack_on_request_and_decode_to_the_same_val
     assert_eq!(r.headers()["content-type"], "application/json");
     assert_eq!(r.json::<Value>().await.unwrap(), json_page);
     for req in [
-        reqwest::Client::new().get(format!(
+        client().get(format!(
             "{}/v1/rollout/samples?after=0&max=100&format=msgpack",
             s.url
         )),
-        reqwest::Client::new()
+        client()
             .get(format!("{}/v1/rollout/samples?after=0&max=100", s.url))
             .header("accept", "application/msgpack"),
     ] {

@@ -612,12 +612,18 @@ async fn a_retry_after_an_error_event_mid_stream_is_not_a_fork() {
 /// idle clock, whose `expired` count stays 0).
 #[tokio::test]
 async fn the_matcher_forgets_a_conversation_when_the_buffer_closes_its_session() {
-    let (s, _dir) = fresh(|c| c.server.session_timeout_sec = 1).await;
+    // Long enough that the session is still live when the status is read right after its answer on
+    // a loaded machine (1 s was not), short enough for the test to wait it out.
+    let (s, _dir) = fresh(|c| c.server.session_timeout_sec = 4).await;
     let a = s
         .send(json!({"messages": [user("conv9 start")]}), &[])
         .await;
+    let answered = std::time::Instant::now();
     assert!(a.session.starts_with("inferred-"), "{}", a.session);
-    assert_eq!(s.status().await["session_inference"]["live_sessions"], 1);
+    let live = s.status().await["session_inference"]["live_sessions"].clone();
+    if answered.elapsed() < Duration::from_secs(4) {
+        assert_eq!(live, 1);
+    }
     // The buffer's sweeper closes the session once it has been idle for the timeout; bounded wait.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let inf = loop {

@@ -429,10 +429,17 @@ impl FakeProviderHandle {
         self.state.inner.max_in_flight.load(Ordering::SeqCst)
     }
 
-    /// Waits until at least `n` chat requests are in flight.
+    /// Waits until at least `n` chat requests are in flight. Bounded by
+    /// [`crate::state::IN_FLIGHT_WAIT`]: a request that never comes panics instead of hanging.
     pub async fn wait_for_in_flight(&self, n: usize) {
         let mut rx = self.state.inner.in_flight.subscribe();
-        let _ = rx.wait_for(|c| *c >= n).await;
+        let wait = crate::state::IN_FLIGHT_WAIT;
+        if tokio::time::timeout(wait, rx.wait_for(|c| *c >= n))
+            .await
+            .is_err()
+        {
+            panic!("fake provider: fewer than {n} requests in flight after {wait:?}");
+        }
     }
 
     /// Stops accepting, releases the gate and waits for in-flight requests to finish.

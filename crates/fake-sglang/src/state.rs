@@ -29,6 +29,11 @@ pub struct RecordedRequest {
     pub headers: HeaderMap,
 }
 
+/// How long a test waits for requests to reach the fake ([`FakeState::wait_for_in_flight`]):
+/// far more than any request takes to arrive on a loaded machine, so reaching it means the
+/// request never came.
+pub const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub(crate) struct Config {
     pub tokenizer: Arc<ChatTokenizer>,
     pub model_name: String,
@@ -168,10 +173,19 @@ impl FakeState {
         *self.inner.in_flight.borrow()
     }
 
-    /// Waits until at least `n` requests are in flight.
+    /// Waits until at least `n` requests are in flight. Bounded by [`IN_FLIGHT_WAIT`]: a request
+    /// that never comes panics with what arrived, instead of hanging the test.
     pub async fn wait_for_in_flight(&self, n: usize) {
         let mut rx = self.inner.in_flight.subscribe();
-        let _ = rx.wait_for(|c| *c >= n).await;
+        if tokio::time::timeout(IN_FLIGHT_WAIT, rx.wait_for(|c| *c >= n))
+            .await
+            .is_err()
+        {
+            panic!(
+                "fake-sglang: {} requests in flight after {IN_FLIGHT_WAIT:?}, {n} awaited",
+                self.in_flight()
+            );
+        }
     }
 
     pub(crate) fn record(&self, method: &str, path: &str, headers: &HeaderMap, body: Value) {

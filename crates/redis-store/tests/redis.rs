@@ -431,13 +431,28 @@ async fn a_long_poll_wakes_when_another_replica_appends() {
     let reader = open(&server).await;
     let writer = open(&server).await;
     assert_eq!(reader.wait_newer(0, Duration::ZERO).await.unwrap(), 0);
-    let appending = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        writer.append(&sample("late")).await.unwrap()
+    // The reader is inside its wait well before the other replica appends (half a second), and
+    // must wake within a few seconds of the append, not at its 30 s bound (which is there only so
+    // that a broken wake-up fails instead of hanging).
+    let waiting = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let last = reader.wait_newer(0, Duration::from_secs(30)).await.unwrap();
+        (started, last, std::time::Instant::now())
     });
-    // Bounded by 30 s only so that a broken wake-up fails instead of hanging.
-    let last = reader.wait_newer(0, Duration::from_secs(30)).await.unwrap();
-    assert_eq!(last, appending.await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let appended_at = std::time::Instant::now();
+    let seq = writer.append(&sample("late")).await.unwrap();
+    let (started, last, woke) = waiting.await.unwrap();
+    assert_eq!(last, seq);
+    assert!(
+        started < appended_at,
+        "the reader was waiting before the append"
+    );
+    assert!(
+        woke >= appended_at && woke - appended_at < Duration::from_secs(5),
+        "woken {:?} after the append",
+        woke.saturating_duration_since(appended_at)
+    );
 }
 
 #[tokio::test]
@@ -524,7 +539,13 @@ async fn a_redis_restart_mid_run_loses_no_accepted_sample_and_duplicates_none() 
         })
     };
     // Restart (SIGKILL: only the fsynced append-only file survives) once appends are flowing.
+    // Bounded: appends that never flow fail here instead of hanging.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while store.stats().await.map(|s| s.last_seq).unwrap_or(0) < 50 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "appends never reached 50"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let server = tokio::task::spawn_blocking(move || {

@@ -20,6 +20,7 @@ pub(crate) async fn pause_gate(app: &AppState) -> Result<bool, ApiError> {
     match opts.pause_mode {
         PauseMode::Reject => Err(paused),
         PauseMode::Hold => {
+            let _held = crate::state::Waiting::new(&app.0.held_requests);
             if app.wait_submission(opts.pause_hold_max).await {
                 Ok(true)
             } else {

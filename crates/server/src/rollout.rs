@@ -141,6 +141,7 @@ pub async fn samples(
         "query parameter",
     )?;
     let wait = Duration::from_millis(wait_ms);
+    let _waiting = (wait_ms > 0).then(|| crate::state::Waiting::new(&app.0.waiting_pulls));
     let (body, content_type) = if msgpack {
         let records = long_poll(r, after, wait, || {
             r.store.read_records(after, max, consumer)
@@ -380,6 +381,8 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         },
         "turns_abandoned": b.turns_abandoned,
         "turns_dropped": b.turns_dropped,
+        "held_requests": app.0.held_requests.load(std::sync::atomic::Ordering::Relaxed),
+        "waiting_pulls": app.0.waiting_pulls.load(std::sync::atomic::Ordering::Relaxed),
         "teacher_mismatches": b.teacher_mismatches,
         // Positions of stored samples whose rollout log-prob is a 0.0 placeholder: trained (listed
         // per sample in metadata.trained_without_rollout_logprob) or taken out of the loss.

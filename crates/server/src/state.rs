@@ -3,7 +3,7 @@
 //! no route (the router is `crate::router`).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -107,6 +107,26 @@ pub(crate) struct Inner {
     observer: std::sync::OnceLock<Arc<dyn TurnObserver>>,
     /// The engine in effect: `sglang.engine`, or learned (`AppState::learn_engine`).
     engine: ps_core::EngineCell,
+    /// Chat requests held while submission is paused (`pause_mode = "hold"`), and trainer pulls
+    /// waiting for a sample (`wait_ms`), now: `/v1/rollout/status` shows both.
+    pub(crate) held_requests: AtomicUsize,
+    pub(crate) waiting_pulls: AtomicUsize,
+}
+
+/// Counts one waiter in a counter of [`AppState`] for as long as it lives.
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    pub(crate) fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Cloneable handle on the state (one `Arc`).
@@ -144,6 +164,8 @@ impl AppState {
             upstream_permits: Arc::new(tokio::sync::Semaphore::new(options.max_upstream.max(1))),
             matcher: options.inference.matcher(),
             engine: ps_core::EngineCell::new(options.engine),
+            held_requests: AtomicUsize::new(0),
+            waiting_pulls: AtomicUsize::new(0),
             rollout,
             options,
             policy,
