@@ -17,9 +17,9 @@
 //! `defaults` are leaves; `schema` uses only those; `keys` (resolving the named secrets), `redact`
 //! (printing), `validate` and `trainer_file` sit on them, and `load` on everything.
 //!
-//! Besides `ps-core`, this crate depends only on the crates that own the behaviour its wire enums
-//! select, and re-exports those enums: `ps-server` (`PauseMode`, `TokenIdsMode`) and
-//! `ps-session-infer` (`SessionInference`). It opens no connection and starts no runtime; the
+//! Of this workspace it depends on `ps-core` alone, where the wire enums it parses live
+//! (`ps_core::modes`: `PauseMode`, `TokenIdsMode`, `SessionInference`; `EngineSetting`,
+//! `DefaultTurnType`), and re-exports them. It opens no connection and starts no runtime; the
 //! composition crate (`ps-app`) turns the settings into running parts.
 
 pub mod defaults;

@@ -16,8 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::defaults as d;
 
 // The wire enums are defined by the crates whose behaviour they select.
-pub use ps_server::{PauseMode, TokenIdsMode};
-pub use ps_session_infer::SessionInference;
+pub use ps_core::modes::{PauseMode, SessionInference, TokenIdsMode};
 
 /// The whole configuration, after layering (see [`crate::load`]).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

@@ -5,7 +5,8 @@
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
 //! the captured main turn ([`capture`]) and the compact JSON its request parts wait in
 //! ([`json_text`]), the trainer's [`sample::Sample`] and the traits of where
-//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, the engine serving the policy ([`engine`]), and the events
+//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, the engine serving the policy ([`engine`]), the wire
+//! enums several crates read ([`modes`]), and the events
 //! observers of sessions and turns are told ([`observe`]).
 //!
 //! It must not depend on a web framework, an async runtime or any other crate of this workspace:
@@ -20,6 +21,7 @@ pub mod json_text;
 pub mod log;
 pub mod message;
 pub mod metric_names;
+pub mod modes;
 pub mod observe;
 pub mod pending;
 pub mod rollout;
@@ -34,6 +36,7 @@ pub use engine::{Engine, EngineCell, EngineSetting};
 pub use errors::error_chain;
 pub use json_text::JsonText;
 pub use log::{EncodedSample, LogError, SampleLog, StoreStats, StoredSample};
+pub use modes::{PauseMode, SessionInference, TokenIdsMode};
 pub use observe::{NoObserver, Observers, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};

@@ -4,8 +4,8 @@
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::ApiError;
-use crate::modes::PauseMode;
 use crate::state::{AppState, PAUSED_RETRY_AFTER_SECS};
+use ps_core::modes::PauseMode;
 
 /// While the trainer has paused submission: refuse, hold (up to `server.pause_hold_max_sec`), or
 /// serve without collecting. `Ok(collect)`: whether the answer may become training data.

@@ -13,11 +13,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::modes::TokenIdsMode;
 use bytes::Bytes;
 use ps_chat_template::{
     ChatTemplateError, ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput,
 };
+use ps_core::modes::TokenIdsMode;
 use ps_core::{
     AlignPolicy, Alignment, CapturedTurn, JsonText, PositionSource, RolloutResponse, TokenSource,
     TurnGuard, TurnSink, WeightVersion, align_logprobs,

@@ -16,11 +16,11 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::admission;
 use crate::error::ApiError;
 use crate::metrics as m;
-use crate::modes::TokenIdsMode;
 use crate::plumbing::{TurnContext, read_body};
 use crate::proxy_stream::{ClientShape, ProxyStream, sse_bytes};
 use crate::request::{self, ChatRequest, ForwardOptions, Forwarded};
 use crate::state::AppState;
+use ps_core::modes::TokenIdsMode;
 
 /// The handler: counts the request by outcome; the router's edge logs an error answer.
 pub async fn chat_completions(

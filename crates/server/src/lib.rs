@@ -20,7 +20,6 @@ pub mod infer;
 pub mod linger;
 pub mod listen;
 pub mod metrics;
-mod modes;
 mod plumbing;
 mod proxy_stream;
 mod request;
@@ -30,7 +29,7 @@ mod state;
 
 pub use capture::CaptureQueue;
 pub use error::ApiError;
-pub use modes::{PauseMode, TokenIdsMode};
+pub use ps_core::modes::{PauseMode, TokenIdsMode};
 pub use router::{ExtraRoutes, build_router, build_router_with};
 pub use state::{AppState, ServerOptions};
 

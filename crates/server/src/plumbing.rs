@@ -19,7 +19,7 @@ pub(crate) struct TurnContext {
     pub tools: Option<Bytes>,
     pub template_kwargs: Option<Bytes>,
     pub session_done: bool,
-    pub token_ids: crate::modes::TokenIdsMode,
+    pub token_ids: ps_core::modes::TokenIdsMode,
     /// Whether the upstream call asked the engine for its ids.
     pub asked_for_ids: bool,
     pub trainer_weight_version: Option<String>,

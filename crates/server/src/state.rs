@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::modes::PauseMode;
 use metrics_exporter_prometheus::PrometheusHandle;
+use ps_core::modes::PauseMode;
 use ps_core::{AlignPolicy, TurnEvent, TurnObserver};
 use ps_sglang_client::PolicyClient;
 
@@ -40,7 +40,7 @@ pub struct ServerOptions {
     pub upstream_stream: bool,
     /// Where main turns' token ids come from (`sglang.token_ids`); unless `retokenize`, non-streamed
     /// calls ask the engine for its ids.
-    pub token_ids: crate::modes::TokenIdsMode,
+    pub token_ids: ps_core::modes::TokenIdsMode,
     pub align_policy: AlignPolicy,
     /// What chat requests get while submission is paused (`server.pause_mode`).
     pub pause_mode: PauseMode,
@@ -73,7 +73,7 @@ impl Default for ServerOptions {
             client_api_key: None,
             submission_enabled: true,
             upstream_stream: true,
-            token_ids: crate::modes::TokenIdsMode::Auto,
+            token_ids: ps_core::modes::TokenIdsMode::Auto,
             align_policy: AlignPolicy::default(),
             pause_mode: PauseMode::Reject,
             pause_hold_max: Duration::from_secs(30),

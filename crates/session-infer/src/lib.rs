@@ -13,7 +13,6 @@
 pub mod ephemeral;
 pub mod fingerprint;
 pub mod matcher;
-pub mod mode;
 pub mod shape;
 
 pub use ephemeral::{EphemeralRule, next_state};
@@ -21,5 +20,5 @@ pub use fingerprint::{History, Key};
 pub use matcher::{
     INFERRED_PREFIX, Limits, Outcome, PendingReply, Resolved, SessionMatcher, Stats,
 };
-pub use mode::SessionInference;
+pub use ps_core::modes::SessionInference;
 pub use shape::{ShapeRule, side_rule};

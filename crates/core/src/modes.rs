@@ -1,0 +1,92 @@
+//! The wire enums that select behaviour and that more than one crate reads: the settings name
+//! them (`server.pause_mode`, `sglang.token_ids`, `server.session_inference`), `ps-config` parses
+//! them, the server and the session matcher act on them. They live here, low, so that loading the
+//! settings needs no crate above core.
+
+use serde::{Deserialize, Serialize};
+
+/// What chat requests get while submission is paused (`server.pause_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    #[default]
+    Reject,
+    Hold,
+    Serve,
+}
+
+impl PauseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Hold => "hold",
+            Self::Serve => "serve",
+        }
+    }
+}
+
+/// `sglang.token_ids`: where a main turn's token ids come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenIdsMode {
+    /// The engine's ids when it returns them, exact re-tokenization otherwise (counted, logged).
+    #[default]
+    Auto,
+    /// Only the engine's ids: a turn without them gives no sample.
+    Engine,
+    /// Never ask for ids: render and re-tokenize every turn.
+    Retokenize,
+}
+
+impl TokenIdsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Engine => "engine",
+            Self::Retokenize => "retokenize",
+        }
+    }
+}
+
+/// How a request without a session key finds its session (`server.session_inference`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionInference {
+    Off,
+    #[default]
+    WhenMissing,
+    Always,
+}
+
+impl SessionInference {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::WhenMissing => "when_missing",
+            Self::Always => "always",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the settings file uses, both ways.
+    #[test]
+    fn the_settings_names_round_trip() {
+        for (v, name) in [
+            (serde_json::to_value(PauseMode::Hold), "hold"),
+            (serde_json::to_value(TokenIdsMode::Retokenize), "retokenize"),
+            (
+                serde_json::to_value(SessionInference::WhenMissing),
+                "when_missing",
+            ),
+        ] {
+            assert_eq!(v.ok().as_ref().and_then(|v| v.as_str()), Some(name));
+        }
+        assert_eq!(PauseMode::Serve.as_str(), "serve");
+        assert_eq!(TokenIdsMode::Engine.as_str(), "engine");
+        assert_eq!(SessionInference::Always.as_str(), "always");
+    }
+}
