@@ -78,10 +78,14 @@ pub async fn serve(config: &Path, port: u16) -> (KillOnDrop, String) {
             .spawn()
             .unwrap(),
     );
+    let mut child = child;
     let base = format!("http://127.0.0.1:{port}");
     let client = http(std::time::Duration::from_secs(10));
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
     while client.get(format!("{base}/health")).send().await.is_err() {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            panic!("serve exited before it answered /health: {status} (its log is above)");
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
             "serve never answered /health"

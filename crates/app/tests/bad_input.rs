@@ -53,7 +53,7 @@ impl Server {
     }
 
     fn http(&self) -> reqwest::Client {
-        reqwest::Client::new()
+        common::http()
     }
 
     async fn chat_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {

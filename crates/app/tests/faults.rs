@@ -267,7 +267,7 @@ async fn no_turn_is_lost_and_every_answer_is_right_under_mixed_faults() {
     let policy = FakeSglang::builder().spawn().await.unwrap();
     let judge = FakeSglang::builder().spawn().await.unwrap();
     let s = Server::start(settings(&policy, &judge, dir.path()), dir).await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let mut rng = Lcg(0x5eed);
     let mut timeouts_left = 2;
     let mut histories: Vec<Vec<Value>> = vec![Vec::new(); SLOTS];
@@ -391,7 +391,9 @@ async fn no_turn_is_lost_and_every_answer_is_right_under_mixed_faults() {
         .iter()
         .filter(|r| r.path == "/generate")
         .count();
-    let page: Value = reqwest::get(format!("{}/v1/rollout/samples?after=0&max=1024", s.url))
+    let page: Value = common::http()
+        .get(format!("{}/v1/rollout/samples?after=0&max=1024", s.url))
+        .send()
         .await
         .unwrap()
         .json()
@@ -472,7 +474,7 @@ async fn an_upstream_stream_starting_with_a_bom_is_answered() {
     // serves: the tokenizer comes from the setting.
     set.server.model_dir = Some(ps_fake_sglang::MINI_MODEL_DIR.into());
     let s = Server::start(set, dir).await;
-    let r = reqwest::Client::new()
+    let r = common::http()
         .post(format!("{}/v1/chat/completions", s.url))
         .header("x-session-id", "bom")
         .header("x-session-done", "1")

@@ -19,7 +19,7 @@ async fn start(settings: &Settings) -> ps_app::Running {
 }
 
 async fn get(url: &str, key: Option<&str>) -> reqwest::Response {
-    let mut r = reqwest::Client::new().get(url);
+    let mut r = common::http().get(url);
     if let Some(k) = key {
         r = r.bearer_auth(k);
     }
@@ -27,7 +27,7 @@ async fn get(url: &str, key: Option<&str>) -> reqwest::Response {
 }
 
 async fn chat(url: &str, session: &str, messages: Value, done: bool) {
-    let r = reqwest::Client::new()
+    let r = common::http()
         .post(format!("{url}/v1/chat/completions"))
         .header("x-session-id", session)
         .header("x-session-done", if done { "1" } else { "0" })

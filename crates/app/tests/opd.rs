@@ -31,7 +31,7 @@ async fn start(settings: &Settings) -> Server {
 impl Server {
     /// A turn of `session` (`done` ends it) with `body` (`messages`, maybe `stream`).
     fn turn(&self, session: &str, body: Value, done: bool) -> reqwest::RequestBuilder {
-        reqwest::Client::new()
+        common::http()
             .post(format!("{}/v1/chat/completions", self.url))
             .header("x-session-id", session)
             .header("x-session-done", if done { "1" } else { "0" })
@@ -633,6 +633,52 @@ async fn turns_with_parts_that_are_not_text_give_no_sample_in_any_mode() {
         }
         assert_eq!(st["samples"]["submitted"], 0, "{mode:?}: {st}");
         assert_eq!(st["stored"], 0, "{mode:?}: no sample at all: {st}");
+        // Refused on the chat path: none of them waited in the capture queue.
+        assert_eq!(st["capture_queue"]["peak_bytes"], 0, "{mode:?}: {st}");
         server.stop().await;
     }
+}
+
+/// A text turn followed by a request that adds an image: the text turn gets no next state (a
+/// judge reading text would see the user's message without its image) and is excluded as such;
+/// the image turn is refused with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_state_with_an_image_leaves_the_turn_without_one() {
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&settings(&fake, Mode::Rl, dir.path())).await;
+    let mut messages = vec![user("Describe a cat.")];
+    let v: Value = server
+        .turn("img", json!({"messages": messages}), false)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    messages.push(json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]}));
+    messages.push(
+        json!({"role": "user", "content": [{"type": "text", "text": "No, this one: FAKE_VOTES=1"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}),
+    );
+    let r = server
+        .turn("img", json!({"messages": messages}), true)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let samples = server.settle(1).await;
+    assert_eq!(samples.len(), 1);
+    assert_eq!(samples[0]["turn"], 1);
+    assert_eq!(
+        samples[0]["metadata"]["excluded"], "no_next_state",
+        "{}",
+        samples[0]["metadata"]
+    );
+    let st = server.status().await;
+    assert_eq!(
+        st["turns_abandoned_by_reason"]["image_unsupported"], 1,
+        "{st}"
+    );
+    server.stop().await;
 }

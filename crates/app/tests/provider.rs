@@ -36,7 +36,7 @@ async fn start(settings: &Settings, key: &str) -> Server {
 
 impl Server {
     async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
-        let r = reqwest::Client::new()
+        let r = common::http()
             .post(format!("{}/v1/chat/completions", self.url))
             .header("x-session-id", session)
             .header("x-session-done", if done { "1" } else { "0" })

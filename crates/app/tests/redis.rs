@@ -56,7 +56,7 @@ impl Replica {
 
     /// A session of `turns` main turns, the last one closing it; every turn's answer must be 200.
     async fn session(&self, id: &str, turns: usize) {
-        let client = reqwest::Client::new();
+        let client = common::http();
         let mut history = vec![json!({"role": "user", "content": format!("Task {id}.")})];
         for t in 1..=turns {
             let r = client
@@ -77,7 +77,11 @@ impl Replica {
     }
 
     async fn get(&self, path: &str) -> reqwest::Response {
-        reqwest::get(format!("{}{path}", self.url)).await.unwrap()
+        common::http()
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap()
     }
 
     async fn status(&self) -> Value {
@@ -85,7 +89,7 @@ impl Replica {
     }
 
     async fn commit(&self, through: u64) -> reqwest::Response {
-        reqwest::Client::new()
+        common::http()
             .post(format!("{}/v1/rollout/commit", self.url))
             .json(&json!({"through": through}))
             .send()
@@ -206,7 +210,7 @@ async fn two_replicas_feed_one_stream_and_the_trainer_gets_each_sample_once() {
 
     let bad = a.get("/v1/rollout/samples?consumer=a%20b").await;
     assert_eq!(bad.status(), 400);
-    let bad = reqwest::Client::new()
+    let bad = common::http()
         .post(format!("{}/v1/rollout/commit", a.url))
         .json(&json!({"through": 1, "consumer": 7}))
         .send()
@@ -239,7 +243,12 @@ async fn two_replicas_feed_one_stream_and_the_trainer_gets_each_sample_once() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     a.session("late", 1).await;
-    let page = poll.await.unwrap();
+    // Well within the poll's 30 s: a wake-up that never comes would still answer the sample at
+    // the poll's deadline, so only a bound shorter than it shows the poll woke.
+    let page = tokio::time::timeout(Duration::from_secs(15), poll)
+        .await
+        .expect("the poll woke when the other replica appended")
+        .unwrap();
     let got = keys(page["samples"].as_array().unwrap());
     assert_eq!(got, vec![("late".to_owned(), 1)]);
     a.stop().await;

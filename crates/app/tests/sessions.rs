@@ -28,7 +28,7 @@ async fn start(settings: Settings, fake: FakeHandle) -> Server {
         url: running.url().to_owned(),
         fake,
         running: Some(running),
-        http: reqwest::Client::new(),
+        http: common::http(),
     }
 }
 
@@ -615,13 +615,14 @@ async fn the_matcher_forgets_a_conversation_when_the_buffer_closes_its_session()
     // Long enough that the session is still live when the status is read right after its answer on
     // a loaded machine (1 s was not), short enough for the test to wait it out.
     let (s, _dir) = fresh(|c| c.server.session_timeout_sec = 4).await;
+    // The session's idle clock starts when the request arrives: timed from before it is sent.
+    let asked = std::time::Instant::now();
     let a = s
         .send(json!({"messages": [user("conv9 start")]}), &[])
         .await;
-    let answered = std::time::Instant::now();
     assert!(a.session.starts_with("inferred-"), "{}", a.session);
     let live = s.status().await["session_inference"]["live_sessions"].clone();
-    if answered.elapsed() < Duration::from_secs(4) {
+    if asked.elapsed() < Duration::from_secs(4) {
         assert_eq!(live, 1);
     }
     // The buffer's sweeper closes the session once it has been idle for the timeout; bounded wait.

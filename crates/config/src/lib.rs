@@ -38,8 +38,9 @@ pub use load::{
     ENV_PREFIX, ENV_SEPARATOR, LEGACY_ENV, LEGACY_ENV_NOT_HONOURED, Overrides, ignored_legacy_env,
     load, load_with_env,
 };
-/// Re-exported: the type of `server.default_turn_type`, and of the turn types it chooses.
-pub use ps_core::{DefaultTurnType, TurnType};
+/// Re-exported: the type of `server.default_turn_type`, and of the turn types it chooses; the
+/// type of `sglang.engine`.
+pub use ps_core::{DefaultTurnType, EngineSetting, TurnType};
 pub use schema::{
     CaptureSettings, EphemeralMessageRule, EvalMode, InspectSettings, LogFormat, LoggingSettings,
     Mode, OpdSettings, PauseMode, PrmBackend, PrmSettings, ProviderSettings, RedisStoreSettings,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::defaults as d;
 
-// The wire enums are defined by the crates whose behaviour they select.
+// The wire enums live in core (several crates read them; loading settings builds nothing above it).
 pub use ps_core::modes::{PauseMode, SessionInference, TokenIdsMode};
 
 /// The whole configuration, after layering (see [`crate::load`]).

@@ -36,28 +36,37 @@ pub fn unsupported_part(messages: &[Value]) -> Option<(&'static str, String)> {
         };
         for (j, p) in parts.iter().enumerate() {
             let kind = p.get("type").and_then(Value::as_str);
-            let reason = match kind {
-                Some("text") => continue,
-                Some("image_url" | "image" | "input_image") => "image_unsupported",
-                Some("input_audio" | "audio" | "audio_url") => "audio_unsupported",
-                Some("video_url" | "video") => "video_unsupported",
-                Some("file" | "input_file") => "file_unsupported",
-                _ => "content_part_unsupported",
-            };
-            let what = kind.map_or_else(
-                || "a part without a string `type`".to_owned(),
-                |k| format!("a `{k}` part"),
-            );
-            return Some((
-                reason,
-                format!(
-                    "messages[{i}].content[{j}] is {what}: only text is captured, so a sample would \
-                     hold a prompt the policy never saw"
-                ),
-            ));
+            if let Some(reason) = part_reason(kind) {
+                return Some((reason, unsupported_detail(i, j, kind)));
+            }
         }
     }
     None
+}
+
+/// The drop reason of a content part whose `type` is `kind` (`None`: a part without a string
+/// `type`, or not an object); `None` for text, the one kind that is captured.
+pub fn part_reason(kind: Option<&str>) -> Option<&'static str> {
+    Some(match kind {
+        Some("text") => return None,
+        Some("image_url" | "image" | "input_image") => "image_unsupported",
+        Some("input_audio" | "audio" | "audio_url") => "audio_unsupported",
+        Some("video_url" | "video") => "video_unsupported",
+        Some("file" | "input_file") => "file_unsupported",
+        _ => "content_part_unsupported",
+    })
+}
+
+/// Where the part that is not text is, and why that turn gives no sample.
+pub fn unsupported_detail(message: usize, part: usize, kind: Option<&str>) -> String {
+    let what = kind.map_or_else(
+        || "a part without a string `type`".to_owned(),
+        |k| format!("a `{k}` part"),
+    );
+    format!(
+        "messages[{message}].content[{part}] is {what}: only text is captured, so a sample would \
+         hold a prompt the policy never saw"
+    )
 }
 
 /// Normalises one request message the way the reference server does before rendering:

@@ -112,6 +112,11 @@ pub const PROXY_OVERHEAD_SECONDS: &str = "policy_serving_proxy_overhead_seconds"
 /// `unmatched` (earlier turns that match no live conversation: a new session) or `unreadable` (the
 /// messages did not parse: session `unknown`).
 pub const SESSION_INFERENCE_TOTAL: &str = "policy_serving_session_inference_total";
+/// Main requests whose added messages could not be a next state, labelled `reason`
+/// (`image_unsupported`, `audio_unsupported`, …: a part that is not text, which a judge would
+/// not see): the previous turn gets no next state (`no_next_state`) instead of a judgement of
+/// what is left of it.
+pub const NEXT_STATE_UNUSABLE_TOTAL: &str = "policy_serving_next_state_unusable_total";
 /// Gauge: conversations held for session inference, refreshed when `/metrics` is scraped.
 pub const INFERRED_SESSIONS_LIVE: &str = "policy_serving_inferred_sessions_live";
 /// Hint-judge votes, labelled `outcome` (`1`|`-1`|`failed`).
@@ -199,6 +204,7 @@ pub const CATALOGUE: &[MetricSpec] = {
         spec(SUBMISSION_ENABLED, Gauge, &[]),
         spec(PROXY_OVERHEAD_SECONDS, Histogram, &[]),
         spec(SESSION_INFERENCE_TOTAL, Counter, &["outcome"]),
+        spec(NEXT_STATE_UNUSABLE_TOTAL, Counter, &["reason"]),
         spec(INFERRED_SESSIONS_LIVE, Gauge, &[]),
         spec(HINT_VOTES_TOTAL, Counter, &["outcome"]),
         spec(RESIDENT_MEMORY_BYTES, Gauge, &[]),

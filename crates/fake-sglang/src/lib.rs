@@ -381,6 +381,11 @@ impl FakeHandle {
         self.state.wait_for_in_flight(n).await;
     }
 
+    /// See [`FakeState::wait_for_in_flight_at_most`].
+    pub async fn wait_for_in_flight_at_most(&self, n: usize) {
+        self.state.wait_for_in_flight_at_most(n).await;
+    }
+
     /// Stops accepting, releases the gate and waits for in-flight requests to finish.
     pub async fn shutdown(mut self) {
         self.state.release();

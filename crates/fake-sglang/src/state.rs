@@ -188,6 +188,21 @@ impl FakeState {
         }
     }
 
+    /// Waits until at most `n` requests are in flight (the others ended or were cancelled).
+    /// Bounded by [`IN_FLIGHT_WAIT`], as [`FakeState::wait_for_in_flight`].
+    pub async fn wait_for_in_flight_at_most(&self, n: usize) {
+        let mut rx = self.inner.in_flight.subscribe();
+        if tokio::time::timeout(IN_FLIGHT_WAIT, rx.wait_for(|c| *c <= n))
+            .await
+            .is_err()
+        {
+            panic!(
+                "fake-sglang: {} requests still in flight after {IN_FLIGHT_WAIT:?}, at most {n} awaited",
+                self.in_flight()
+            );
+        }
+    }
+
     pub(crate) fn record(&self, method: &str, path: &str, headers: &HeaderMap, body: Value) {
         let mut requests = lock(&self.inner.requests);
         requests.push_back(RecordedRequest {

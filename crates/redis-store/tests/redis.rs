@@ -431,15 +431,15 @@ async fn a_long_poll_wakes_when_another_replica_appends() {
     let reader = open(&server).await;
     let writer = open(&server).await;
     assert_eq!(reader.wait_newer(0, Duration::ZERO).await.unwrap(), 0);
-    // The reader is inside its wait well before the other replica appends (half a second), and
-    // must wake within a few seconds of the append, not at its 30 s bound (which is there only so
-    // that a broken wake-up fails instead of hanging).
+    // The reader has two seconds to be inside its wait (a blocking XREAD) before the other replica
+    // appends, and must wake within a few seconds of the append, not at its 30 s bound (which is
+    // there only so that a broken wake-up fails instead of hanging).
     let waiting = tokio::spawn(async move {
         let started = std::time::Instant::now();
         let last = reader.wait_newer(0, Duration::from_secs(30)).await.unwrap();
         (started, last, std::time::Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let appended_at = std::time::Instant::now();
     let seq = writer.append(&sample("late")).await.unwrap();
     let (started, last, woke) = waiting.await.unwrap();

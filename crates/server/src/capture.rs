@@ -1130,7 +1130,13 @@ fn worker(
             Some(request) => request.fill(&mut job),
             None => Ok(()),
         };
-        match filled.and_then(|()| capture_turn_with(tok, &job, policy, Some(prefixes), stats)) {
+        let captured_turn =
+            filled.and_then(|()| capture_turn_with(tok, &job, policy, Some(prefixes), stats));
+        if captured_turn.is_err() && job.session_done {
+            // The session's last turn failed: its kept prefix goes now, not at its idle expiry.
+            prefixes.forget(job.guard.session_id());
+        }
+        match captured_turn {
             Ok(turn)
                 if turn.prompt_ids.len() + turn.response_ids.len()
                     > max_turn_tokens.load(std::sync::atomic::Ordering::Relaxed) =>

@@ -179,20 +179,51 @@ fn open_turn(
     }
 
     let sink = app.capture().sink().clone();
-    // What the request adds to its conversation, without the messages a client sends once.
+    // What the request adds to its conversation, without the messages a client sends once; none
+    // when that holds a part that is not text, which a judge would not see (counted, logged once).
     let next_state = || {
-        ps_session_infer::next_state(
-            req.added_messages(),
-            &inference.ephemeral_rules,
-            found.ephemeral_tail,
-        )
+        let (added, rules) = (req.added_messages(), &inference.ephemeral_rules);
+        if let Some(reason) =
+            ps_session_infer::ephemeral::unusable_next_state(added, rules, found.ephemeral_tail)
+        {
+            metrics::counter!(m::NEXT_STATE_UNUSABLE_TOTAL, "reason" => reason).increment(1);
+            if app.first_warning(&format!("\0next-state-{reason}")) {
+                tracing::warn!(
+                    reason,
+                    "a request adds a message with a part that is not text ({reason}): the \
+                     previous turn gets no next state rather than a judgement of its text alone \
+                     (logged once; counted as next_state_unusable_total)"
+                );
+            }
+            return None;
+        }
+        ps_session_infer::next_state(added, rules, found.ephemeral_tail)
     };
+    // A turn refused at once (a prompt with a part that is not text): answered as usual, never
+    // queued for capture, abandoned with its reason once it is opened (capture would refuse it the
+    // same way, after holding its text in the queue).
+    let mut refused = None;
     let guard = if turn_type == TurnType::Main && collect {
         let turn_no = sink.begin(&session_id, next_state().as_ref(), req.session.done);
         span.record("turn", turn_no);
         let mut guard = ps_core::TurnGuard::new(sink, session_id.clone(), turn_no);
         guard.set_reason("upstream_failed");
-        Some((guard, turn_no))
+        match req.unsupported_part() {
+            Some((reason, detail)) => {
+                guard.set_reason(reason);
+                metrics::counter!(m::CAPTURE_TOTAL, "outcome" => *reason).increment(1);
+                if app.first_warning(&format!("\0unsupported-{reason}")) {
+                    tracing::warn!(
+                        reason,
+                        "turn not trained on: it cannot become a correct sample: {detail} (logged \
+                         once per reason; counted in /v1/rollout/status turns_abandoned_by_reason)"
+                    );
+                }
+                refused = Some((guard, turn_no));
+                None
+            }
+            None => Some((guard, turn_no)),
+        }
     } else {
         if turn_type == TurnType::Main {
             // Served while paused: not captured, but the session still moves on, so the previous
@@ -205,7 +236,7 @@ fn open_turn(
     };
     app.tell(ps_core::TurnEvent::Opened {
         session: &session_id,
-        turn: guard.as_ref().map(|(_, n)| *n),
+        turn: guard.as_ref().or(refused.as_ref()).map(|(_, n)| *n),
         turn_type,
         source: origin.source,
         streamed: req.stream,
@@ -216,6 +247,8 @@ fn open_turn(
             reason: "done",
         });
     }
+    // Abandoned with its reason, now that it is opened.
+    drop(refused);
     let upstream_stream = req.stream && opts.upstream_stream;
     // SGLang refuses `return_token_ids` on a streamed request; vLLM answers it chunk by chunk.
     let asks_for_ids = opts.token_ids != TokenIdsMode::Retokenize

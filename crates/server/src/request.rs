@@ -32,6 +32,10 @@ pub struct ChatRequest<'a> {
     fields: Vec<(Cow<'a, str>, &'a RawValue)>,
     /// Where `messages` is in `fields` (validated: a non-empty array of objects).
     messages_at: usize,
+    /// The first content part that is not text (its drop reason and where it is): such a main
+    /// turn gives no sample (`ps_core::message::unsupported_part`), found here from the parts'
+    /// `type`s so that it is not queued for capture at all.
+    unsupported: Option<(&'static str, String)>,
     /// The messages after the last assistant message, as trees: what the request adds to the
     /// conversation it continues, from which the previous turn's next state is taken. Only the
     /// last message when there is no assistant message (a new conversation: nothing it adds is a
@@ -132,6 +136,7 @@ pub fn parse_limited<'a>(
         .map(|m| serde_json::from_str(m.get()))
         .collect::<Result<Vec<Value>, _>>()
         .map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    let unsupported = first_unsupported_part(&messages);
     let fields: Vec<(Cow<'_, str>, &RawValue)> = body
         .into_entries()
         .filter(|(k, _)| ![SESSION_ID_KEY, SESSION_DONE_KEY, TURN_TYPE_KEY].contains(&k.as_ref()))
@@ -143,10 +148,34 @@ pub fn parse_limited<'a>(
     Ok(ChatRequest {
         fields,
         messages_at,
+        unsupported,
         added,
         session,
         stream,
     })
+}
+
+/// The first content part of `messages` (validated) that is not text, read from the parts' `type`
+/// alone (a few bytes a part): its drop reason and where it is (`ps_core::message::part_reason`).
+fn first_unsupported_part(messages: &[&RawValue]) -> Option<(&'static str, String)> {
+    for (i, m) in messages.iter().enumerate() {
+        let Some(parts) = RawObject::of(m)
+            .and_then(|o| o.get("content"))
+            .and_then(raw::array)
+        else {
+            continue;
+        };
+        for (j, p) in parts.iter().enumerate() {
+            let kind = RawObject::of(p).and_then(|o| o.get("type").and_then(raw::as_str));
+            if let Some(reason) = ps_core::message::part_reason(kind.as_deref()) {
+                return Some((
+                    reason,
+                    ps_core::message::unsupported_detail(i, j, kind.as_deref()),
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// Checks `messages` (a non-empty array of objects, each with a string `role` and a string, array
@@ -286,6 +315,11 @@ impl<'a> ChatRequest<'a> {
     /// is none): what the request adds to the conversation it continues.
     pub fn added_messages(&self) -> &[Value] {
         &self.added
+    }
+
+    /// The first content part that is not text: its drop reason and where it is.
+    pub fn unsupported_part(&self) -> Option<&(&'static str, String)> {
+        self.unsupported.as_ref()
     }
 
     /// The body as a tree without our session keys (tests: what [`Self::shape_view`] stands for).

@@ -273,9 +273,8 @@ async fn a_client_that_goes_away_cancels_the_upstream_and_the_turn_is_not_used()
     body.next().await.unwrap().unwrap();
     assert_eq!(h.fake().in_flight(), 1);
     drop(body);
-    tokio::time::timeout(Duration::from_secs(10), h.fake().wait_for_in_flight(0))
-        .await
-        .expect("the upstream request is cancelled");
+    // Bounded (the fake panics past its wait): the upstream request is cancelled.
+    h.fake().wait_for_in_flight_at_most(0).await;
     assert!(
         h.stop().await.is_empty(),
         "a cancelled turn is not captured"

@@ -161,6 +161,31 @@ impl SessionBuffer {
                 .stats
                 .abandoned(&t.turn.session_id, t.turn.turn, "tokenizer_changed");
         }
+        // Turns a build before the refusal of parts that are not text persisted with such a part
+        // (capture refuses them now): abandoned with that reason, never submitted.
+        let (turns, unsupported): (Vec<_>, Vec<_>) = turns.into_iter().partition(|t| {
+            t.turn
+                .messages
+                .parse()
+                .map_or(true, |m: Vec<serde_json::Value>| {
+                    ps_core::message::unsupported_part(&m).is_none()
+                })
+        });
+        for t in &unsupported {
+            let m: Vec<serde_json::Value> = t.turn.messages.parse().unwrap_or_default();
+            let reason = ps_core::message::unsupported_part(&m)
+                .map_or("content_part_unsupported", |(r, _)| r);
+            self.0
+                .stats
+                .abandoned(&t.turn.session_id, t.turn.turn, reason);
+        }
+        if !unsupported.is_empty() {
+            tracing::warn!(
+                turns = unsupported.len(),
+                "turns persisted by the previous run hold a content part that is not text: they \
+                 yield no samples (abandoned with its reason, e.g. image_unsupported)"
+            );
+        }
         let mut jobs = Vec::new();
         {
             let mut sessions = lock(&self.0.sessions);

@@ -68,6 +68,30 @@ impl EphemeralRule {
     }
 }
 
+/// The messages of `added` that make the next state ([`next_state`]).
+fn kept<'a>(added: &'a [Value], rules: &[EphemeralRule], shown_tail: usize) -> Vec<&'a Value> {
+    let mut kept: Vec<&Value> = added.iter().filter(|m| !is_ephemeral(rules, m)).collect();
+    if shown_tail > 0 && kept.len() > shown_tail {
+        kept.truncate(kept.len() - shown_tail);
+    }
+    kept
+}
+
+/// Why the messages [`next_state`] would be made of cannot be one: a content part that is not
+/// text ([`ps_core::message::unsupported_part`]'s reason), which a judge, reading text, would
+/// never see. The previous turn then has no next state rather than a judgement of what is left.
+pub fn unusable_next_state(
+    added: &[Value],
+    rules: &[EphemeralRule],
+    shown_tail: usize,
+) -> Option<&'static str> {
+    let kept: Vec<Value> = kept(added, rules, shown_tail)
+        .into_iter()
+        .cloned()
+        .collect();
+    ps_core::message::unsupported_part(&kept).map(|(reason, _)| reason)
+}
+
 /// Whether any rule names `message`.
 pub fn is_ephemeral(rules: &[EphemeralRule], message: &Value) -> bool {
     rules.iter().any(|r| r.matches(message))
@@ -82,11 +106,7 @@ pub fn is_ephemeral(rules: &[EphemeralRule], message: &Value) -> bool {
 /// content is their texts, each under its role when roles differ, separated by blank lines, and
 /// whose role is the last one's. `None` when nothing remains: the previous turn has no next state.
 pub fn next_state(added: &[Value], rules: &[EphemeralRule], shown_tail: usize) -> Option<Value> {
-    let mut kept: Vec<&Value> = added.iter().filter(|m| !is_ephemeral(rules, m)).collect();
-    if shown_tail > 0 && kept.len() > shown_tail {
-        kept.truncate(kept.len() - shown_tail);
-    }
-    match kept.as_slice() {
+    match kept(added, rules, shown_tail).as_slice() {
         [] => None,
         [one] => Some((*one).clone()),
         several => {
@@ -184,6 +204,24 @@ mod tests {
         // Nothing but ephemeral messages: no next state.
         assert_eq!(next_state(&[context()], &rules, 0), None);
         assert_eq!(next_state(&[], &rules, 0), None);
+    }
+
+    #[test]
+    fn a_next_state_with_a_part_that_is_not_text_is_unusable() {
+        let rules = [EphemeralRule::openclaw()];
+        let image = json!({"role": "user", "content": [{"type": "text", "text": "This one:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
+        assert_eq!(
+            unusable_next_state(&[image.clone(), context()], &rules, 0),
+            Some("image_unsupported")
+        );
+        let text = json!({"role": "user", "content": "thanks"});
+        assert_eq!(
+            unusable_next_state(&[text.clone(), context()], &rules, 0),
+            None
+        );
+        // A message left out (sent once) does not make the next state unusable.
+        assert_eq!(unusable_next_state(&[text, image], &[], 1), None);
     }
 
     #[test]

@@ -11,6 +11,15 @@ use ps_config::Settings;
 use ps_fake_sglang::FakeHandle;
 use serde_json::{Value, json};
 
+/// Every HTTP call of the full-app tests: bounded (longer than any long poll they make, 30 s),
+/// so that a server that accepts and then stalls fails the test instead of hanging it.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
 /// The variables `server.admin_key_env` and `server.api_key_env` name in the tests that set them.
 pub const ADMIN_VAR: &str = "TEST_ADMIN_KEY";
 pub const CLIENT_VAR: &str = "TEST_CLIENT_KEY";
@@ -79,13 +88,14 @@ impl Server {
             let done = st["samples"]["submitted"].as_u64().unwrap()
                 + st["turns_dropped"].as_u64().unwrap();
             if done >= turns {
-                let v: Value =
-                    reqwest::get(format!("{}/v1/rollout/samples?after=0&max=100", self.url))
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
+                let v: Value = http()
+                    .get(format!("{}/v1/rollout/samples?after=0&max=100", self.url))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
                 return v["samples"]
                     .as_array()
                     .unwrap()
@@ -128,7 +138,9 @@ pub fn assemble_sse(text: &str) -> Value {
 
 /// `GET /v1/rollout/status` of the server at `url` (no key).
 pub async fn status(url: &str) -> Value {
-    reqwest::get(format!("{url}/v1/rollout/status"))
+    http()
+        .get(format!("{url}/v1/rollout/status"))
+        .send()
         .await
         .unwrap()
         .json()
