@@ -127,7 +127,7 @@ pub async fn build_full(
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
         store: store.clone(),
-        buffer: buffer.clone(),
+        buffer: Arc::new(buffer.clone()),
         on_pause: Some(records as Arc<dyn PauseHook>),
     };
     let state = AppState::with_rollout(options, Arc::new(policy), capture, metrics, Some(rollout));

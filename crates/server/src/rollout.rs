@@ -396,7 +396,7 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
             "trained": b.positions_trained_without_logprob,
             "masked": b.positions_masked_without_logprob,
         },
-        "mode": r.buffer.mode().as_str(),
+        "mode": r.buffer.mode_name(),
         "store": r.store.describe(),
         "sessions": {"timed_out": b.sessions_timed_out, "evicted": b.sessions_evicted},
         "session_inference": crate::infer::status(app.options().inference.mode, app.0.matcher.as_ref()),

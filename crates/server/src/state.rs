@@ -13,7 +13,6 @@ use ps_core::{AlignPolicy, TurnEvent, TurnObserver};
 use ps_sglang_client::PolicyClient;
 
 use ps_core::SampleLog;
-use ps_session_buffer::SessionBuffer;
 
 use crate::capture::CaptureQueue;
 
@@ -328,7 +327,8 @@ pub trait PauseHook: Send + Sync {
 #[derive(Clone)]
 pub struct Rollout {
     pub store: Arc<dyn SampleLog>,
-    pub buffer: SessionBuffer,
+    /// The session buffer, through its port (the server links none of it).
+    pub buffer: Arc<dyn ps_core::RolloutControl>,
     pub on_pause: Option<Arc<dyn PauseHook>>,
 }
 

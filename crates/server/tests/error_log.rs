@@ -118,7 +118,7 @@ fn app() -> AppState {
     .unwrap();
     let rollout = Rollout {
         store,
-        buffer,
+        buffer: std::sync::Arc::new(buffer),
         on_pause: None,
     };
     AppState::with_rollout(

@@ -494,3 +494,23 @@ impl TurnSink for SessionBuffer {
         }
     }
 }
+
+/// The server's view of the buffer ([`ps_core::RolloutControl`]): it links no part of it.
+#[async_trait::async_trait]
+impl ps_core::RolloutControl for SessionBuffer {
+    fn status(&self) -> BufferStatus {
+        SessionBuffer::status(self)
+    }
+
+    fn mode_name(&self) -> &'static str {
+        self.mode().as_str()
+    }
+
+    fn drain_eval_scores(&self) -> Vec<f64> {
+        SessionBuffer::drain_eval_scores(self)
+    }
+
+    async fn shutdown(&self, grace: Duration) -> bool {
+        SessionBuffer::shutdown(self, grace).await
+    }
+}
