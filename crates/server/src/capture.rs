@@ -727,6 +727,20 @@ fn check_drift(
     let finish = &job.rollout.finish;
     let text_incomplete =
         finish.reason.as_deref() == Some("length") || finish.matched_stop.is_string();
+    // A tool call whose arguments the model wrote otherwise than the template writes them back
+    // (the template prints the parsed object with `tojson`; a grammar-forced call may space or
+    // escape its JSON differently): no render of the answer holds the sampled text, so the
+    // response is not comparable either (the engine renders it the same way in the next prompt,
+    // which the prompt check compares).
+    let rewritten_arguments = job
+        .rollout
+        .message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("function")?.get("arguments")?.as_str())
+        .any(|args| !ours.response_text.contains(args.trim()));
     let found = if let Some(i) = prompt_diff {
         Some((
             "prompt",
@@ -734,7 +748,7 @@ fn check_drift(
             text(&engine.prompt_ids, i),
             text(&ours.prompt_ids, i),
         ))
-    } else if text_incomplete {
+    } else if text_incomplete || rewritten_arguments {
         None
     } else {
         // The response is compared as text: the engine's sampled ids decoded together must all
@@ -1505,6 +1519,44 @@ mod tests {
         let j = engine_job(&tok, Some((prompt, wrong.clone())), wrong.len());
         capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
         assert_eq!(stats.to_json()["drift"], 1);
+    }
+
+    /// A grammar-forced tool call may space its JSON otherwise than the template writes the parsed
+    /// arguments back: no render holds the sampled text, so the response is not compared (not
+    /// drift); the same call written as the template writes it is compared, and a changed
+    /// argument there is drift.
+    #[test]
+    fn tool_call_arguments_the_template_rewrites_are_not_drift() {
+        let tok = ChatTokenizer::mini();
+        let (prompt, _) = true_ids(&tok);
+        let eos = tok.eos_token_id().unwrap();
+        let run = |args: &str, sampled_args: &str| {
+            let sampled = format!(
+                "<tool_call>\n{{\"name\": \"get\", \"arguments\": {sampled_args}}}\n</tool_call>"
+            );
+            let mut ids = tok.encode(&sampled).unwrap();
+            ids.push(eos);
+            let stats = CaptureStats::new(DriftCheck::new(10, 0));
+            let mut j = engine_job(&tok, Some((prompt.clone(), ids.clone())), ids.len());
+            j.rollout.message = json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "get", "arguments": args}}]});
+            let t = capture_turn_with(&tok, &j, policy(), None, &stats).unwrap();
+            assert_eq!(t.response_ids, ids, "the sample keeps the engine's ids");
+            stats.to_json()["drift"].clone()
+        };
+        let spaced = r#"{ "city" : "Rome" }"#;
+        assert_eq!(
+            run(spaced, spaced),
+            json!(0),
+            "rewritten by the template: not compared"
+        );
+        let canonical = r#"{"city": "Rome"}"#;
+        assert_eq!(run(canonical, canonical), json!(0), "compared, and equal");
+        assert_eq!(
+            run(canonical, r#"{"city": "Paris"}"#),
+            json!(1),
+            "compared, and the sampled text is not the answer's"
+        );
     }
 
     #[test]
