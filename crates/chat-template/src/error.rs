@@ -31,6 +31,22 @@ pub enum ChatTemplateError {
         key: String,
         message: String,
     },
+    /// The model directory's `preprocessor_config.json` cannot be used.
+    #[error("{0}")]
+    Vision(#[from] ps_vision::VisionError),
+    /// A model directory with an image processor whose tokenizer has no image pad token.
+    #[error(
+        "{origin} describes an image processor, but the tokenizer has no `{token}` token: not a \
+         Qwen-VL-style model (remove the file to serve it as a text model)"
+    )]
+    VisionWithoutPad { origin: String, token: &'static str },
+    /// A rendered prompt holds another number of image pad tokens than the turn has images: the
+    /// template does not write one placeholder per image part.
+    #[error(
+        "the rendered prompt holds {found} image pad tokens for {images} images: the chat \
+         template does not write one <|image_pad|> per image part"
+    )]
+    ImagePads { found: usize, images: usize },
     /// The tokenizer config has no `chat_template` (and the directory has no `chat_template.jinja`).
     #[error("tokenizer config {origin} has no `chat_template`")]
     MissingChatTemplate { origin: String },

@@ -31,7 +31,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use minijinja::Value as MjValue;
-use ps_core::message::{normalize_messages, normalize_response_message};
+use ps_core::message::{normalize_messages_with, normalize_response_message};
+pub use ps_vision::{ImageProcessor, PREPROCESSOR_CONFIG_FILE};
 use serde_json::{Map, Value};
 
 pub use error::ChatTemplateError;
@@ -50,6 +51,23 @@ const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 const MINI_TOKENIZER_JSON: &str = include_str!("../../../config/mini-model/tokenizer.json");
 const MINI_TOKENIZER_CONFIG_JSON: &str =
     include_str!("../../../config/mini-model/tokenizer_config.json");
+const MINI_VL_TOKENIZER_JSON: &str = include_str!("../../../config/mini-vl-model/tokenizer.json");
+const MINI_VL_TOKENIZER_CONFIG_JSON: &str =
+    include_str!("../../../config/mini-vl-model/tokenizer_config.json");
+const MINI_VL_PREPROCESSOR_CONFIG_JSON: &str =
+    include_str!("../../../config/mini-vl-model/preprocessor_config.json");
+
+/// The token a Qwen-VL-style template writes once per image, which the processor repeats to the
+/// image's token count.
+pub const IMAGE_PAD_TOKEN: &str = "<|image_pad|>";
+
+/// How a vision-language model takes images: its processor (`preprocessor_config.json`) and the
+/// id of its image pad token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vision {
+    pub processor: ImageProcessor,
+    pub image_pad_id: u32,
+}
 
 /// A model's tokenizer plus its compiled chat template.
 ///
@@ -75,6 +93,10 @@ pub struct ChatTokenizer {
     splice: splice::AddedTokenFacts,
     /// The last tool lists rendered, converted (`tools_cache.rs`).
     tools: tools_cache::ToolsCache,
+    /// A vision-language model's image handling, when the directory has a
+    /// `preprocessor_config.json`: messages keep their image parts for the template, and
+    /// [`ChatTokenizer::expand_image_pads`] repeats each pad to its image's count.
+    vision: Option<Vision>,
 }
 
 impl fmt::Debug for ChatTokenizer {
@@ -127,11 +149,42 @@ pub struct TurnTexts {
     pub prompt_is_prefix: bool,
 }
 
+/// An image of a turn's prompt and the number of pad tokens it stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnImage {
+    pub image: ps_vision::Image,
+    pub tokens: usize,
+}
+
+/// Why a turn's images cannot be captured.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error(
+        "the turn has images and the model directory has no preprocessor_config.json: a text \
+         model's samples cannot hold images (serve a vision-language model's directory to \
+         capture them)"
+    )]
+    NoVision,
+    #[error(transparent)]
+    Image(#[from] ps_vision::VisionError),
+}
+
+impl ImageError {
+    /// The turn's drop reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ImageError::NoVision => "image_unsupported",
+            ImageError::Image(e) => e.reason(),
+        }
+    }
+}
+
 /// The files [`ChatTokenizer::from_dir`] reads from a model directory (the last one optional).
-pub const TOKENIZER_FILES: [&str; 3] = [
+pub const TOKENIZER_FILES: [&str; 4] = [
     "tokenizer.json",
     "tokenizer_config.json",
     CHAT_TEMPLATE_FILE,
+    PREPROCESSOR_CONFIG_FILE,
 ];
 
 /// Tokenizers built by this process (every constructor of [`ChatTokenizer`] counts one).
@@ -179,12 +232,22 @@ impl ChatTokenizer {
         } else {
             None
         };
-        Self::build(
+        let processor_path = dir.join(PREPROCESSOR_CONFIG_FILE);
+        let processor = if processor_path.is_file() {
+            Some((
+                read_file(&processor_path)?,
+                processor_path.display().to_string(),
+            ))
+        } else {
+            None
+        };
+        Self::build_with(
             &read_file(&tok_path)?,
             &tok_path.display().to_string(),
             &read_file(&cfg_path)?,
             &cfg_path.display().to_string(),
             template_override,
+            processor.as_ref().map(|(t, o)| (t.as_str(), o.as_str())),
         )
     }
 
@@ -229,6 +292,30 @@ impl ChatTokenizer {
         }
     }
 
+    /// The mini model with images (`config/mini-vl-model`): the mini tokenizer plus the vision
+    /// tokens, its template writing image parts as Qwen-VL templates do, and a small Qwen-VL
+    /// image processor (at most 64 tokens an image), embedded for the demo and tests.
+    ///
+    /// # Panics
+    /// Never in practice: the embedded files are checked by this crate's tests.
+    #[allow(clippy::panic)]
+    pub fn mini_vl() -> Self {
+        match Self::build_with(
+            MINI_VL_TOKENIZER_JSON,
+            "<mini-vl tokenizer.json>",
+            MINI_VL_TOKENIZER_CONFIG_JSON,
+            "<mini-vl tokenizer_config.json>",
+            None,
+            Some((
+                MINI_VL_PREPROCESSOR_CONFIG_JSON,
+                "<mini-vl preprocessor_config.json>",
+            )),
+        ) {
+            Ok(tok) => tok,
+            Err(e) => panic!("the embedded mini-vl model (config/mini-vl-model) is invalid: {e}"),
+        }
+    }
+
     /// How many tokenizers this process has built (parsed from files or strings, the mini model
     /// included): the composition root's tests check that the policy, judges, teacher and capture
     /// share one.
@@ -243,8 +330,33 @@ impl ChatTokenizer {
         config_origin: &str,
         template_override: Option<String>,
     ) -> Result<Self, ChatTemplateError> {
+        Self::build_with(
+            tokenizer_json,
+            tokenizer_origin,
+            config_json,
+            config_origin,
+            template_override,
+            None,
+        )
+    }
+
+    /// [`ChatTokenizer::build`] with a `preprocessor_config.json`'s text and origin.
+    fn build_with(
+        tokenizer_json: &str,
+        tokenizer_origin: &str,
+        config_json: &str,
+        config_origin: &str,
+        template_override: Option<String>,
+        processor: Option<(&str, &str)>,
+    ) -> Result<Self, ChatTemplateError> {
         BUILT.fetch_add(1, Ordering::Relaxed);
-        let fingerprint = fingerprint_of(tokenizer_json, config_json, template_override.as_deref());
+        let mut fingerprint =
+            fingerprint_of(tokenizer_json, config_json, template_override.as_deref());
+        if let Some((text, _)) = processor {
+            // The pad counts depend on it: a turn persisted under one processor is not resumed
+            // under another. Text models keep the fingerprint they had.
+            fingerprint ^= xxhash_rust::xxh3::xxh3_64(text.as_bytes()).rotate_left(1);
+        }
         // Streamed into the model's maps rather than through the library's intermediate trees:
         // the same tokenizer at a fraction of the start-up peak (`load.rs`).
         let mut tokenizer = load::parse_tokenizer(tokenizer_json).map_err(|source| {
@@ -288,6 +400,22 @@ impl ChatTokenizer {
                 .ok()
         });
         let split_tokens = split_tokens.filter(|_| added_matcher.is_some());
+        let vision = match processor {
+            None => None,
+            Some((text, origin)) => {
+                let processor = ImageProcessor::from_json(text, origin)?;
+                let image_pad_id = tokenizer.token_to_id(IMAGE_PAD_TOKEN).ok_or_else(|| {
+                    ChatTemplateError::VisionWithoutPad {
+                        origin: origin.to_owned(),
+                        token: IMAGE_PAD_TOKEN,
+                    }
+                })?;
+                Some(Vision {
+                    processor,
+                    image_pad_id,
+                })
+            }
+        };
         Ok(Self {
             tokenizer,
             fingerprint,
@@ -300,7 +428,80 @@ impl ChatTokenizer {
             added_matcher,
             splice,
             tools: tools_cache::ToolsCache::default(),
+            vision,
         })
+    }
+
+    /// A vision-language model's image handling (`None`: a text model, whose turns with images
+    /// are not captured).
+    pub fn vision(&self) -> Option<&Vision> {
+        self.vision.as_ref()
+    }
+
+    /// The request's messages as the template receives them (`ps_core::message`'s
+    /// normalisation; a vision-language model keeps its image parts).
+    pub fn normalize(&self, messages: &[Value]) -> Vec<Value> {
+        normalize_messages_with(messages, self.vision.is_some())
+    }
+
+    /// The images of `messages` in prompt order, each read ([`ps_vision::read_image_part`]) and
+    /// with the number of pad tokens this model's processor gives it. `Ok(empty)` without
+    /// images; an error whose `reason()` drops the turn when one cannot be read, or when there
+    /// are images and the model has no vision (`image_unsupported`).
+    pub fn images(
+        &self,
+        messages: &[Value],
+        limits: &ps_vision::ImageLimits,
+    ) -> Result<Vec<TurnImage>, ImageError> {
+        let mut parts = ps_core::message::image_parts(messages).peekable();
+        if parts.peek().is_none() {
+            return Ok(Vec::new());
+        }
+        let Some(v) = self.vision else {
+            return Err(ImageError::NoVision);
+        };
+        parts
+            .map(|p| {
+                let image = ps_vision::read_image_part(p, limits)?;
+                let tokens = v.processor.pad_tokens(image.width, image.height)?;
+                Ok(TurnImage { image, tokens })
+            })
+            .collect()
+    }
+
+    /// `ids` (a rendered prompt's) with the `i`-th image pad token repeated `counts[i]` times, as
+    /// the processor expands the text before tokenizing (the pad is a special token: the text
+    /// around it tokenizes alike either way). An error when the ids hold another number of pads
+    /// than `counts` has entries, or the model has no vision.
+    pub fn expand_image_pads(
+        &self,
+        ids: &[u32],
+        counts: &[usize],
+    ) -> Result<Vec<u32>, ChatTemplateError> {
+        let Some(v) = self.vision else {
+            return Err(ChatTemplateError::ImagePads {
+                found: 0,
+                images: counts.len(),
+            });
+        };
+        let found = ids.iter().filter(|&&id| id == v.image_pad_id).count();
+        if found != counts.len() {
+            return Err(ChatTemplateError::ImagePads {
+                found,
+                images: counts.len(),
+            });
+        }
+        let mut out = Vec::with_capacity(ids.len() + counts.iter().sum::<usize>());
+        let mut next = counts.iter();
+        for &id in ids {
+            if id == v.image_pad_id {
+                let n = next.next().copied().unwrap_or(1);
+                out.extend(std::iter::repeat_n(id, n));
+            } else {
+                out.push(id);
+            }
+        }
+        Ok(out)
     }
 
     /// Identifies the files this tokenizer was built from (`tokenizer.json`, `tokenizer_config.json`
@@ -576,7 +777,7 @@ impl ChatTokenizer {
         encoded: &EncodedPrefix,
         shared: &SharedPrefixCache,
     ) {
-        let normalized = normalize_messages(input.messages);
+        let normalized = self.normalize(input.messages);
         let leading = leading_system_messages(&normalized);
         let has_tools = input.tools.is_some_and(|t| !t.is_null());
         if leading == 0 && !has_tools {
@@ -629,7 +830,8 @@ impl ChatTokenizer {
     /// ids come from the engine, the texts are what the judges read.
     pub fn render_turn(&self, input: &TurnInput<'_>) -> Result<TurnTexts, ChatTemplateError> {
         let prepared = self.prepare(input.tools, input.template_kwargs);
-        let mut messages: Vec<MjValue> = normalize_messages(input.messages)
+        let mut messages: Vec<MjValue> = self
+            .normalize(input.messages)
             .iter()
             .map(json_to_value)
             .collect();

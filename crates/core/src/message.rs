@@ -30,12 +30,24 @@ pub fn flatten_content(content: &Value) -> String {
 /// part would be a sample of a prompt the policy never saw: it is dropped with this reason
 /// instead.
 pub fn unsupported_part(messages: &[Value]) -> Option<(&'static str, String)> {
+    unsupported_part_with(messages, false)
+}
+
+/// [`unsupported_part`], with image parts left out when `images_captured` (a vision-language
+/// model captures them exactly; they are checked on their own).
+pub fn unsupported_part_with(
+    messages: &[Value],
+    images_captured: bool,
+) -> Option<(&'static str, String)> {
     for (i, m) in messages.iter().enumerate() {
         let Some(Value::Array(parts)) = m.get("content") else {
             continue;
         };
         for (j, p) in parts.iter().enumerate() {
             let kind = p.get("type").and_then(Value::as_str);
+            if images_captured && is_image_part(p) {
+                continue;
+            }
             if let Some(reason) = part_reason(kind) {
                 return Some((reason, unsupported_detail(i, j, kind)));
             }
@@ -79,6 +91,14 @@ pub fn unsupported_detail(message: usize, part: usize, kind: Option<&str>) -> St
 /// (the template then writes them with `tojson`); a string that does not hold an object becomes
 /// `{}` as in vLLM (SGLang refuses such a request, so it is never rendered there).
 pub fn normalize_message(message: &Value) -> Value {
+    normalize_message_with(message, false)
+}
+
+/// [`normalize_message`] for a vision-language model when `keep_images`: a content list that
+/// holds an image part stays a list of its text and image parts as sent (the template writes
+/// each image's placeholder where it stands, as Qwen-VL templates do); lists without an image
+/// are flattened as for any model.
+pub fn normalize_message_with(message: &Value, keep_images: bool) -> Value {
     let Some(obj) = message.as_object() else {
         return message.clone();
     };
@@ -86,6 +106,9 @@ pub fn normalize_message(message: &Value) -> Value {
     for (k, v) in obj {
         let v = match (k.as_str(), v) {
             ("role", Value::String(r)) if r == "developer" => Value::String("system".into()),
+            ("content", Value::Array(parts)) if keep_images && parts.iter().any(is_image_part) => {
+                v.clone()
+            }
             ("content", Value::Array(_)) => Value::String(flatten_content(v)),
             ("tool_calls", Value::Array(calls)) => {
                 Value::Array(calls.iter().map(parsed_arguments).collect())
@@ -147,6 +170,32 @@ pub fn reasoning_to_content_key(message: &mut Value) {
 /// Normalises every message of a request.
 pub fn normalize_messages(messages: &[Value]) -> Vec<Value> {
     messages.iter().map(normalize_message).collect()
+}
+
+/// [`normalize_message_with`] over a conversation.
+pub fn normalize_messages_with(messages: &[Value], keep_images: bool) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|m| normalize_message_with(m, keep_images))
+        .collect()
+}
+
+/// Whether a content part is an image (OpenAI `image_url`, Responses `input_image`, Anthropic and
+/// `transformers` `image`).
+pub fn is_image_part(part: &Value) -> bool {
+    matches!(
+        part.get("type").and_then(Value::as_str),
+        Some("image_url" | "input_image" | "image")
+    )
+}
+
+/// The image parts of `messages`, in prompt order.
+pub fn image_parts(messages: &[Value]) -> impl Iterator<Item = &Value> {
+    messages
+        .iter()
+        .filter_map(|m| m.get("content").and_then(Value::as_array))
+        .flatten()
+        .filter(|p| is_image_part(p))
 }
 
 /// Normalises the assistant message returned by the upstream: a `null` or missing content becomes

@@ -1,0 +1,162 @@
+//! Full prompt ids of conversations with images equal what `transformers` makes of them for a
+//! Qwen-VL model (`vl_prompt_parity.py`: the tokenizer's own `apply_chat_template`, the image
+//! processor's grid on the decoded image, each pad repeated as `Qwen2VLProcessor` repeats it):
+//! 40 conversations, 60 image sizes, 1 to 3 images a message, images in earlier turns, PNG, JPEG,
+//! GIF and WebP. Two models: the embedded mini-vl model, and the real Qwen3 tokenizer (from
+//! `../shared`, never copied here) with its template taught image parts as Qwen-VL templates write
+//! them and Qwen2.5-VL's processor bounds (written to a temporary directory).
+//!
+//! Python with transformers: `POLICY_SERVING_TRANSFORMERS_PYTHON`, else the real engine's venv;
+//! without it the test says so and passes unless `POLICY_SERVING_REQUIRE_TRANSFORMERS=1` (CI).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ps_chat_template::ChatTokenizer;
+use ps_vision::ImageLimits;
+use serde_json::Value;
+
+fn python() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("POLICY_SERVING_TRANSFORMERS_PYTHON") {
+        return Some(p.into());
+    }
+    let venv = PathBuf::from(std::env::var("HOME").ok()?).join(".cache/real-vllm/venv/bin/python");
+    if venv.exists() {
+        return Some(venv);
+    }
+    assert!(
+        std::env::var("POLICY_SERVING_REQUIRE_TRANSFORMERS").as_deref() != Ok("1"),
+        "POLICY_SERVING_REQUIRE_TRANSFORMERS=1 and no Python with transformers: set \
+         POLICY_SERVING_TRANSFORMERS_PYTHON or install the real engine's venv"
+    );
+    eprintln!("SKIPPED: no Python with transformers (POLICY_SERVING_TRANSFORMERS_PYTHON)");
+    None
+}
+
+/// Checks every conversation the script writes for `dir` against `tok`; returns how many.
+fn check(python: &Path, dir: &Path, tok: &ChatTokenizer) -> usize {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vl_prompt_parity.py");
+    let out = Command::new(python).arg(&script).arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut n = 0;
+    let mut sizes = std::collections::BTreeSet::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let case: Value = serde_json::from_str(line).unwrap();
+        let messages = case["messages"].as_array().unwrap();
+        let images = tok.images(messages, &ImageLimits::default()).unwrap();
+        let text = tok
+            .render(&tok.normalize(messages), None, true, None)
+            .unwrap();
+        let counts: Vec<usize> = images.iter().map(|i| i.tokens).collect();
+        let ids = tok
+            .expand_image_pads(&tok.encode(&text).unwrap(), &counts)
+            .unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        if ids != want {
+            let at = ids.iter().zip(&want).position(|(a, b)| a != b);
+            panic!(
+                "{}: prompt ids differ at {at:?} ({} against transformers' {}); images {:?}",
+                dir.display(),
+                ids.len(),
+                want.len(),
+                images
+                    .iter()
+                    .map(|i| (i.image.width, i.image.height, i.tokens))
+                    .collect::<Vec<_>>()
+            );
+        }
+        sizes.extend(images.iter().map(|i| (i.image.width, i.image.height)));
+        n += 1;
+    }
+    assert!(sizes.len() >= 50, "{} image sizes", sizes.len());
+    n
+}
+
+#[test]
+fn the_mini_vl_model_expands_images_as_transformers_does() {
+    let Some(python) = python() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config/mini-vl-model");
+    let tok = ChatTokenizer::from_dir(&dir).unwrap();
+    assert_eq!(
+        tok.fingerprint(),
+        ChatTokenizer::mini_vl().fingerprint(),
+        "the embedded mini-vl model is the directory's"
+    );
+    assert!(check(&python, &dir, &tok) >= 40);
+}
+
+/// The Qwen3 template's one line that reads a message's text, and what Qwen-VL templates write.
+const QWEN3_CONTENT: &str = "{%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}";
+const VL_CONTENT: &str = "{%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set ns2 = namespace(text='') %}
+        {%- for part in message.content %}
+            {%- if part.type == 'image' or 'image' in part or 'image_url' in part %}
+                {%- set ns2.text = ns2.text + '<|vision_start|><|image_pad|><|vision_end|>' %}
+            {%- elif 'text' in part %}
+                {%- set ns2.text = ns2.text + part.text %}
+            {%- endif %}
+        {%- endfor %}
+        {%- set content = ns2.text %}
+    {%- endif %}";
+
+#[test]
+fn the_real_qwen3_tokenizer_with_a_vl_template_expands_images_as_transformers_does() {
+    let shared = std::env::var_os("POLICY_SERVING_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let qwen3 = shared.join("fixtures/qwen3");
+    if !qwen3.join("tokenizer.json").is_file() {
+        assert!(
+            std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").as_deref() != Ok("1"),
+            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
+            qwen3.display()
+        );
+        eprintln!("SKIPPED: no Qwen3 fixtures at {}", qwen3.display());
+        return;
+    }
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        qwen3.join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let mut config: Value = serde_json::from_str(
+        &std::fs::read_to_string(qwen3.join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    let template = config["chat_template"].as_str().unwrap().to_owned();
+    assert_eq!(
+        template.matches(QWEN3_CONTENT).count(),
+        1,
+        "Qwen3's template changed"
+    );
+    config["chat_template"] = template.replace(QWEN3_CONTENT, VL_CONTENT).into();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::to_string(&config).unwrap(),
+    )
+    .unwrap();
+    // Qwen2.5-VL's bounds: a 4K image is thousands of tokens.
+    std::fs::write(
+        dir.path().join("preprocessor_config.json"),
+        r#"{"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2,
+            "temporal_patch_size": 2, "image_processor_type": "Qwen2VLImageProcessor"}"#,
+    )
+    .unwrap();
+    let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
+    assert!(tok.vision().is_some());
+    assert!(check(&python, dir.path(), &tok) >= 40);
+}
