@@ -123,6 +123,14 @@ pub async fn build_full(
                     .unwrap_or(usize::MAX),
             )
             .with_prefix_idle(settings.server.session_timeout())
+            .with_image_limits(ps_chat_template::ImageLimits {
+                max_image_bytes: usize::try_from(
+                    settings.capture.max_image_mib.saturating_mul(1 << 20),
+                )
+                .unwrap_or(usize::MAX),
+                max_images: settings.capture.max_images_per_turn,
+            })
+            .with_store_keeping_images(store.keeps_images())
     })
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {

@@ -31,8 +31,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use minijinja::Value as MjValue;
+pub use ps_core::message::is_image_part;
 use ps_core::message::{normalize_messages_with, normalize_response_message};
-pub use ps_vision::{ImageProcessor, PREPROCESSOR_CONFIG_FILE};
+pub use ps_vision::{ImageLimits, ImageProcessor, PREPROCESSOR_CONFIG_FILE};
 use serde_json::{Map, Value};
 
 pub use error::ChatTemplateError;
@@ -460,6 +461,14 @@ impl ChatTokenizer {
         let Some(v) = self.vision else {
             return Err(ImageError::NoVision);
         };
+        let count = ps_core::message::image_parts(messages).count();
+        if count > limits.max_images {
+            return Err(ps_vision::VisionError::TooMany {
+                count,
+                limit: limits.max_images,
+            }
+            .into());
+        }
         parts
             .map(|p| {
                 let image = ps_vision::read_image_part(p, limits)?;

@@ -88,6 +88,10 @@ pub const CAPTURE_TRAIN_UNSAMPLED: bool = false;
 pub const CAPTURE_DRIFT_CHECK_FIRST: u64 = 100;
 /// `capture.drift_check_every`.
 pub const CAPTURE_DRIFT_CHECK_EVERY: u64 = 100;
+/// `capture.max_image_mib`: an image's bytes (decoded) at most.
+pub const CAPTURE_MAX_IMAGE_MIB: u64 = 20;
+/// `capture.max_images_per_turn`.
+pub const CAPTURE_MAX_IMAGES_PER_TURN: usize = 64;
 /// `capture.max_queued_mib`.
 pub const CAPTURE_MAX_QUEUED_MIB: u64 = 256;
 

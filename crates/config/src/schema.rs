@@ -819,6 +819,12 @@ pub struct CaptureSettings {
     /// the engine's answer); a turn beyond it is answered but not trained on
     /// (`capture_queue_full`). Bounds memory when capture falls behind. Default 256, at least 1.
     pub max_queued_mib: u64,
+    /// A vision-language policy's turn whose image is larger than this many MiB (decoded) is not
+    /// captured (`image_too_large`). Default 20, at least 1.
+    pub max_image_mib: u64,
+    /// …nor one with more images than this in its prompt (`too_many_images`). Default 64, at
+    /// least 1.
+    pub max_images_per_turn: usize,
 }
 
 impl Default for CaptureSettings {
@@ -829,6 +835,8 @@ impl Default for CaptureSettings {
             drift_check_first: d::CAPTURE_DRIFT_CHECK_FIRST,
             drift_check_every: d::CAPTURE_DRIFT_CHECK_EVERY,
             max_queued_mib: d::CAPTURE_MAX_QUEUED_MIB,
+            max_image_mib: d::CAPTURE_MAX_IMAGE_MIB,
+            max_images_per_turn: d::CAPTURE_MAX_IMAGES_PER_TURN,
         }
     }
 }

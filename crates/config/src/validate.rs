@@ -28,6 +28,11 @@ impl Settings {
         }
         self.check_redis(&mut v);
         v.positive("capture.max_queued_mib", self.capture.max_queued_mib);
+        v.positive("capture.max_image_mib", self.capture.max_image_mib);
+        v.positive(
+            "capture.max_images_per_turn",
+            self.capture.max_images_per_turn as u64,
+        );
         v.positive("inspect.max_sessions", self.inspect.max_sessions as u64);
         v.positive(
             "inspect.max_turns_per_session",

@@ -53,6 +53,10 @@ pub struct CapturedTurn {
     /// ids came from an engine this run has not compared.
     #[serde(skip)]
     pub engine_prompts_agreed: bool,
+    /// The prompt's images in prompt order, each with its pad-token count (their bytes are read
+    /// again from `messages` when a persisted turn is resumed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<crate::sample::SampleImage>,
 }
 
 /// Where a captured turn's token ids came from.
@@ -269,6 +273,7 @@ mod tests {
             AlignPolicy::default(),
         );
         let turn = CapturedTurn {
+            images: Vec::new(),
             session_id: "s".into(),
             turn: 1,
             arrival_seq: 1,

@@ -308,6 +308,7 @@ mod tests {
         vec![
             Sample::default(),
             Sample {
+                images: Vec::new(),
                 index: 77,
                 group_index: 78,
                 prompt: "<|im_start|>user\nhi \"there\"<|im_end|>".into(),

@@ -134,6 +134,19 @@ pub trait SampleLog: SampleSink + PendingStore {
             .collect()
     }
 
+    /// The bytes of the image stored under `hash` (SHA-256, hex; a sample's `images[].hash`)
+    /// while a kept sample references it. By default none: a store that does not keep images
+    /// ([`SampleLog::keeps_images`]).
+    async fn blob(&self, _hash: &str) -> Result<Option<Vec<u8>>, LogError> {
+        Ok(None)
+    }
+
+    /// Whether the store keeps the images of the samples it stores (once per hash, until no
+    /// kept sample references them): turns with images are captured only into such a store.
+    fn keeps_images(&self) -> bool {
+        false
+    }
+
     /// The kept sample stored under `seq`, without delivering it to any reader (no consumer
     /// group sees it as read): for the inspection page. `None` when no such sample is kept (never
     /// stored, or compacted after its commit).

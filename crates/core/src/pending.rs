@@ -40,6 +40,7 @@ pub mod testing {
     pub fn pending_turn(session: &str, turn: u64) -> PendingTurn {
         PendingTurn {
             turn: CapturedTurn {
+                images: Vec::new(),
                 session_id: session.into(),
                 turn,
                 arrival_seq: turn,

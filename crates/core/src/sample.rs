@@ -54,4 +54,24 @@ pub struct Sample {
     pub teacher_topk_indices: Option<Vec<Vec<u32>>>,
     #[serde(default)]
     pub metadata: Map<String, Value>,
+    /// The prompt's images in prompt order (Slime's `multimodal_inputs`, by reference): each
+    /// stands for a run of `tokens` image pad tokens in `tokens`. Their bytes are kept once per
+    /// hash by the store and delivered beside the sample (docs/rollout-api.md, "Images").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<SampleImage>,
+}
+
+/// An image of a sample's prompt: its content hash (SHA-256, hex), media type, size in pixels as
+/// its header states it, and the number of image pad tokens it became.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SampleImage {
+    pub hash: String,
+    pub mime: String,
+    pub width: u64,
+    pub height: u64,
+    pub tokens: usize,
+    /// The bytes while the sample travels to its store, which keeps them once per hash; never
+    /// serialized with the sample.
+    #[serde(skip)]
+    pub bytes: Option<std::sync::Arc<[u8]>>,
 }

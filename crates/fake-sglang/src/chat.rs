@@ -85,7 +85,7 @@ async fn handle(state: FakeState, req: Request) -> Result<Response, Response> {
 
 fn sample_error(e: SampleError) -> Response {
     match e {
-        SampleError::Template(_) => {
+        SampleError::Template(_) | SampleError::Image(_) => {
             flat_error(StatusCode::BAD_REQUEST, "BadRequestError", &e.to_string())
         }
         SampleError::Tokenize(_) => flat_error(

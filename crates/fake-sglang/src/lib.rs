@@ -127,6 +127,10 @@ pub struct FakeBuilder {
 /// The mini model's directory in this source tree: what the fake reports as its model and
 /// tokenizer path unless told otherwise ([`FakeBuilder::model_path`]).
 pub const MINI_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/mini-model");
+/// The mini model with images (`ChatTokenizer::mini_vl`): give it with [`FakeBuilder::tokenizer`]
+/// and [`FakeBuilder::model_path`] for a Qwen-VL-style engine.
+pub const MINI_VL_MODEL_DIR: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/mini-vl-model");
 
 impl Default for FakeBuilder {
     fn default() -> Self {

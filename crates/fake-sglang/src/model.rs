@@ -177,6 +177,9 @@ pub(crate) enum SampleError {
     /// Tokenization failed (500).
     #[error("tokenization failed: {0}")]
     Tokenize(#[source] ChatTemplateError),
+    /// An image the engine cannot load (400, as a real engine refuses it).
+    #[error("image could not be loaded: {0}")]
+    Image(String),
 }
 
 /// One sampled chat answer, already cut to `max_tokens`.
@@ -383,14 +386,20 @@ pub(crate) fn thinking_enabled(default_on: bool, kwargs: Option<&Map<String, Val
             != Some(false)
 }
 
-/// Flattens list contents to text (what SGLang does for text-only templates).
-fn template_messages(messages: &[Value]) -> Vec<Value> {
+/// Flattens list contents to text (what SGLang does for text-only templates); a vision-language
+/// model's messages with images keep their parts (its template writes each image's placeholder).
+fn template_messages(messages: &[Value], vision: bool) -> Vec<Value> {
     messages
         .iter()
         .map(|m| {
             let mut m = m.clone();
             if let Some(obj) = m.as_object_mut()
                 && obj.get("content").is_some_and(Value::is_array)
+                && !(vision
+                    && obj
+                        .get("content")
+                        .and_then(Value::as_array)
+                        .is_some_and(|p| p.iter().any(ps_chat_template::is_image_part)))
             {
                 let text = content_text(obj.get("content"));
                 obj.insert("content".into(), Value::String(text));
@@ -457,7 +466,7 @@ pub(crate) fn sample_chat(
     reasoning_default: bool,
 ) -> Result<ChatSample, SampleError> {
     let kwargs = p.template_kwargs.as_ref();
-    let templated = template_messages(&p.messages);
+    let templated = template_messages(&p.messages, tok.vision().is_some());
     let prompt_text = tok
         .render(&templated, p.tools.as_ref(), true, kwargs)
         .map_err(SampleError::Template)?;
@@ -467,6 +476,21 @@ pub(crate) fn sample_chat(
         .map_err(SampleError::Tokenize)?;
     if prompt_text.contains(PROMPT_DRIFT) {
         drift_prompt(&mut prompt_ids);
+    }
+    // A Qwen-VL engine expands each image's one pad to the image's token count (its processor on
+    // the decoded image; here the same rule from the image's header).
+    if tok.vision().is_some() {
+        let counts: Vec<usize> = tok
+            .images(&p.messages, &ps_chat_template::ImageLimits::default())
+            .map_err(|e| SampleError::Image(e.to_string()))?
+            .iter()
+            .map(|i| i.tokens)
+            .collect();
+        if !counts.is_empty() {
+            prompt_ids = tok
+                .expand_image_pads(&prompt_ids, &counts)
+                .map_err(SampleError::Template)?;
+        }
     }
 
     let last = p.messages.last();

@@ -109,6 +109,7 @@ fn sample(n: u64) -> Sample {
         json!({"matched": RESPONSE_TOKENS - 3, "missing_logprobs": 3, "policy": "zero"}),
     );
     Sample {
+        images: Vec::new(),
         index: 0,
         group_index: 0,
         prompt: text(&mut rng, PROMPT_TOKENS),

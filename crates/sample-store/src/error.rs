@@ -44,6 +44,17 @@ pub enum StoreError {
         #[source]
         source: Arc<redb::Error>,
     },
+    /// The sample references an image whose bytes it does not carry and the store does not keep;
+    /// it was not stored.
+    #[error(
+        "the sample of session {session_id} turn {turn} references image {hash}, whose bytes it \
+         does not carry and the store does not keep"
+    )]
+    MissingImage {
+        hash: String,
+        session_id: String,
+        turn: u64,
+    },
     /// The sample could not be encoded; it was not stored.
     #[error("cannot encode the sample of session {session_id} turn {turn}")]
     Encode {

@@ -8,6 +8,10 @@
 //!   bottom.
 //! - table `meta`: `last_seq` (the highest seq ever handed out, so seqs are never reused, even when
 //!   compaction emptied `samples`) and `committed` (the trainer's commit point).
+//! - tables `blobs`, `blob_refs`, `sample_images`: the images samples reference, once per content
+//!   hash: (hash, chunk) → bytes, hash → how many kept samples reference it, seq → the hashes of
+//!   that sample (written in the sample's transaction; a compacted sample releases its
+//!   references, and a blob no kept sample references goes with it).
 //!
 //! Why one file of about 900 lines: the handle, the group-commit writer thread, the read paths and
 //! the pending-turn table share these table definitions, the chunking and the counters that keep
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 use ps_core::sample::Sample;
 use ps_core::sink::{SampleSink, SinkError};
 use ps_core::{EncodedSample, LogError, StoreStats, StoredSample};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{StoreError, codec};
@@ -68,6 +72,12 @@ const SAMPLES: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("sample
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Turns persisted at shutdown before they became samples: (session id, turn) → MessagePack.
 const PENDING: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("pending");
+/// Images of kept samples, once per content hash (SHA-256, hex): (hash, chunk) → bytes.
+const BLOBS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("blobs");
+/// Hash → how many kept samples reference the image.
+const BLOB_REFS: TableDefinition<&str, u64> = TableDefinition::new("blob_refs");
+/// Seq → the distinct hashes its sample references, joined with `,` (only samples with images).
+const SAMPLE_IMAGES: TableDefinition<u64, &str> = TableDefinition::new("sample_images");
 const META_LAST_SEQ: &str = "last_seq";
 const META_COMMITTED: &str = "committed";
 
@@ -148,6 +158,7 @@ impl Counters {
 enum Request {
     Append {
         bytes: Vec<u8>,
+        images: Vec<ImageBlob>,
         reply: oneshot::Sender<Result<u64, StoreError>>,
     },
     Commit {
@@ -281,10 +292,27 @@ impl SampleStore {
         // CPU only (tens of microseconds for a 5k-token sample), like a JSON body in a handler;
         // done here so appenders encode in parallel and the writer thread only writes.
         let bytes = codec::encode(sample)?;
+        let images = image_blobs(sample);
+        // An image without its bytes can only be referenced if it is kept: refused here, so that
+        // it never fails the group commit of other appends (only a compaction in between could,
+        // and then that batch's appenders retry).
+        for image in images.iter().filter(|i| i.bytes.is_none()) {
+            if self.blob(&image.hash).await?.is_none() {
+                return Err(StoreError::MissingImage {
+                    hash: image.hash.clone(),
+                    session_id: sample.session_id.clone(),
+                    turn: sample.turn,
+                });
+            }
+        }
         let (reply, answer) = oneshot::channel();
         self.inner
             .requests
-            .send(Request::Append { bytes, reply })
+            .send(Request::Append {
+                bytes,
+                images,
+                reply,
+            })
             .await
             .map_err(|_| self.closed())?;
         answer.await.map_err(|_| self.closed())?
@@ -326,6 +354,38 @@ impl SampleStore {
             // The runtime is shutting down.
             Err(_) => Err(self.closed()),
         }
+    }
+
+    /// The bytes of the image stored under `hash`, while a kept sample references it.
+    pub async fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let db = Arc::clone(&self.inner.db);
+        let file = self.inner.file.clone();
+        let hash = hash.to_owned();
+        let read = tokio::task::spawn_blocking(move || read_blob(&db, &hash));
+        match read.await {
+            Ok(result) => result.map_err(|source| StoreError::Storage {
+                path: file,
+                source: Arc::new(source),
+            }),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => Err(self.closed()),
+        }
+    }
+
+    /// How many distinct images the store keeps (for tests and status).
+    pub fn blob_count(&self) -> Result<u64, StoreError> {
+        let count = || -> Result<u64, redb::Error> {
+            let txn = self.inner.db.begin_read()?;
+            match txn.open_table(BLOB_REFS) {
+                Ok(t) => Ok(t.len()?),
+                Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+                Err(e) => Err(e.into()),
+            }
+        };
+        count().map_err(|source| StoreError::Storage {
+            path: self.inner.file.clone(),
+            source: Arc::new(source),
+        })
     }
 
     /// Waits until `last_seq > after` and returns it, or returns the current `last_seq` once
@@ -483,6 +543,14 @@ impl ps_core::SampleLog for SampleStore {
             .map_err(into_log)
     }
 
+    async fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>, LogError> {
+        SampleStore::blob(self, hash).await.map_err(into_log)
+    }
+
+    fn keeps_images(&self) -> bool {
+        true
+    }
+
     async fn get(&self, seq: u64) -> Result<Option<StoredSample>, LogError> {
         let Some(after) = seq.checked_sub(1) else {
             return Ok(None);
@@ -587,22 +655,135 @@ fn load(db: &Database, retain_committed: u64) -> Result<Counters, LoadError> {
             committed,
             first_kept: lowest.unwrap_or(last_seq + 1),
         };
-        compact(&mut samples, &mut counters, retain_committed)?;
+        let mut images = ImageTables {
+            blobs: txn.open_table(BLOBS)?,
+            refs: txn.open_table(BLOB_REFS)?,
+            by_seq: txn.open_table(SAMPLE_IMAGES)?,
+        };
+        compact(&mut samples, &mut images, &mut counters, retain_committed)?;
         counters
     };
     txn.commit()?;
     Ok(counters)
 }
 
-/// Deletes the committed samples beyond the `retain_committed` most recent ones.
+/// An image a sample references: its hash and, while it travels, its bytes.
+struct ImageBlob {
+    hash: String,
+    bytes: Option<Arc<[u8]>>,
+}
+
+/// The distinct images of `sample`, in prompt order.
+fn image_blobs(sample: &Sample) -> Vec<ImageBlob> {
+    let mut seen = std::collections::HashSet::new();
+    sample
+        .images
+        .iter()
+        .filter(|i| seen.insert(i.hash.as_str()))
+        .map(|i| ImageBlob {
+            hash: i.hash.clone(),
+            bytes: i.bytes.clone(),
+        })
+        .collect()
+}
+
+/// The image stored under `hash`, its chunks joined; `None` when no kept sample references it.
+fn read_blob(db: &Database, hash: &str) -> Result<Option<Vec<u8>>, redb::Error> {
+    let txn = db.begin_read()?;
+    let blobs = match txn.open_table(BLOBS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::new();
+    let mut found = false;
+    for entry in blobs.range((hash, 0)..=(hash, u32::MAX))? {
+        let (_, v) = entry?;
+        out.extend_from_slice(v.value());
+        found = true;
+    }
+    Ok(found.then_some(out))
+}
+
+/// The images tables of one write transaction.
+struct ImageTables<'t> {
+    blobs: redb::Table<'t, (&'static str, u32), &'static [u8]>,
+    refs: redb::Table<'t, &'static str, u64>,
+    by_seq: redb::Table<'t, u64, &'static str>,
+}
+
+impl ImageTables<'_> {
+    /// References `images` from the sample `seq`: a new hash's bytes are written, a known one's
+    /// count goes up. An image without bytes whose hash is not kept cannot be stored.
+    fn reference(&mut self, seq: u64, images: &[ImageBlob]) -> Result<(), redb::Error> {
+        if images.is_empty() {
+            return Ok(());
+        }
+        for image in images {
+            let count = self.refs.get(image.hash.as_str())?.map(|v| v.value());
+            match (count, &image.bytes) {
+                (Some(n), _) => {
+                    self.refs.insert(image.hash.as_str(), n + 1)?;
+                }
+                (None, Some(bytes)) => {
+                    for (chunk, piece) in (0u32..).zip(bytes.chunks(CHUNK_BYTES)) {
+                        self.blobs.insert((image.hash.as_str(), chunk), piece)?;
+                    }
+                    if bytes.is_empty() {
+                        self.blobs.insert((image.hash.as_str(), 0), &[][..])?;
+                    }
+                    self.refs.insert(image.hash.as_str(), 1)?;
+                }
+                (None, None) => {
+                    return Err(redb::Error::Corrupted(format!(
+                        "sample {seq} references image {} whose bytes are neither given nor kept",
+                        image.hash
+                    )));
+                }
+            }
+        }
+        let hashes: Vec<&str> = images.iter().map(|i| i.hash.as_str()).collect();
+        self.by_seq.insert(seq, hashes.join(",").as_str())?;
+        Ok(())
+    }
+
+    /// Releases the references of the samples up to `cut` (compacted): an image no kept sample
+    /// references is deleted.
+    fn release_through(&mut self, cut: u64) -> Result<(), redb::Error> {
+        let released: Vec<(u64, String)> = self
+            .by_seq
+            .range(..=cut)?
+            .map(|e| e.map(|(k, v)| (k.value(), v.value().to_owned())))
+            .collect::<Result<_, _>>()?;
+        for (seq, hashes) in released {
+            for hash in hashes.split(',').filter(|h| !h.is_empty()) {
+                let count = self.refs.get(hash)?.map_or(0, |v| v.value());
+                if count > 1 {
+                    self.refs.insert(hash, count - 1)?;
+                } else {
+                    self.refs.remove(hash)?;
+                    self.blobs
+                        .retain_in((hash, 0)..=(hash, u32::MAX), |_, _| false)?;
+                }
+            }
+            self.by_seq.remove(seq)?;
+        }
+        Ok(())
+    }
+}
+
+/// Deletes the committed samples beyond the `retain_committed` most recent ones, and releases
+/// their images.
 fn compact(
     samples: &mut redb::Table<'_, (u64, u32), &[u8]>,
+    images: &mut ImageTables<'_>,
     counters: &mut Counters,
     retain_committed: u64,
-) -> Result<(), redb::StorageError> {
+) -> Result<(), redb::Error> {
     let cut = counters.committed.saturating_sub(retain_committed);
     if cut >= counters.first_kept {
         samples.retain_in(..=(cut, u32::MAX), |_, _| false)?;
+        images.release_through(cut)?;
         counters.first_kept = cut + 1;
     }
     Ok(())
@@ -721,6 +902,7 @@ struct Writer {
 struct PendingAppend {
     seq: u64,
     bytes: Vec<u8>,
+    images: Vec<ImageBlob>,
     reply: oneshot::Sender<Result<u64, StoreError>>,
 }
 
@@ -777,11 +959,16 @@ impl Writer {
                 continue;
             }
             match request {
-                Request::Append { bytes, reply } => {
+                Request::Append {
+                    bytes,
+                    images,
+                    reply,
+                } => {
                     next.last_seq += 1;
                     batch.appends.push(PendingAppend {
                         seq: next.last_seq,
                         bytes,
+                        images,
                         reply,
                     });
                 }
@@ -840,6 +1027,11 @@ impl Writer {
         txn.set_quick_repair(QUICK_REPAIR);
         {
             let mut samples = txn.open_table(SAMPLES)?;
+            let mut images = ImageTables {
+                blobs: txn.open_table(BLOBS)?,
+                refs: txn.open_table(BLOB_REFS)?,
+                by_seq: txn.open_table(SAMPLE_IMAGES)?,
+            };
             for append in appends {
                 if append.bytes.is_empty() {
                     samples.insert((append.seq, 0), append.bytes.as_slice())?;
@@ -847,6 +1039,7 @@ impl Writer {
                 for (chunk, piece) in (0u32..).zip(append.bytes.chunks(CHUNK_BYTES)) {
                     samples.insert((append.seq, chunk), piece)?;
                 }
+                images.reference(append.seq, &append.images)?;
             }
             let mut meta = txn.open_table(META)?;
             if next.last_seq != self.counters.last_seq {
@@ -854,7 +1047,7 @@ impl Writer {
             }
             if next.committed != self.counters.committed {
                 meta.insert(META_COMMITTED, next.committed)?;
-                compact(&mut samples, next, self.retain_committed)?;
+                compact(&mut samples, &mut images, next, self.retain_committed)?;
             }
         }
         txn.commit()?;

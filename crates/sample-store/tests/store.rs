@@ -266,6 +266,7 @@ fn full_sample() -> Sample {
         json!({"judge": {"votes": [1, -1, 0.5, true, null, "x"], "empty": {}, "list": []}}),
     );
     Sample {
+        images: Vec::new(),
         index: 12345,
         group_index: 999,
         prompt: "<|im_start|>user\nhello\n<|im_end|>".repeat(50),

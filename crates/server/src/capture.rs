@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ps_chat_template::{
-    ChatTemplateError, ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput,
+    ChatTemplateError, ChatTokenizer, EncodedPrefix, ImageLimits, SharedPrefixCache, TurnInput,
 };
 use ps_core::modes::TokenIdsMode;
 use ps_core::{
@@ -308,6 +308,12 @@ pub struct CaptureStats {
     pub drift: DriftCheck,
     /// Refusal reasons already explained in the log (each is logged once with its fix).
     explained: std::sync::Mutex<std::collections::HashSet<&'static str>>,
+    /// `capture.max_image_mib` in bytes and `capture.max_images_per_turn` (0: the defaults).
+    max_image_bytes: AtomicUsize,
+    max_images: AtomicUsize,
+    /// The sample store does not keep images (`SampleLog::keeps_images`): turns with images are
+    /// refused even for a vision-language model.
+    store_without_images: std::sync::atomic::AtomicBool,
 }
 
 impl CaptureStats {
@@ -315,6 +321,37 @@ impl CaptureStats {
         Self {
             drift,
             ..Self::default()
+        }
+    }
+
+    /// Bounds on a turn's images (`capture.max_image_mib`, `capture.max_images_per_turn`).
+    pub fn set_image_limits(&self, limits: ImageLimits) {
+        self.max_image_bytes
+            .store(limits.max_image_bytes, Ordering::Relaxed);
+        self.max_images.store(limits.max_images, Ordering::Relaxed);
+    }
+
+    /// Whether the sample store keeps images (set by the composition root; true by default).
+    pub fn set_store_keeps_images(&self, keeps: bool) {
+        self.store_without_images.store(!keeps, Ordering::Relaxed);
+    }
+
+    /// Whether turns with images are captured with `tok`: it is a vision-language model and the
+    /// store keeps images.
+    pub fn captures_images(&self, tok: &ChatTokenizer) -> bool {
+        tok.vision().is_some() && !self.store_without_images.load(Ordering::Relaxed)
+    }
+
+    /// The bounds in effect.
+    pub fn image_limits(&self) -> ImageLimits {
+        let d = ImageLimits::default();
+        let or = |v: usize, d: usize| if v == 0 { d } else { v };
+        ImageLimits {
+            max_image_bytes: or(
+                self.max_image_bytes.load(Ordering::Relaxed),
+                d.max_image_bytes,
+            ),
+            max_images: or(self.max_images.load(Ordering::Relaxed), d.max_images),
         }
     }
 
@@ -476,12 +513,43 @@ pub fn capture_turn_with(
     cache: Option<&PrefixCache>,
     stats: &CaptureStats,
 ) -> Result<CapturedTurn, CaptureError> {
-    // A prompt with an image, audio or any part that is not text is not captured exactly (not even
-    // on the engine's ids, which hold the image's pads but not the image the trainer needs): the
-    // turn is dropped with its reason, whichever path its ids would take.
-    if let Some((reason, detail)) = ps_core::message::unsupported_part(&job.messages) {
+    // A prompt with audio, a video, a file or any part that is not text (nor an image, for a
+    // vision-language model) is not captured exactly (not even on the engine's ids, which hold
+    // its pads but not what the trainer needs): the turn is dropped with its reason, whichever
+    // path its ids would take. A VL model's images are read and counted here; one that cannot
+    // be read exactly drops the turn with its reason too.
+    let images_captured = stats.captures_images(tok);
+    if let Some((reason, mut detail)) =
+        ps_core::message::unsupported_part_with(&job.messages, images_captured)
+    {
+        if reason == "image_unsupported" && tok.vision().is_some() {
+            detail.push_str(
+                " (the model takes images, but the sample store does not keep them: \
+                 store.kind = \"redis\"; use the embedded store to train on image turns)",
+            );
+        }
         return Err(CaptureError::Refused { reason, detail });
     }
+    let images = tok
+        .images(&job.messages, &stats.image_limits())
+        .map_err(|e| CaptureError::Refused {
+            reason: e.reason(),
+            detail: e.to_string(),
+        })?;
+    let pads: Vec<usize> = images.iter().map(|i| i.tokens).collect();
+    let sample_images = || {
+        images
+            .iter()
+            .map(|i| ps_core::sample::SampleImage {
+                hash: i.image.hash.clone(),
+                mime: i.image.mime.clone(),
+                width: i.image.width,
+                height: i.image.height,
+                tokens: i.tokens,
+                bytes: Some(i.image.bytes.clone()),
+            })
+            .collect::<Vec<_>>()
+    };
     let rollout = &job.rollout;
     let weight_version = match (&rollout.weight_version, &job.trainer_weight_version) {
         (Some(v), _) => Some(WeightVersion {
@@ -515,12 +583,16 @@ pub fn capture_turn_with(
         _ => None,
     };
     if let Some(mut turn) = engine {
+        if let Some(v) = tok.vision() {
+            check_engine_pads(&turn.prompt_ids, v.image_pad_id, &pads)?;
+        }
+        turn.images = sample_images();
         turn.weight_version = weight_version;
         if let (Some(cache), true) = (cache, job.session_done) {
             cache.forget(job.guard.session_id());
         }
         if stats.drift.due() {
-            check_drift(tok, job, &turn, cache, &stats.drift)?;
+            check_drift(tok, job, &turn, &pads, cache, &stats.drift)?;
         }
         turn.engine_prompts_agreed = stats.drift.prompts.agree();
         stats.engine.fetch_add(1, Ordering::Relaxed);
@@ -572,7 +644,8 @@ pub fn capture_turn_with(
             ),
         });
     }
-    let mut turn = retokenized_turn(tok, job, policy, cache)?;
+    let mut turn = retokenized_turn(tok, job, &pads, policy, cache)?;
+    turn.images = sample_images();
     turn.weight_version = weight_version;
     stats.retokenized.fetch_add(1, Ordering::Relaxed);
     metrics::counter!(m::TOKEN_SOURCE_TOTAL, "source" => "retokenized").increment(1);
@@ -661,6 +734,7 @@ fn captured_turn(
     token_source: TokenSource,
 ) -> CapturedTurn {
     CapturedTurn {
+        images: Vec::new(),
         session_id: job.guard.session_id().to_owned(),
         turn: job.guard.turn(),
         arrival_seq: job.arrival_seq,
@@ -690,6 +764,35 @@ fn captured_turn(
     }
 }
 
+/// The engine's prompt ids must hold one run of image pad tokens per image, each as long as the
+/// model's processor makes it: otherwise the engine expanded the images with other processor
+/// settings than `preprocessor_config.json` (a sample whose prompt the trainer's processor would
+/// not match), and the turn is dropped (`image_pad_mismatch`).
+fn check_engine_pads(prompt: &[u32], pad_id: u32, pads: &[usize]) -> Result<(), CaptureError> {
+    let mut runs = Vec::new();
+    let mut run = 0usize;
+    for &id in prompt.iter().chain(std::iter::once(&u32::MAX)) {
+        if id == pad_id {
+            run += 1;
+        } else if run > 0 {
+            runs.push(run);
+            run = 0;
+        }
+    }
+    if runs == pads {
+        return Ok(());
+    }
+    Err(CaptureError::Refused {
+        reason: "image_pad_mismatch",
+        detail: format!(
+            "the engine's prompt holds runs of {runs:?} image pad tokens where the model's \
+             processor gives {pads:?}: the engine resizes images otherwise than \
+             preprocessor_config.json in the model directory (its min/max pixels, e.g. \
+             --mm-processor-kwargs); serve both with the same processor settings"
+        ),
+    })
+}
+
 /// Re-tokenizes an engine-id turn and compares: the prompt ids must be equal, and every sampled id
 /// must find its place in the re-rendered response. A difference is counted and the first one kept
 /// (position and both token texts) for `/v1/rollout/status`.
@@ -697,13 +800,17 @@ fn check_drift(
     tok: &ChatTokenizer,
     job: &CaptureJob,
     engine: &CapturedTurn,
+    pads: &[usize],
     cache: Option<&PrefixCache>,
     drift: &DriftCheck,
 ) -> Result<(), CaptureError> {
     let session_id = job.guard.session_id();
     let prev = cache.and_then(|c| c.get(session_id));
     let shared = cache.map(|c| &c.shared);
-    let (ours, next) = tok.split_turn_cached(&turn_input(job), prev.as_deref(), shared)?;
+    let (mut ours, next) = tok.split_turn_cached(&turn_input(job), prev.as_deref(), shared)?;
+    if !pads.is_empty() {
+        ours.prompt_ids = tok.expand_image_pads(&ours.prompt_ids, pads)?;
+    }
     if let (Some(cache), Some(next)) = (cache, next)
         && !job.session_done
     {
@@ -824,12 +931,13 @@ fn first_unexplained_char(engine: &str, ours: &str) -> Option<usize> {
 fn retokenized_turn(
     tok: &ChatTokenizer,
     job: &CaptureJob,
+    pads: &[usize],
     policy: AlignPolicy,
     cache: Option<&PrefixCache>,
 ) -> Result<CapturedTurn, CaptureError> {
     let session_id = job.guard.session_id();
     let prev = cache.and_then(|c| c.get(session_id));
-    let (tokens, next) = tok.split_turn_cached(
+    let (mut tokens, next) = tok.split_turn_cached(
         &TurnInput {
             messages: &job.messages,
             tools: job.tools.as_ref(),
@@ -843,6 +951,11 @@ fn retokenized_turn(
         (Some(cache), _) if job.session_done => cache.forget(session_id),
         (Some(cache), Some(next)) => cache.put(session_id, next),
         _ => {}
+    }
+    // The template wrote one pad per image; the processor repeats each to its image's count (the
+    // cached prefix keeps the rendered text's own ids: the next turn expands again).
+    if !pads.is_empty() {
+        tokens.prompt_ids = tok.expand_image_pads(&tokens.prompt_ids, pads)?;
     }
     let alignment = align_logprobs(
         &tokens.response_ids,
@@ -909,6 +1022,8 @@ pub struct CaptureQueue {
     max_turn_tokens: Arc<std::sync::atomic::AtomicUsize>,
     prefixes: Arc<PrefixCache>,
     queued: Arc<QueueBytes>,
+    /// The policy is a vision-language model: turns with images are captured, not refused.
+    images_captured: bool,
     tx: std::sync::Mutex<Option<SyncSender<Queued>>>,
     workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
@@ -930,6 +1045,7 @@ impl CaptureQueue {
         capacity: usize,
         workers: usize,
     ) -> std::io::Result<Self> {
+        let images_captured = tokenizer.vision().is_some();
         let (tx, rx) = sync_channel::<Queued>(capacity.max(1));
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let max_turn_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
@@ -967,6 +1083,7 @@ impl CaptureQueue {
             max_turn_tokens,
             prefixes,
             queued,
+            images_captured,
             tx: std::sync::Mutex::new(Some(tx)),
             workers: std::sync::Mutex::new(handles),
         })
@@ -986,6 +1103,29 @@ impl CaptureQueue {
     pub fn with_max_queued_bytes(self, bytes: usize) -> Self {
         self.queued.max_bytes.store(bytes, Ordering::Relaxed);
         self
+    }
+
+    /// Bounds on a turn's images (`capture.max_image_mib`, `capture.max_images_per_turn`).
+    #[must_use]
+    pub fn with_image_limits(self, limits: ImageLimits) -> Self {
+        self.stats.set_image_limits(limits);
+        self
+    }
+
+    /// The sample store keeps images or not (`SampleLog::keeps_images`): without, turns with
+    /// images are refused (`image_unsupported`) even for a vision-language model.
+    #[must_use]
+    pub fn with_store_keeping_images(mut self, keeps: bool) -> Self {
+        self.stats.set_store_keeps_images(keeps);
+        self.images_captured &= keeps;
+        self
+    }
+
+    /// Whether turns with images are captured (the policy's directory has an image processor
+    /// and the store keeps images); otherwise they are refused on the chat path
+    /// (`image_unsupported`).
+    pub fn images_captured(&self) -> bool {
+        self.images_captured
     }
 
     /// What the queue holds now and at most.

@@ -208,7 +208,7 @@ fn open_turn(
         span.record("turn", turn_no);
         let mut guard = ps_core::TurnGuard::new(sink, session_id.clone(), turn_no);
         guard.set_reason("upstream_failed");
-        match req.unsupported_part() {
+        match req.unsupported_part(app.0.capture.images_captured()) {
             Some((reason, detail)) => {
                 guard.set_reason(reason);
                 metrics::counter!(m::CAPTURE_TOTAL, "outcome" => *reason).increment(1);

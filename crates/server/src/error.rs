@@ -35,6 +35,8 @@ pub enum ApiError {
     Store(ps_core::LogError),
     #[error("encoding the answer failed: {0}")]
     Encode(String),
+    #[error("{message}")]
+    NotFound { code: &'static str, message: String },
     #[error(
         "{limit} upstream requests are already in flight (`sglang.max_concurrency`); retry shortly"
     )]
@@ -99,6 +101,7 @@ impl ApiError {
                 "store_error",
                 Class::Internal,
             ),
+            Self::NotFound { code, .. } => a(S::NOT_FOUND, INVALID, code, Class::Client),
             Self::Encode(_) => a(
                 S::INTERNAL_SERVER_ERROR,
                 "server_error",

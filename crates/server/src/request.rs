@@ -34,8 +34,9 @@ pub struct ChatRequest<'a> {
     messages_at: usize,
     /// The first content part that is not text (its drop reason and where it is): such a main
     /// turn gives no sample (`ps_core::message::unsupported_part`), found here from the parts'
-    /// `type`s so that it is not queued for capture at all.
-    unsupported: Option<(&'static str, String)>,
+    /// `type`s so that it is not queued for capture at all. `[0]`: the first of any kind; `[1]`:
+    /// the first that is not an image (for a vision-language policy, whose images are captured).
+    unsupported: [Option<(&'static str, String)>; 2],
     /// The messages after the last assistant message, as trees: what the request adds to the
     /// conversation it continues, from which the previous turn's next state is taken. Only the
     /// last message when there is no assistant message (a new conversation: nothing it adds is a
@@ -157,7 +158,8 @@ pub fn parse_limited<'a>(
 
 /// The first content part of `messages` (validated) that is not text, read from the parts' `type`
 /// alone (a few bytes a part): its drop reason and where it is (`ps_core::message::part_reason`).
-fn first_unsupported_part(messages: &[&RawValue]) -> Option<(&'static str, String)> {
+fn first_unsupported_part(messages: &[&RawValue]) -> [Option<(&'static str, String)>; 2] {
+    let mut found = [None, None];
     for (i, m) in messages.iter().enumerate() {
         let Some(parts) = RawObject::of(m)
             .and_then(|o| o.get("content"))
@@ -168,14 +170,24 @@ fn first_unsupported_part(messages: &[&RawValue]) -> Option<(&'static str, Strin
         for (j, p) in parts.iter().enumerate() {
             let kind = RawObject::of(p).and_then(|o| o.get("type").and_then(raw::as_str));
             if let Some(reason) = ps_core::message::part_reason(kind.as_deref()) {
-                return Some((
-                    reason,
-                    ps_core::message::unsupported_detail(i, j, kind.as_deref()),
-                ));
+                let image = matches!(kind.as_deref(), Some("image_url" | "input_image" | "image"));
+                let at = || {
+                    Some((
+                        reason,
+                        ps_core::message::unsupported_detail(i, j, kind.as_deref()),
+                    ))
+                };
+                if found[0].is_none() {
+                    found[0] = at();
+                }
+                if !image {
+                    found[1] = at();
+                    return found;
+                }
             }
         }
     }
-    None
+    found
 }
 
 /// Checks `messages` (a non-empty array of objects, each with a string `role` and a string, array
@@ -317,9 +329,11 @@ impl<'a> ChatRequest<'a> {
         &self.added
     }
 
-    /// The first content part that is not text: its drop reason and where it is.
-    pub fn unsupported_part(&self) -> Option<&(&'static str, String)> {
-        self.unsupported.as_ref()
+    /// The first content part that is not text (not text nor an image when `images_captured`:
+    /// the policy is a vision-language model whose images are captured): its drop reason and
+    /// where it is.
+    pub fn unsupported_part(&self, images_captured: bool) -> Option<&(&'static str, String)> {
+        self.unsupported[usize::from(images_captured)].as_ref()
     }
 
     /// The body as a tree without our session keys (tests: what [`Self::shape_view`] stands for).

@@ -7,13 +7,14 @@
 //! | `POST /v1/rollout/commit` `{"through": SEQ[, "consumer": NAME]}` | records what the trainer consumed |
 //! | `POST /v1/rollout/pause`, `POST /v1/rollout/resume` | submission state |
 //! | `GET /v1/rollout/status` | submission state, seqs, pending turns by reason, sessions, eval scores |
+//! | `GET /v1/rollout/blobs/{hash}` | the bytes of an image a kept sample references (`images[].hash`); 404 `blob_not_found` once no kept sample does |
 //! | `POST /v1/rollout/eval-scores/drain` | returns and clears the collected PRM scores |
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use ps_core::{EncodedSample, LogError, StoredSample};
@@ -148,7 +149,8 @@ pub async fn samples(
         })
         .await?;
         let last_seq = r.store.stats().await?.last_seq;
-        (msgpack_page(&records, last_seq)?, MSGPACK)
+        let images = page_images(r, &records).await?;
+        (msgpack_page(&records, last_seq, &images)?, MSGPACK)
     } else {
         let samples = long_poll(r, after, wait, || r.store.read(after, max, consumer)).await?;
         let page = Page {
@@ -163,6 +165,74 @@ pub async fn samples(
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(resp)
+}
+
+/// The bytes of the image stored under `hash` (64 hex digits), while a kept sample references it.
+pub async fn blob(
+    State(app): State<AppState>,
+    Path(hash): Path<String>,
+) -> Result<Response, ApiError> {
+    let r = rollout(&app)?;
+    if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::invalid(
+            "invalid_blob_hash",
+            format!("{hash:?} is not an image hash (64 hex digits, a sample's images[].hash)"),
+        ));
+    }
+    match r.store.blob(&hash.to_ascii_lowercase()).await? {
+        Some(bytes) => {
+            let mut resp = bytes.into_response();
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            Ok(resp)
+        }
+        None => Err(ApiError::NotFound {
+            code: "blob_not_found",
+            message: format!(
+                "no kept sample references image {hash}{}",
+                if r.store.keeps_images() {
+                    " (its samples were committed and compacted, or it never was)"
+                } else {
+                    ": this sample store does not keep images"
+                }
+            ),
+        }),
+    }
+}
+
+/// The images the samples of a page reference, each once (hash → bytes): a MessagePack page
+/// carries them inline. Only records that hold an `images` key are decoded to find them.
+async fn page_images(
+    r: &Rollout,
+    records: &[EncodedSample],
+) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+    let mut hashes: Vec<String> = Vec::new();
+    for rec in records {
+        if memchr::memmem::find(rec.record(), b"\xa6images").is_none() {
+            continue;
+        }
+        let sample = ps_core::codec::decode_sample(rec.seq(), rec.record())
+            .map_err(|e| ApiError::Encode(format!("sample {}: {e}", rec.seq())))?;
+        for image in sample.images {
+            if !hashes.contains(&image.hash) {
+                hashes.push(image.hash);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(hashes.len());
+    for hash in hashes {
+        match r.store.blob(&hash).await? {
+            Some(bytes) => out.push((hash, bytes)),
+            None => {
+                return Err(ApiError::Store(LogError::store(format!(
+                    "image {hash} of a kept sample is not in the store"
+                ))));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What `read` returns once something newer than `after` was stored (at once when there is, or
@@ -206,11 +276,16 @@ fn msgpack_page_size(records: &[EncodedSample]) -> usize {
 /// size (floats stay f64, bit-exact). Written from the stores' records without decoding them
 /// ([`EncodedSample::write_named`]): each sample is copied, not decoded and encoded
 /// again, which was ~9 % of the proxy's CPU in the agent scenario (docs/benchmarks.md).
-fn msgpack_page(records: &[EncodedSample], last_seq: u64) -> Result<Vec<u8>, ApiError> {
-    use rmp::encode::{write_array_len, write_map_len, write_str, write_uint};
-    let mut body = Vec::with_capacity(msgpack_page_size(records));
+fn msgpack_page(
+    records: &[EncodedSample],
+    last_seq: u64,
+    images: &[(String, Vec<u8>)],
+) -> Result<Vec<u8>, ApiError> {
+    use rmp::encode::{write_array_len, write_bin, write_map_len, write_str, write_uint};
+    let image_bytes: usize = images.iter().map(|(h, b)| h.len() + b.len() + 8).sum();
+    let mut body = Vec::with_capacity(msgpack_page_size(records) + image_bytes);
     // Writing into a Vec cannot fail.
-    let _ = write_map_len(&mut body, 2);
+    let _ = write_map_len(&mut body, if images.is_empty() { 2 } else { 3 });
     let _ = write_str(&mut body, "samples");
     let _ = write_array_len(&mut body, u32::try_from(records.len()).unwrap_or(u32::MAX));
     for s in records {
@@ -224,6 +299,16 @@ fn msgpack_page(records: &[EncodedSample], last_seq: u64) -> Result<Vec<u8>, Api
     }
     let _ = write_str(&mut body, "last_seq");
     let _ = write_uint(&mut body, last_seq);
+    // The page's images inline, each once (only when the page has any: a page without is the
+    // one `write_named` makes of `Page`).
+    if !images.is_empty() {
+        let _ = write_str(&mut body, "images");
+        let _ = write_map_len(&mut body, u32::try_from(images.len()).unwrap_or(u32::MAX));
+        for (hash, bytes) in images {
+            let _ = write_str(&mut body, hash);
+            let _ = write_bin(&mut body, bytes);
+        }
+    }
     Ok(body)
 }
 
@@ -517,7 +602,7 @@ mod tests {
                     EncodedSample::from_record(s.seq, record).unwrap()
                 })
                 .collect();
-            let page = msgpack_page(&records, 70_001).unwrap();
+            let page = msgpack_page(&records, 70_001, &[]).unwrap();
             let whole = rmp_serde::to_vec_named(&Page {
                 samples: &samples,
                 last_seq: 70_001,
@@ -537,7 +622,7 @@ mod tests {
             assert!(page.len() <= size && size < page.len() + page.len() / 10);
         }
         assert_eq!(
-            msgpack_page(&[], 0).unwrap(),
+            msgpack_page(&[], 0, &[]).unwrap(),
             rmp_serde::to_vec_named(&Page {
                 samples: &[],
                 last_seq: 0

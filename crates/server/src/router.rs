@@ -103,6 +103,7 @@ pub fn build_router_with(app: AppState, extra: ExtraRoutes) -> Router {
         .route("/v1/rollout/pause", post(rollout::pause))
         .route("/v1/rollout/resume", post(rollout::resume))
         .route("/v1/rollout/status", get(rollout::status))
+        .route("/v1/rollout/blobs/{hash}", get(rollout::blob))
         .route(
             "/v1/rollout/eval-scores/drain",
             post(rollout::drain_eval_scores),

@@ -163,18 +163,28 @@ impl SessionBuffer {
         }
         // Turns a build before the refusal of parts that are not text persisted with such a part
         // (capture refuses them now): abandoned with that reason, never submitted.
-        let (turns, unsupported): (Vec<_>, Vec<_>) = turns.into_iter().partition(|t| {
+        // A vision-language model's turn keeps its images: their bytes are read again from its
+        // messages (a turn persisted with images holds them as data URLs there).
+        let mut turns = turns;
+        for t in &mut turns {
+            restore_image_bytes(&mut t.turn);
+        }
+        let unusable = |t: &ps_core::PendingTurn| -> Option<&'static str> {
+            let m: Vec<serde_json::Value> = t.turn.messages.parse().ok()?;
+            let captured = !t.turn.images.is_empty();
+            if let Some((reason, _)) = ps_core::message::unsupported_part_with(&m, captured) {
+                return Some(reason);
+            }
             t.turn
-                .messages
-                .parse()
-                .map_or(true, |m: Vec<serde_json::Value>| {
-                    ps_core::message::unsupported_part(&m).is_none()
-                })
-        });
+                .images
+                .iter()
+                .any(|i| i.bytes.is_none())
+                .then_some("image_unreadable")
+        };
+        let (turns, unsupported): (Vec<_>, Vec<_>) =
+            turns.into_iter().partition(|t| unusable(t).is_none());
         for t in &unsupported {
-            let m: Vec<serde_json::Value> = t.turn.messages.parse().unwrap_or_default();
-            let reason = ps_core::message::unsupported_part(&m)
-                .map_or("content_part_unsupported", |(r, _)| r);
+            let reason = unusable(t).unwrap_or("content_part_unsupported");
             self.0
                 .stats
                 .abandoned(&t.turn.session_id, t.turn.turn, reason);
@@ -512,5 +522,30 @@ impl ps_core::RolloutControl for SessionBuffer {
 
     async fn shutdown(&self, grace: Duration) -> bool {
         SessionBuffer::shutdown(self, grace).await
+    }
+}
+
+/// Fills the bytes of a resumed turn's images from the data URLs of its messages, matched by
+/// content hash; an image whose bytes are not found keeps `None` (the turn is then abandoned as
+/// `image_unreadable`).
+fn restore_image_bytes(turn: &mut ps_core::CapturedTurn) {
+    if turn.images.iter().all(|i| i.bytes.is_some()) {
+        return;
+    }
+    let Ok(messages) = turn.messages.parse() else {
+        return;
+    };
+    let limits = ps_vision::ImageLimits {
+        max_image_bytes: usize::MAX,
+        max_images: usize::MAX,
+    };
+    let read: Vec<ps_vision::Image> = ps_core::message::image_parts(&messages)
+        .filter_map(|p| ps_vision::read_image_part(p, &limits).ok())
+        .collect();
+    for image in turn.images.iter_mut().filter(|i| i.bytes.is_none()) {
+        image.bytes = read
+            .iter()
+            .find(|r| r.hash == image.hash)
+            .map(|r| r.bytes.clone());
     }
 }

@@ -81,6 +81,18 @@ pub(crate) async fn teacher_signal(
     top_k: usize,
     encoded: EncodedSoFar<'_>,
 ) -> Result<TeacherLogprobs, TeacherFailure> {
+    // The teacher clients send token ids alone: a prompt with images would be scored without
+    // them, i.e. under a prompt the policy never saw.
+    if !turn.images.is_empty() {
+        return Err(TeacherFailure {
+            reason: "teacher_without_images",
+            detail: format!(
+                "the turn's prompt holds {} image(s) and the teacher backend scores token ids \
+                 only: no teacher log-probs of the prompt the policy saw",
+                turn.images.len()
+            ),
+        });
+    }
     let tok = parts.tokenizer.clone();
     // Built on the engine's prompt ids only if the drift check agreed when the turn was captured
     // and still does.

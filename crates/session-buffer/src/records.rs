@@ -241,6 +241,7 @@ mod tests {
             AlignPolicy::default(),
         );
         CapturedTurn {
+            images: Vec::new(),
             session_id: "s".into(),
             turn: 3,
             arrival_seq: 3,

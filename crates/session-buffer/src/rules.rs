@@ -161,6 +161,7 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
     metadata.insert("streamed".into(), json!(turn.streamed));
     turn.origin.write_metadata(&mut metadata);
     let mut sample = Sample {
+        images: turn.images.clone(),
         index: 0,
         group_index: 0,
         prompt: turn.prompt_text.clone(),

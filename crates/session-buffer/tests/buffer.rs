@@ -153,6 +153,7 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
         AlignPolicy::default(),
     );
     CapturedTurn {
+        images: Vec::new(),
         session_id: session.into(),
         turn,
         arrival_seq: turn,

@@ -228,6 +228,7 @@ fn captured_unreported(
         AlignPolicy::default(),
     );
     CapturedTurn {
+        images: Vec::new(),
         session_id: session.into(),
         turn,
         arrival_seq: turn,
@@ -723,6 +724,7 @@ fn captured_from(
         None => t.prompt_ids,
     };
     CapturedTurn {
+        images: Vec::new(),
         session_id: session.into(),
         turn,
         arrival_seq: turn,

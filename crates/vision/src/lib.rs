@@ -14,7 +14,6 @@ mod part;
 use std::path::Path;
 
 use serde::Deserialize;
-use serde_json::Value;
 
 pub use part::{Image, ImageLimits, read_image_part};
 
@@ -42,6 +41,11 @@ pub enum VisionError {
          is not captured"
     )]
     TooLarge { bytes: usize, limit: usize },
+    #[error(
+        "the turn has {count} images, over the limit of {limit} (capture.max_images_per_turn): \
+         the turn is not captured"
+    )]
+    TooMany { count: usize, limit: usize },
     #[error("the image is {width}x{height}: an aspect ratio over 200, which the processor refuses")]
     AspectRatio { width: u64, height: u64 },
     #[error("{path}: {source}")]
@@ -61,6 +65,7 @@ impl VisionError {
             VisionError::NoData { .. } | VisionError::NotBase64 { .. } => "image_unreadable",
             VisionError::Undecodable { .. } => "image_undecodable",
             VisionError::TooLarge { .. } => "image_too_large",
+            VisionError::TooMany { .. } => "too_many_images",
             VisionError::AspectRatio { .. } => "image_aspect_ratio",
             VisionError::ConfigUnreadable { .. } | VisionError::ConfigInvalid { .. } => {
                 "vision_config_invalid"
@@ -226,15 +231,6 @@ pub fn smart_resize(
         w_bar = (wf * beta / ff).ceil() as u64 * factor;
     }
     Ok((h_bar, w_bar))
-}
-
-/// Whether a content part is an image (OpenAI `image_url`, Responses `input_image`, Anthropic
-/// and `transformers` `image`).
-pub fn is_image_part(part: &Value) -> bool {
-    matches!(
-        part.get("type").and_then(Value::as_str),
-        Some("image_url" | "input_image" | "image")
-    )
 }
 
 #[cfg(test)]

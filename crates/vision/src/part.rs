@@ -8,16 +8,18 @@ use sha2::{Digest, Sha256};
 
 use crate::VisionError;
 
-/// Bounds on what one image may be (`capture.max_image_bytes`).
+/// Bounds on a turn's images (`capture.max_image_mib`, `capture.max_images_per_turn`).
 #[derive(Debug, Clone, Copy)]
 pub struct ImageLimits {
     pub max_image_bytes: usize,
+    pub max_images: usize,
 }
 
 impl Default for ImageLimits {
     fn default() -> Self {
         ImageLimits {
             max_image_bytes: 20 << 20,
+            max_images: 64,
         }
     }
 }
@@ -184,6 +186,7 @@ mod tests {
     fn what_cannot_be_read_exactly_is_an_error_with_its_reason() {
         let limits = ImageLimits {
             max_image_bytes: 64,
+            ..ImageLimits::default()
         };
         let cases = [
             (

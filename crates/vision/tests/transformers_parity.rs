@@ -55,6 +55,7 @@ fn pad_counts_equal_the_transformers_processor() {
     assert!(lines.len() >= 200, "{} cases", lines.len());
     let limits = ImageLimits {
         max_image_bytes: 1 << 30,
+        ..ImageLimits::default()
     };
     let mut formats = std::collections::BTreeSet::new();
     let mut clamped = (0, 0);

@@ -19,6 +19,7 @@ pub fn sample(n: u64) -> Sample {
     metadata.insert("model".into(), json!("policy-7b"));
     metadata.insert("ratio".into(), json!(n as f64 / 3.0));
     Sample {
+        images: Vec::new(),
         index: 0,
         group_index: 0,
         prompt: format!("prompt of sample {n} ").repeat(20),
