@@ -31,7 +31,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use minijinja::Value as MjValue;
-pub use ps_core::message::is_image_part;
+pub use ps_core::message::{image_parts, is_image_part};
 use ps_core::message::{normalize_messages_with, normalize_response_message};
 pub use ps_vision::{ImageLimits, ImageProcessor, PREPROCESSOR_CONFIG_FILE};
 use serde_json::{Map, Value};

@@ -478,14 +478,23 @@ pub(crate) fn sample_chat(
         drift_prompt(&mut prompt_ids);
     }
     // A Qwen-VL engine expands each image's one pad to the image's token count (its processor on
-    // the decoded image; here the same rule from the image's header).
-    if tok.vision().is_some() {
-        let counts: Vec<usize> = tok
-            .images(&p.messages, &ps_chat_template::ImageLimits::default())
-            .map_err(|e| SampleError::Image(e.to_string()))?
-            .iter()
-            .map(|i| i.tokens)
-            .collect();
+    // the decoded image; here the same rule from the image's header). A real engine fetches
+    // remote images and reads more formats than the proxy: an image the fake cannot size counts
+    // as 28x28, so that the proxy's own refusals are what tests see.
+    if let Some(v) = tok.vision() {
+        let limits = ps_vision::ImageLimits {
+            max_image_bytes: usize::MAX,
+            max_images: usize::MAX,
+        };
+        let counts = ps_chat_template::image_parts(&p.messages)
+            .map(|part| {
+                let (w, h) = ps_vision::read_image_part(part, &limits)
+                    .map_or((28, 28), |i| (i.width, i.height));
+                v.processor
+                    .pad_tokens(w, h)
+                    .map_err(|e| SampleError::Image(e.to_string()))
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
         if !counts.is_empty() {
             prompt_ids = tok
                 .expand_image_pads(&prompt_ids, &counts)

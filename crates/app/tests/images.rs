@@ -1,0 +1,416 @@
+//! Image turns through `serve`, in front of the fake engine serving the mini-vl model (a
+//! Qwen-VL-style engine: each image's pad expanded to its token count): every image turn becomes
+//! a sample whose prompt ids are the engine's own, on the engine's ids and re-tokenized, streamed
+//! and not, from an SGLang-like and a vLLM-like engine; the images come back byte-identical from
+//! the rollout API (`GET /v1/rollout/blobs/{hash}` and inline in MessagePack pages); every part
+//! that cannot be captured exactly gives its counted drop reason and never a sample.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use ps_chat_template::ChatTokenizer;
+use ps_config::Settings;
+use ps_core::TokenIdsMode;
+use ps_fake_sglang::{FakeHandle, FakeSglang, MINI_VL_MODEL_DIR, Quirks};
+use serde_json::{Value, json};
+use sha2::Digest;
+
+const RED_PNG: &[u8] = include_bytes!("fixtures/images/red-64x48.png");
+const BLUE_JPG: &[u8] = include_bytes!("fixtures/images/blue-300x200.jpg");
+const GREEN_GIF: &[u8] = include_bytes!("fixtures/images/green-20x20.gif");
+const WIDE_WEBP: &[u8] = include_bytes!("fixtures/images/wide-900x120.webp");
+
+fn data_url(mime: &str, bytes: &[u8]) -> String {
+    format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+fn image(mime: &str, bytes: &[u8]) -> Value {
+    json!({"type": "image_url", "image_url": {"url": data_url(mime, bytes)}})
+}
+
+fn text(t: &str) -> Value {
+    json!({"type": "text", "text": t})
+}
+
+fn sha(bytes: &[u8]) -> String {
+    format!("{:x}", sha2::Sha256::digest(bytes))
+}
+
+async fn vl_fake(quirks: Option<Quirks>) -> FakeHandle {
+    let mut b = FakeSglang::builder()
+        .tokenizer(Arc::new(ChatTokenizer::mini_vl()))
+        .model_path(Some(MINI_VL_MODEL_DIR));
+    if let Some(q) = quirks {
+        b = b.quirks(q);
+    }
+    b.spawn().await.unwrap()
+}
+
+fn vl_settings(fake: &FakeHandle, store: &std::path::Path) -> Settings {
+    let mut s = common::settings(fake, store);
+    s.server.model_dir = Some(MINI_VL_MODEL_DIR.into());
+    s
+}
+
+async fn chat(url: &str, session: &str, body: Value, done: bool) -> reqwest::Response {
+    common::http()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-session-id", session)
+        .header("x-session-done", if done { "1" } else { "0" })
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The assistant message of an answer, streamed or not.
+async fn answer(r: reqwest::Response, stream: bool) -> Value {
+    assert_eq!(r.status(), 200);
+    if stream {
+        common::assemble_sse(&r.text().await.unwrap())
+    } else {
+        r.json::<Value>().await.unwrap()["choices"][0]["message"].clone()
+    }
+}
+
+/// The prompt ids the engine used for `body`: the same request sent to it directly, asking for
+/// its ids.
+async fn engine_prompt_ids(fake: &FakeHandle, body: &Value) -> Vec<u64> {
+    let mut body = body.clone();
+    body["stream"] = json!(false);
+    body["return_token_ids"] = json!(true);
+    body["logprobs"] = json!(true);
+    let a: Value = common::http()
+        .post(fake.chat_url())
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids = a["sglext"]["input_ids"]
+        .as_array()
+        .or(a["prompt_token_ids"].as_array())
+        .or(a["choices"][0]["prompt_token_ids"].as_array())
+        .unwrap_or_else(|| panic!("no prompt ids in {a}"));
+    ids.iter().map(|v| v.as_u64().unwrap()).collect()
+}
+
+/// A three-turn conversation with images in its first and third user messages; returns the
+/// request bodies the engine got, in order.
+async fn conversation(url: &str, fake: &FakeHandle, session: &str, stream: bool) -> Vec<Value> {
+    fake.clear_requests();
+    let mut history = vec![json!({"role": "user", "content": [
+        text("What is in"), image("image/png", RED_PNG), text("this picture?")]})];
+    let a = answer(
+        chat(
+            url,
+            session,
+            json!({"messages": history, "stream": stream}),
+            false,
+        )
+        .await,
+        stream,
+    )
+    .await;
+    history.push(a);
+    history.push(json!({"role": "user", "content": "And its colour?"}));
+    let a = answer(
+        chat(
+            url,
+            session,
+            json!({"messages": history, "stream": stream}),
+            false,
+        )
+        .await,
+        stream,
+    )
+    .await;
+    history.push(a);
+    history.push(json!({"role": "user", "content": [
+        image("image/jpeg", BLUE_JPG), text("Compare with"), image("image/gif", GREEN_GIF)]}));
+    answer(
+        chat(
+            url,
+            session,
+            json!({"messages": history, "stream": stream}),
+            true,
+        )
+        .await,
+        stream,
+    )
+    .await;
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .map(|r| r.body)
+        .collect()
+}
+
+/// Waits until `turns` turns are resolved (submitted, dropped or abandoned), then pulls every
+/// sample.
+async fn resolved(server: &common::Server, turns: u64) -> Vec<Value> {
+    for _ in 0..400 {
+        let st = server.status().await;
+        let n = |k: &str| st[k].as_u64().unwrap();
+        if st["samples"]["submitted"].as_u64().unwrap() + n("turns_dropped") + n("turns_abandoned")
+            >= turns
+        {
+            let v: Value = common::http()
+                .get(format!("{}/v1/rollout/samples?after=0&max=100", server.url))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            return v["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["sample"].clone())
+                .collect();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("turns not resolved: {}", server.status().await);
+}
+
+#[tokio::test]
+async fn image_turns_become_samples_with_the_engines_prompt_ids_on_every_path() {
+    // (engine, sglang.token_ids, client stream, expected token source)
+    let variants = [
+        (None, TokenIdsMode::Auto, false, "engine"),
+        (None, TokenIdsMode::Retokenize, false, "retokenized"),
+        (None, TokenIdsMode::Auto, true, "retokenized"),
+        (Some(Quirks::vllm()), TokenIdsMode::Auto, true, "engine"),
+        (Some(Quirks::vllm()), TokenIdsMode::Auto, false, "engine"),
+    ];
+    for (i, (quirks, token_ids, stream, source)) in variants.into_iter().enumerate() {
+        let what = format!("variant {i}: token_ids {token_ids:?}, stream {stream}");
+        let fake = vl_fake(quirks).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = vl_settings(&fake, dir.path());
+        s.sglang.token_ids = token_ids;
+        let server = common::Server::start(&s, &common::no_env).await;
+        let bodies = conversation(&server.url, &fake, &format!("img-{i}"), stream).await;
+        assert_eq!(bodies.len(), 3, "{what}");
+        let samples = server.settle(3).await;
+        let st = server.status().await;
+        assert_eq!(samples.len(), 3, "{what}: every turn a sample: {st}");
+        for (sample, body) in samples.iter().zip(&bodies) {
+            let tokens: Vec<u64> = serde_json::from_value(sample["tokens"].clone()).unwrap();
+            let n = tokens.len() - sample["response_length"].as_u64().unwrap() as usize;
+            assert_eq!(
+                tokens[..n],
+                engine_prompt_ids(&fake, body).await[..],
+                "{what}: turn {}: the prompt ids are the engine's",
+                sample["turn"]
+            );
+            assert_eq!(sample["metadata"]["token_source"], source, "{what}");
+        }
+        // Images in prompt order, the first one re-sent by every later turn.
+        let hashes = |s: &Value| -> Vec<String> {
+            s["images"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|i| i["hash"].as_str().unwrap().to_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        assert_eq!(hashes(&samples[0]), [sha(RED_PNG)], "{what}");
+        assert_eq!(hashes(&samples[1]), [sha(RED_PNG)], "{what}");
+        assert_eq!(
+            hashes(&samples[2]),
+            [sha(RED_PNG), sha(BLUE_JPG), sha(GREEN_GIF)],
+            "{what}"
+        );
+        // Each image's run of pads in the prompt is as long as its `tokens`.
+        let pad = ChatTokenizer::mini_vl().vision().unwrap().image_pad_id as u64;
+        let tokens: Vec<u64> = serde_json::from_value(samples[2]["tokens"].clone()).unwrap();
+        let runs: Vec<u64> = tokens
+            .chunk_by(|a, b| a == b)
+            .filter(|r| r[0] == pad)
+            .map(|r| r.len() as u64)
+            .collect();
+        let counts: Vec<u64> = samples[2]["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["tokens"].as_u64().unwrap())
+            .collect();
+        assert_eq!(runs, counts, "{what}");
+        assert!(counts.iter().all(|&c| (4..=64).contains(&c)), "{counts:?}");
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn images_come_back_byte_identical_from_the_rollout_api_and_go_after_commit() {
+    let fake = vl_fake(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = vl_settings(&fake, dir.path());
+    s.store.retain_committed = 0;
+    let server = common::Server::start(&s, &common::no_env).await;
+    conversation(&server.url, &fake, "blobs", false).await;
+    let samples = server.settle(3).await;
+    assert_eq!(samples.len(), 3);
+    for (bytes, mime) in [
+        (RED_PNG, "image/png"),
+        (BLUE_JPG, "image/jpeg"),
+        (GREEN_GIF, "image/gif"),
+    ] {
+        let r = common::http()
+            .get(format!("{}/v1/rollout/blobs/{}", server.url, sha(bytes)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(&r.bytes().await.unwrap()[..], bytes, "{mime}");
+        let meta = samples[2]["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["hash"] == sha(bytes))
+            .unwrap();
+        assert_eq!(meta["mime"], mime);
+    }
+    // Inline in a MessagePack page, each image once.
+    let page = common::http()
+        .get(format!(
+            "{}/v1/rollout/samples?after=0&max=100&format=msgpack",
+            server.url
+        ))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    #[derive(serde::Deserialize)]
+    struct Page {
+        samples: Vec<Value>,
+        images: std::collections::HashMap<String, serde_bytes::ByteBuf>,
+    }
+    let page: Page = rmp_serde::from_slice(&page).unwrap();
+    assert_eq!(page.samples.len(), 3);
+    assert_eq!(page.images.len(), 3, "each image once");
+    assert_eq!(&page.images[&sha(BLUE_JPG)][..], BLUE_JPG);
+    // Bad and unknown hashes.
+    let get = |h: String| {
+        let url = format!("{}/v1/rollout/blobs/{h}", server.url);
+        async move { common::http().get(url).send().await.unwrap() }
+    };
+    let r = get("not-a-hash".into()).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "invalid_blob_hash"
+    );
+    let r = get(sha(b"never sent")).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "blob_not_found"
+    );
+    // Committed: the images go with their last sample.
+    let r = common::http()
+        .post(format!("{}/v1/rollout/commit", server.url))
+        .json(&json!({"through": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(get(sha(RED_PNG)).await.status(), 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn parts_that_cannot_be_captured_exactly_are_dropped_with_their_counted_reasons() {
+    let fake = vl_fake(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = vl_settings(&fake, dir.path());
+    s.capture.max_images_per_turn = 2;
+    s.capture.max_image_mib = 1;
+    let server = common::Server::start(&s, &common::no_env).await;
+    let big_png = {
+        // A valid PNG header followed by 2 MiB: over the 1 MiB limit.
+        let mut b = RED_PNG.to_vec();
+        b.extend(std::iter::repeat_n(0u8, 2 << 20));
+        b
+    };
+    let cases = [
+        (
+            json!({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}),
+            "image_remote",
+        ),
+        (image("image/png", b"not an image"), "image_undecodable"),
+        (image("image/png", &big_png), "image_too_large"),
+        (
+            json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+            "audio_unsupported",
+        ),
+        (
+            json!({"type": "file", "file": {"file_id": "f"}}),
+            "file_unsupported",
+        ),
+    ];
+    for (i, (part, _)) in cases.iter().enumerate() {
+        let body = json!({"messages": [{"role": "user", "content": [text("look"), part]}]});
+        // The engine answers what it can; whatever it answers, no sample comes of it.
+        let _ = chat(&server.url, &format!("bad-{i}"), body, true).await;
+    }
+    let three = json!({"messages": [{"role": "user", "content": [
+        image("image/png", RED_PNG), image("image/webp", WIDE_WEBP), image("image/gif", GREEN_GIF)]}]});
+    let r = chat(&server.url, "too-many", three, true).await;
+    assert_eq!(r.status(), 200, "forwarded as sent");
+    // A good turn after them still trains.
+    let good = json!({"messages": [{"role": "user", "content": [text("hi"), image("image/webp", WIDE_WEBP)]}]});
+    assert_eq!(chat(&server.url, "good", good, true).await.status(), 200);
+    let samples = resolved(&server, cases.len() as u64 + 2).await;
+    assert_eq!(
+        samples.len(),
+        1,
+        "only the good turn: {}",
+        server.status().await
+    );
+    assert_eq!(samples[0]["session_id"], "good");
+    let st = server.status().await;
+    let reasons = &st["turns_abandoned_by_reason"];
+    for (_, reason) in &cases {
+        assert!(
+            reasons[*reason].as_u64().unwrap_or(0) >= 1,
+            "{reason} counted: {reasons}"
+        );
+    }
+    assert_eq!(reasons["too_many_images"], 1, "{reasons}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_text_model_or_a_store_without_images_never_trains_on_an_image_turn() {
+    // The text-only mini model: refused on the chat path.
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = common::settings(&fake, dir.path());
+    s.server.model_dir = Some(ps_fake_sglang::MINI_MODEL_DIR.into());
+    let server = common::Server::start(&s, &common::no_env).await;
+    let body = json!({"messages": [{"role": "user", "content": [text("What?"), image("image/png", RED_PNG)]}]});
+    assert_eq!(chat(&server.url, "t", body, true).await.status(), 200);
+    let samples = resolved(&server, 1).await;
+    assert!(samples.is_empty());
+    assert_eq!(
+        server.status().await["turns_abandoned_by_reason"]["image_unsupported"],
+        1
+    );
+    server.stop().await;
+}
