@@ -189,6 +189,71 @@ pub fn is_image_part(part: &Value) -> bool {
     )
 }
 
+/// Where an image part's image is: inline data or a URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageSource<'a> {
+    /// A data URL (`data:<mime>[;base64],<data>`) or Anthropic's base64 `source`: the media type
+    /// (as given), whether the data is declared base64, and the data.
+    Data {
+        mime: &'a str,
+        base64: bool,
+        data: &'a str,
+    },
+    /// Anything else: a remote URL (or not a URL at all).
+    Url(&'a str),
+}
+
+/// An image part's source, in any of the shapes clients send: OpenAI `{"type": "image_url",
+/// "image_url": {"url": …}}` (or the URL as a string), Responses `{"type": "input_image",
+/// "image_url": …}`, `transformers` `{"type": "image", "image" | "url": …}`, Anthropic
+/// `{"type": "image", "source": {"type": "base64", "media_type", "data"} | {"type": "url",
+/// "url"}}`. `None` when the part names none.
+pub fn image_source(part: &Value) -> Option<ImageSource<'_>> {
+    fn s(v: Option<&Value>) -> Option<&str> {
+        v.and_then(Value::as_str)
+    }
+    let url = match (part.get("source"), part.get("image_url")) {
+        (Some(src @ Value::Object(_)), _) => {
+            if let Some(data) = s(src.get("data")) {
+                return Some(ImageSource::Data {
+                    mime: s(src.get("media_type")).unwrap_or(""),
+                    base64: true,
+                    data,
+                });
+            }
+            s(src.get("url"))?
+        }
+        (_, Some(Value::Object(o))) => s(o.get("url"))?,
+        (_, Some(Value::String(u))) => u,
+        _ => s(part.get("image")).or(s(part.get("url")))?,
+    };
+    let Some(rest) = url.strip_prefix("data:") else {
+        return Some(ImageSource::Url(url));
+    };
+    let (meta, data) = rest.split_once(',').unwrap_or((rest, ""));
+    Some(match meta.strip_suffix(";base64") {
+        Some(mime) => ImageSource::Data {
+            mime,
+            base64: true,
+            data,
+        },
+        None => ImageSource::Data {
+            mime: meta,
+            base64: false,
+            data,
+        },
+    })
+}
+
+/// What identifies an image part's image whatever shape it is sent in ([`image_source`]): the
+/// payload of its inline data (media type left out), or its URL.
+pub fn image_identity(part: &Value) -> Option<&str> {
+    Some(match image_source(part)? {
+        ImageSource::Data { data, .. } => data.trim(),
+        ImageSource::Url(url) => url.trim(),
+    })
+}
+
 /// The image parts of `messages`, in prompt order.
 pub fn image_parts(messages: &[Value]) -> impl Iterator<Item = &Value> {
     messages

@@ -4,8 +4,9 @@
 //! A message's fingerprint covers:
 //! - its role (`developer` counts as `system`, as the chat template sees it);
 //! - its content flattened to text ([`ps_core::message::flatten_content`]: a string equals a
-//!   one-part text list), with white space trimmed at both ends; non-text parts (images, …) are
-//!   kept, in order, as canonical JSON;
+//!   one-part text list), with white space trimmed at both ends; images, in order, by their
+//!   content ([`ps_core::message::image_identity`]: the same image in any part shape); other
+//!   non-text parts, in order, as canonical JSON;
 //! - for each tool call, the function name and its arguments parsed and written back canonically
 //!   (object keys sorted, no white space), so re-serialised argument JSON matches; arguments that
 //!   are not JSON are compared as trimmed text.
@@ -44,8 +45,15 @@ pub fn message_key(message: &Value) -> Key {
     }
     if let Value::Array(parts) = content {
         for p in parts {
-            if p.get("type").and_then(Value::as_str) != Some("text") {
-                field(&mut h, b'p', canonical(p).as_bytes());
+            if p.get("type").and_then(Value::as_str) == Some("text") {
+                continue;
+            }
+            // An image by its content (the same bytes re-sent in another shape, with or without
+            // `detail`, match; a 1 MB data URL is hashed, not copied); other parts as JSON.
+            match ps_core::message::image_identity(p).filter(|_| ps_core::message::is_image_part(p))
+            {
+                Some(id) => field(&mut h, b'i', id.as_bytes()),
+                None => field(&mut h, b'p', canonical(p).as_bytes()),
             }
         }
     }
@@ -273,6 +281,27 @@ mod tests {
             message_key(&json!({"role": "developer", "content": "x"})),
             message_key(&json!({"role": "system", "content": "x"}))
         );
+    }
+
+    #[test]
+    fn an_image_is_known_by_its_content_in_any_shape() {
+        let with = |part: Value| json!({"role": "user", "content": [{"type": "text", "text": "see"}, part]});
+        let a = message_key(&with(
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}),
+        ));
+        for same in [
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "high"}}),
+            json!({"type": "image_url", "image_url": "data:image/png;base64,AAAA"}),
+            json!({"type": "input_image", "image_url": "data:image/png;base64,AAAA"}),
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}),
+        ] {
+            assert_eq!(message_key(&with(same.clone())), a, "{same}");
+        }
+        let other = message_key(&with(
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAB"}}),
+        ));
+        assert_ne!(other, a, "another image");
+        assert_ne!(message_key(&json!({"role": "user", "content": "see"})), a);
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! rule of `transformers`' `Qwen2VLImageProcessor`, which Qwen2-VL, Qwen2.5-VL, Qwen3-VL and
 //! Qwen3.5 share, read from the model's `preprocessor_config.json`).
 //!
-//! Pure and synchronous; it must not depend on the other crates of the workspace, on HTTP or on an
-//! async runtime. Parity with `transformers` is tested against the Python processor itself
+//! Pure and synchronous; it depends on `ps-core` alone (where an image part's image is), never on
+//! HTTP or an async runtime. Parity with `transformers` is tested against the Python processor itself
 //! (`tests/transformers_parity.rs`).
 
 mod part;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use base64::Engine as _;
+use ps_core::message::{ImageSource, image_source};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -36,58 +37,36 @@ pub struct Image {
     pub height: u64,
 }
 
-/// The URL (or inline data) an image part points at, in any of the shapes clients send:
-/// OpenAI `{"type": "image_url", "image_url": {"url": …}}` (or the URL as a string), Responses
-/// `{"type": "input_image", "image_url": …}`, `transformers`' `{"type": "image", "image" | "url":
-/// …}`, Anthropic's `{"type": "image", "source": {"type": "base64", "media_type", "data"}}`.
-fn part_source(part: &Value) -> Option<(Option<String>, String)> {
-    let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
-    if let Some(src) = part.get("source").filter(|v| v.is_object()) {
-        return match src.get("type").and_then(Value::as_str) {
-            Some("base64") => Some((s(src.get("media_type")), s(src.get("data"))?)),
-            _ => Some((None, s(src.get("url"))?)),
-        }
-        .map(|(mime, data)| match mime {
-            Some(m) => (None, format!("data:{m};base64,{data}")),
-            None => (None, data),
-        });
-    }
-    let url = match part.get("image_url") {
-        Some(Value::Object(o)) => s(o.get("url")),
-        Some(Value::String(u)) => Some(u.clone()),
-        _ => s(part.get("image")).or_else(|| s(part.get("url"))),
-    }?;
-    Some((None, url))
-}
-
 /// Reads an image part: only inline data (`data:<type>;base64,…`) is read; a remote URL, a
 /// missing or non-base64 payload, an unreadable header or an image over the byte limit is an
 /// error whose [`VisionError::reason`] drops the turn.
 pub fn read_image_part(part: &Value, limits: &ImageLimits) -> Result<Image, VisionError> {
-    let Some((_, url)) = part_source(part) else {
-        return Err(VisionError::NoData {
-            detail: "no image_url.url, image or source".into(),
-        });
-    };
-    let Some(rest) = url.strip_prefix("data:") else {
-        let shown: String = url.chars().take(80).collect();
-        return if url.starts_with("http://") || url.starts_with("https://") {
-            Err(VisionError::Remote { url: shown })
-        } else {
-            Err(VisionError::NoData {
-                detail: format!("a URL that is neither data: nor http(s): {shown}"),
-            })
-        };
-    };
-    let Some((meta, payload)) = rest.split_once(',') else {
-        return Err(VisionError::NotBase64 {
-            detail: "no comma after the media type".into(),
-        });
-    };
-    let Some(mime) = meta.strip_suffix(";base64") else {
-        return Err(VisionError::NotBase64 {
-            detail: format!("data:{meta} is not ;base64"),
-        });
+    let (mime, payload) = match image_source(part) {
+        None => {
+            return Err(VisionError::NoData {
+                detail: "no image_url.url, image or source".into(),
+            });
+        }
+        Some(ImageSource::Url(url)) => {
+            let shown: String = url.chars().take(80).collect();
+            return if url.starts_with("http://") || url.starts_with("https://") {
+                Err(VisionError::Remote { url: shown })
+            } else {
+                Err(VisionError::NoData {
+                    detail: format!("a URL that is neither data: nor http(s): {shown}"),
+                })
+            };
+        }
+        Some(ImageSource::Data {
+            mime,
+            base64: false,
+            ..
+        }) => {
+            return Err(VisionError::NotBase64 {
+                detail: format!("data:{mime} is not ;base64"),
+            });
+        }
+        Some(ImageSource::Data { mime, data, .. }) => (mime, data),
     };
     // A decoded image is about 3/4 of its base64: refuse before decoding what is far too large.
     if payload.len() / 4 * 3 > limits.max_image_bytes.saturating_add(3) {
