@@ -118,6 +118,7 @@ class RolloutClient:
         body: Optional[Mapping[str, Any]] = None,
         timeout: Optional[float] = None,
         msgpack_reply: bool = False,
+        raw_reply: bool = False,
     ) -> Any:
         url = self.base_url + path
         if query:
@@ -145,6 +146,8 @@ class RolloutClient:
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise RolloutConnectionError(method, url, reason) from None
+        if raw_reply:
+            return raw
         try:
             if "msgpack" in ctype:
                 if msgpack is None:
@@ -175,7 +178,26 @@ class RolloutClient:
             timeout=self.timeout + wait_ms / 1000.0,
             msgpack_reply=self.use_msgpack,
         )
-        return list(page.get("samples") or []), int(page.get("last_seq") or 0)
+        samples = list(page.get("samples") or [])
+        self._attach_images(samples, page.get("images") or {})
+        return samples, int(page.get("last_seq") or 0)
+
+    def blob(self, image_hash: str) -> bytes:
+        """The bytes of an image a kept sample references (``sample["images"][i]["hash"]``)."""
+        return self._request(
+            "GET", "/v1/rollout/blobs/" + urllib.parse.quote(image_hash), raw_reply=True
+        )
+
+    def _attach_images(self, samples: List[PulledSample], inline: Mapping[str, bytes]) -> None:
+        """Puts each referenced image's bytes in its entry (``images[i]["bytes"]``): from the
+        page when it carries them (MessagePack), else fetched once per hash."""
+        fetched: Dict[str, bytes] = dict(inline)
+        for item in samples:
+            for image in (item.get("sample") or {}).get("images") or []:
+                h = image["hash"]
+                if h not in fetched:
+                    fetched[h] = self.blob(h)
+                image["bytes"] = fetched[h]
 
     def commit(self, through: int) -> Dict[str, Any]:
         """Mark every sample with ``seq <= through`` consumed. Returns ``{"committed_seq", "last_seq"}``.

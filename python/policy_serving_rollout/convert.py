@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import io
 from typing import Any, Dict, List, Mapping, Optional
 
 # Slime's Sample fields and their defaults (slime/utils/types.py).
@@ -70,6 +71,29 @@ def plain_sample(sample: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def multimodal_inputs(sample: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """Slime's ``multimodal_inputs`` of an API sample: ``{"images": [PIL images in prompt order]}``
+    from the bytes ``RolloutClient.pull`` put in each ``images`` entry; ``None`` without images.
+    ``multimodal_train_inputs`` is left to Slime's processor, as Slime does."""
+    images = sample.get("images") or []
+    if not images:
+        return None
+    pil = _import("PIL.Image")
+    if pil is None:
+        raise ImportError("samples with images need Pillow (pip install pillow) to build multimodal_inputs")
+    out = []
+    for image in images:
+        if "bytes" not in image:
+            raise ValueError(
+                f"image {image.get('hash')} has no bytes: pull samples with RolloutClient.pull, "
+                "which fetches them"
+            )
+        img = pil.open(io.BytesIO(image["bytes"]))
+        img.load()
+        out.append(img)
+    return {"images": out}
+
+
 def sample_to_slime(sample: Mapping[str, Any], sample_cls: Optional[type] = None) -> Any:
     """Convert one API sample (the ``"sample"`` of a pulled page entry).
 
@@ -77,9 +101,13 @@ def sample_to_slime(sample: Mapping[str, Any], sample_cls: Optional[type] = None
     ``status`` turned into ``Sample.Status``, and the extra fields (``session_id``, ``turn``,
     ``teacher_*``) set as attributes; teacher fields are float32 / int64 torch tensors when torch
     is installed. Without Slime: a plain dict (``plain_sample``), teacher fields left as lists.
+    A sample with images gets ``multimodal_inputs`` (:func:`multimodal_inputs`).
     """
     cls = sample_cls if sample_cls is not None else slime_sample_class()
+    mm = multimodal_inputs(sample)
     fields = plain_sample(sample)
+    if mm is not None:
+        fields["multimodal_inputs"] = mm
     if cls is None:
         return fields
     torch = _import("torch")

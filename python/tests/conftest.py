@@ -94,11 +94,16 @@ class Stack:
         mode: str = "rl",
         admin_key: Optional[str] = None,
         store: str = "embedded",
+        model_dir: Optional[Path] = None,
     ) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         fport = free_port()
+        self.model_dir = model_dir
+        model = ["--model-dir", str(model_dir)] if model_dir else []
         self.fake = Proc(
-            [str(FAKE_BIN), "--port", str(fport)], f"http://127.0.0.1:{fport}", tmp / "fake.log"
+            [str(FAKE_BIN), "--port", str(fport), *model],
+            f"http://127.0.0.1:{fport}",
+            tmp / "fake.log",
         )
         self.tmp = tmp
         self.mode = mode
@@ -123,6 +128,7 @@ class Stack:
             f"port = {port}",
             f'mode = "{self.mode}"',
             'default_turn_type = "main"',
+            *([f'model_dir = "{self.model_dir}"'] if self.model_dir else []),
             *(['admin_key_env = "PS_TEST_ADMIN_KEY"'] if self.admin_key else []),
             "[sglang]",
             f'chat_url = "{fake}/v1/chat/completions"',
@@ -175,6 +181,7 @@ class Stack:
         return RolloutClient(self.url, admin_key=self.admin_key)
 
     def chat(self, session: str, messages: List[Dict[str, Any]], done: bool) -> Dict[str, Any]:
+        """One chat request in `session` (closed with it when `done`); the answer."""
         headers = {"Content-Type": "application/json", "X-Session-Id": session}
         if done:
             headers["X-Session-Done"] = "1"
@@ -240,6 +247,14 @@ def rl_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
             raise AssertionError("POLICY_SERVING_REQUIRE_REDIS=1 but POLICY_SERVING_REDIS_URL is unset")
         pytest.skip("POLICY_SERVING_REDIS_URL is not set (no Redis to test against)")
     s = Stack(tmp_path / "rl", "rl", store=request.param)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def vl_stack(tmp_path: Path) -> Iterator[Stack]:
+    """The RL stack serving the mini vision-language model (config/mini-vl-model)."""
+    s = Stack(tmp_path / "vl", "rl", model_dir=REPO / "config" / "mini-vl-model")
     yield s
     s.stop()
 

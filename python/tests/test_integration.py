@@ -249,3 +249,67 @@ def test_the_rollout_announces_its_policy_version_at_resume(rl_stack: Stack) -> 
     join_ok(t)
     assert rl_stack.client().status()["trainer_weight_version"] == "7"
     assert len(out.samples) == 2
+
+
+IMAGES = os.path.join(os.path.dirname(__file__), "..", "..", "crates", "app", "tests", "fixtures", "images")
+
+
+def _data_url(name: str, mime: str) -> str:
+    import base64
+
+    with open(os.path.join(IMAGES, name), "rb") as f:
+        return f"data:{mime};base64," + base64.b64encode(f.read()).decode()
+
+
+def _file(name: str) -> bytes:
+    with open(os.path.join(IMAGES, name), "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("use_msgpack", [True, False])
+def test_image_turns_reach_the_trainer_with_their_images_byte_identical(
+    vl_stack: Stack, use_msgpack: bool
+) -> None:
+    if os.environ.get("POLICY_SERVING_REQUIRE_MSGPACK") == "1":
+        import msgpack  # noqa: F401  (CI installs both: this test must not skip there)
+        import PIL.Image  # noqa: F401
+    if use_msgpack:
+        pytest.importorskip("msgpack")
+    pil = pytest.importorskip("PIL.Image")
+    first = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": _data_url("red-64x48.png", "image/png")}},
+            ],
+        }
+    ]
+    a = vl_stack.chat("img", first, done=False)
+    history = first + [
+        {"role": "assistant", "content": a["choices"][0]["message"].get("content") or ""},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": _data_url("blue-300x200.jpg", "image/jpeg")}},
+                {"type": "text", "text": "And this one?"},
+            ],
+        },
+    ]
+    vl_stack.chat("img", history, done=True)
+    vl_stack.settled(2)
+    client = RolloutClient(vl_stack.url, use_msgpack=use_msgpack)
+    page, _ = client.pull(0, max=10)
+    assert len(page) == 2
+    from policy_serving_rollout import sample_to_slime
+
+    second = sample_to_slime(page[1]["sample"])
+    images = second["multimodal_inputs"]["images"]
+    assert [im.size for im in images] == [(64, 48), (300, 200)], "in prompt order"
+    assert [e["bytes"] for e in second["images"]] == [_file("red-64x48.png"), _file("blue-300x200.jpg")]
+    assert second["multimodal_train_inputs"] is None, "left to Slime's processor"
+    assert isinstance(images[0], pil.Image)
+    # As many image pad tokens (989 in the mini-vl model) as the images stand for.
+    assert second["tokens"].count(989) == sum(e["tokens"] for e in second["images"])
+    first_sample = sample_to_slime(page[0]["sample"])
+    assert len(first_sample["multimodal_inputs"]["images"]) == 1
