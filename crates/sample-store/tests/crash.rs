@@ -102,7 +102,19 @@ fn every_printed_seq_survives_kill_9() {
             let sample = kept
                 .get(seq)
                 .unwrap_or_else(|| panic!("printed seq {seq} was lost"));
-            assert_eq!(*sample, stored(crash_sample::sample(*n), *seq), "seq {seq}");
+            // Its images are kept beside it (the sample carries their hashes, not their bytes).
+            let mut want = stored(crash_sample::sample(*n), *seq);
+            for image in &mut want.images {
+                let bytes = image.bytes.take().unwrap();
+                let kept = store.blob(&image.hash).await.unwrap();
+                assert_eq!(
+                    kept.as_deref(),
+                    Some(&bytes[..]),
+                    "seq {seq}: image {}",
+                    image.hash
+                );
+            }
+            assert_eq!(*sample, want, "seq {seq}");
         }
 
         let next = store

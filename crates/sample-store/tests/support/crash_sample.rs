@@ -1,10 +1,26 @@
 //! The deterministic sample number `n` of the crash test, shared by the test and its child
 //! process (`src/bin/store-crash-writer.rs`).
 
-use ps_core::sample::{Reward, Sample, SampleStatus};
+use ps_core::sample::{Reward, Sample, SampleImage, SampleStatus};
 use serde_json::json;
 
-/// A sample whose every field derives from `n`, with a few hundred tokens.
+/// One of four images (20–23 kB, more than one chunk of the store), `k` in 0..4.
+pub fn image(k: u64) -> SampleImage {
+    let bytes: Vec<u8> = (0..20_000 + k as usize * 1000)
+        .map(|i| (i as u64 * 31 + k) as u8)
+        .collect();
+    SampleImage {
+        hash: format!("{:064x}", k + 1),
+        mime: "image/png".into(),
+        width: 100 + k,
+        height: 50,
+        tokens: 16,
+        bytes: Some(bytes.into()),
+    }
+}
+
+/// A sample whose every field derives from `n`, with a few hundred tokens; every third one
+/// references one of four images (re-sent by many samples, as a conversation does).
 pub fn sample(n: u64) -> Sample {
     let prompt_len = 200 + (n % 50) as usize;
     let response_len = 100 + (n % 97) as usize;
@@ -19,7 +35,11 @@ pub fn sample(n: u64) -> Sample {
     metadata.insert("model".into(), json!("policy-7b"));
     metadata.insert("ratio".into(), json!(n as f64 / 3.0));
     Sample {
-        images: Vec::new(),
+        images: if n % 3 == 0 {
+            vec![image(n % 4)]
+        } else {
+            Vec::new()
+        },
         index: 0,
         group_index: 0,
         prompt: format!("prompt of sample {n} ").repeat(20),
