@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine as _;
 use ps_core::sample::Sample;
 use ps_core::{
     AlignPolicy, Alignment, CapturedTurn, FinishReason, SampleSink, SinkError, TurnSink,
@@ -892,5 +893,67 @@ async fn the_observer_is_told_captures_votes_samples_abandons_and_closes() {
             "closed s shutdown",
         ],
         "{told:#?}"
+    );
+}
+
+/// A turn persisted with images keeps them across a restart: the store of pending turns holds
+/// their hashes only, and the resumed turn reads their bytes again from its messages' data URLs;
+/// a turn whose image cannot be found there is abandoned (`image_unreadable`), never submitted
+/// without it.
+#[tokio::test]
+async fn a_resumed_turn_reads_its_images_again_from_its_messages() {
+    let png = [
+        0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13, b'I', b'H', b'D', b'R', 0, 0,
+        0, 8, 0, 0, 0, 4, 8, 2, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(png)
+    );
+    let hash = ps_vision::read_image_part(
+        &json!({"type": "image_url", "image_url": {"url": url}}),
+        &Default::default(),
+    )
+    .unwrap()
+    .hash;
+    let with_image = |turn: u64, image_hash: &str| {
+        let mut t = captured("s", turn);
+        t.messages = vec![json!({"role": "user", "content": [
+            {"type": "text", "text": "see"},
+            {"type": "image_url", "image_url": {"url": url}}]})]
+        .into();
+        // As a persisted turn comes back: the hash, not the bytes.
+        t.images = vec![ps_core::sample::SampleImage {
+            hash: image_hash.to_owned(),
+            mime: "image/png".into(),
+            width: 8,
+            height: 4,
+            tokens: 4,
+            bytes: None,
+        }];
+        ps_core::PendingTurn {
+            turn: t,
+            next: Some(user("score:1")),
+            session_had_effective: false,
+            conversation_start: false,
+            tokenizer: None,
+        }
+    };
+    let r = rig();
+    let mut other = with_image(2, &"0".repeat(64));
+    other.turn.session_id = "t".into();
+    r.buffer.resume(vec![with_image(1, &hash), other]);
+    r.release_judge_until(1).await;
+    let taken = r.sink.taken();
+    assert_eq!(taken.len(), 1, "only the turn whose image was found");
+    assert_eq!(taken[0].images.len(), 1);
+    assert_eq!(taken[0].images[0].hash, hash);
+    assert_eq!(taken[0].images[0].bytes.as_deref(), Some(&png[..]));
+    assert_eq!(
+        r.buffer
+            .status()
+            .turns_abandoned_by_reason
+            .get("image_unreadable"),
+        Some(&1)
     );
 }
