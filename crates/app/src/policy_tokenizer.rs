@@ -52,7 +52,7 @@ impl fmt::Display for TokenizerSource {
                 "{} (source: policy server, reported by {url}; server.model_dir is unset)",
                 dir.display()
             ),
-            Self::EmbeddedDemo => f.write_str("the embedded mini model (source: embedded demo)"),
+            Self::EmbeddedDemo => f.write_str("the embedded mini-vl model (source: embedded demo)"),
         }
     }
 }
@@ -65,10 +65,12 @@ pub struct PolicyTokenizer {
 }
 
 impl PolicyTokenizer {
-    /// The embedded mini model, for `policy-serving demo` (whose fake policy samples with it).
+    /// The embedded mini model with images (`ChatTokenizer::mini_vl`: the mini model's tokens and
+    /// template plus vision tokens and a small Qwen-VL processor), for `policy-serving demo` (whose
+    /// fake policy samples with it).
     pub fn embedded_demo() -> Self {
         Self {
-            tokenizer: Arc::new(ChatTokenizer::mini()),
+            tokenizer: Arc::new(ChatTokenizer::mini_vl()),
             source: TokenizerSource::EmbeddedDemo,
         }
     }

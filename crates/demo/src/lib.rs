@@ -1,10 +1,12 @@
 //! The `policy-serving demo`: starts the fake SGLang (policy and judge) and the real proxy on
 //! loopback, drives a short scripted conversation through the proxy (main turns, one streamed, a side
-//! turn, a tool call, the session closed by the client), then pulls the resulting samples through
+//! turn, a tool call, the session closed by the client) and a one-turn conversation about a picture
+//! (an image captured exactly: the mini-vl model's pads), then pulls the resulting samples through
 //! the rollout API like a trainer, prints them (session, turn, score, votes, effective tokens, and
 //! each response token with its log-prob, source and loss-mask bit) and commits them.
 //!
-//! Everything it needs is embedded (`config/demo.toml`, the mini model), so it runs on a fresh
+//! Everything it needs is embedded (`config/demo.toml`, the mini-vl model, a 64x48 PNG), so it runs
+//! on a fresh
 //! checkout. It is a client of the public crates only; nothing in the product depends on it.
 
 use std::fmt::Write as _;
@@ -12,6 +14,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use futures::StreamExt;
 use ps_chat_template::ChatTokenizer;
 use ps_config::{Mode, Settings};
@@ -23,8 +26,12 @@ use serde_json::{Value, json};
 /// The embedded demo settings.
 pub const DEMO_SETTINGS: &str = include_str!("../../../config/demo.toml");
 const SESSION: &str = "demo-session-1";
-/// Main turns the script sends.
-const MAIN_TURNS: usize = 3;
+/// The conversation about a picture.
+const IMAGE_SESSION: &str = "demo-session-2";
+/// The picture (64x48 PNG).
+const DEMO_IMAGE: &[u8] = include_bytes!("../../../config/demo-image.png");
+/// Main turns the script sends: three in the first conversation, one with the picture.
+const MAIN_TURNS: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
@@ -83,7 +90,7 @@ pub async fn run_with(
         toml::from_str(DEMO_SETTINGS).map_err(|e| DemoError::Settings(e.to_string()))?;
     settings.server.mode = mode;
 
-    let tokenizer = Arc::new(ChatTokenizer::mini());
+    let tokenizer = Arc::new(ChatTokenizer::mini_vl());
     let fake = FakeSglang::builder()
         .tokenizer(tokenizer.clone())
         .model_name(&settings.server.served_model_name)
@@ -176,6 +183,30 @@ pub async fn run_with(
     let reply = answer["choices"][0]["message"].clone();
     show(out, 3, "main", &history, &reply)?;
     replies.push(reply.to_string());
+
+    // 4. Another conversation: a user message with a picture, captured exactly (its pad tokens
+    // expanded as the model's processor expands them; the image kept beside the sample).
+    let picture = json!([{"role": "user", "content": [
+    {"type": "text", "text": "What is in this picture?"},
+    {"type": "image_url", "image_url": {"url": format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(DEMO_IMAGE)
+    )}}]}]);
+    let answer = post_json_in(
+        &http,
+        &url,
+        json!({"messages": picture}),
+        IMAGE_SESSION,
+        true,
+    )
+    .await?;
+    let reply = answer["choices"][0]["message"].clone();
+    writeln!(
+        out,
+        "[main 1 of {IMAGE_SESSION}, with a 64x48 PNG] assistant: {}\n",
+        reply["content"].as_str().unwrap_or_default()
+    )?;
+    replies.push(reply["content"].as_str().unwrap_or_default().to_owned());
 
     // The trainer side: wait for the samples, pull them, print them, commit them.
     let status_url = format!("{base}/v1/rollout/status");
@@ -292,9 +323,31 @@ async fn post_json(
     turn_type: &str,
     done: bool,
 ) -> Result<Value, DemoError> {
+    post(http, url, body, SESSION, turn_type, done).await
+}
+
+/// A main turn of `session`, not streamed.
+async fn post_json_in(
+    http: &reqwest::Client,
+    url: &str,
+    body: Value,
+    session: &str,
+    done: bool,
+) -> Result<Value, DemoError> {
+    post(http, url, body, session, "main", done).await
+}
+
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    body: Value,
+    session: &str,
+    turn_type: &str,
+    done: bool,
+) -> Result<Value, DemoError> {
     let resp = http
         .post(url)
-        .header("x-session-id", SESSION)
+        .header("x-session-id", session)
         .header("x-turn-type", turn_type)
         .header("x-session-done", if done { "1" } else { "0" })
         .json(&body)
@@ -430,6 +483,18 @@ pub fn describe(s: &Sample, tok: &ChatTokenizer) -> String {
             .map(|v| format!(", policy version {v}"))
             .unwrap_or_default(),
     );
+    for (i, image) in s.images.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  image {}: {}x{} {}, {} pad tokens in the prompt (stored once as {}…)",
+            i + 1,
+            image.width,
+            image.height,
+            image.mime,
+            image.tokens,
+            &image.hash[..12]
+        );
+    }
     let teacher = s.teacher_log_probs.as_ref();
     if teacher.is_some() {
         let _ = writeln!(

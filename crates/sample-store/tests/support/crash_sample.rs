@@ -35,7 +35,7 @@ pub fn sample(n: u64) -> Sample {
     metadata.insert("model".into(), json!("policy-7b"));
     metadata.insert("ratio".into(), json!(n as f64 / 3.0));
     Sample {
-        images: if n % 3 == 0 {
+        images: if n.is_multiple_of(3) {
             vec![image(n % 4)]
         } else {
             Vec::new()
