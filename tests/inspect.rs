@@ -78,7 +78,7 @@ async fn the_demo_conversation_is_seen_session_by_session_and_token_by_token() {
     let demo = Demo::start("rl");
     let base = demo.base.clone();
     assert!(
-        demo.printed.contains("committed through seq 3"),
+        demo.printed.contains("committed through seq 4"),
         "{}",
         demo.printed
     );
@@ -111,7 +111,7 @@ async fn the_demo_conversation_is_seen_session_by_session_and_token_by_token() {
     b.wait_text("#card-requests", "main").await;
     b.wait_text("#card-samples", "stored").await;
     b.wait_text("#card-submission", "enabled").await;
-    b.wait_text("#card-lag", "committed 3").await;
+    b.wait_text("#card-lag", "committed 4").await;
     shot(&b, "overview").await;
 
     // Sessions: the demo's and the hostile one, its id shown as characters.
@@ -184,6 +184,30 @@ async fn the_demo_conversation_is_seen_session_by_session_and_token_by_token() {
     assert!(tip.contains(&format!("id\t{}", tokens[hi]["id"])), "{tip}");
     assert!(tip.contains(&format!("{:.4}", lp(hi).unwrap())), "{tip}");
     shot(&b, "sample").await;
+
+    // The picture's sample (the demo's second conversation, seq 4): its prompt shows the image
+    // where the template wrote it, as a thumbnail fetched from the blobs route, and its run of
+    // pad tokens as one chip.
+    let picture = api(&base, "/v1/inspect/samples/4").await;
+    assert_eq!(picture["session_id"], "demo-session-2", "{picture}");
+    let pads = picture["images"][0]["tokens"].as_u64().unwrap();
+    b.goto(&format!("{base}/ui/#/sample/4")).await;
+    b.wait_text("#prompt .image-chip", &format!("image 1 · {pads} tokens"))
+        .await;
+    let mut width = json!(0);
+    for _ in 0..100 {
+        width = b
+            .js(
+                "const i = document.querySelector('#prompt img.thumb'); return i ? i.naturalWidth : 0;",
+                vec![],
+            )
+            .await;
+        if width == json!(64) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(width, json!(64), "the thumbnail is the 64x48 image");
 
     // The hostile message: shown as text in the timeline's sample and its prompt, no script run.
     b.goto(&format!("{base}/ui/#/sample/{xss_seq}")).await;

@@ -45,7 +45,7 @@ pub enum DemoError {
     Http(#[from] reqwest::Error),
     #[error("the proxy answered HTTP {status}: {body}")]
     Status { status: u16, body: String },
-    #[error("only {got} of {MAIN_TURNS} samples arrived within 20 s")]
+    #[error("only {got} of the main turns' samples arrived within 20 s")]
     MissingSamples { got: u64 },
 }
 
@@ -184,6 +184,10 @@ pub async fn run_with(
     show(out, 3, "main", &history, &reply)?;
     replies.push(reply.to_string());
 
+    // The first conversation's turns settle first, so that their samples keep seqs 1 to 3.
+    let status_url = format!("{base}/v1/rollout/status");
+    settle(&http, &status_url, MAIN_TURNS - 1).await?;
+
     // 4. Another conversation: a user message with a picture, captured exactly (its pad tokens
     // expanded as the model's processor expands them; the image kept beside the sample).
     let picture = json!([{"role": "user", "content": [
@@ -209,21 +213,7 @@ pub async fn run_with(
     replies.push(reply["content"].as_str().unwrap_or_default().to_owned());
 
     // The trainer side: wait for the samples, pull them, print them, commit them.
-    let status_url = format!("{base}/v1/rollout/status");
-    let mut settled = 0;
-    let mut dropped = 0;
-    for _ in 0..400 {
-        let st: Value = http.get(&status_url).send().await?.json().await?;
-        dropped = st["turns_dropped"].as_u64().unwrap_or(0);
-        settled = st["samples"]["submitted"].as_u64().unwrap_or(0) + dropped;
-        if settled >= MAIN_TURNS as u64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if settled < MAIN_TURNS as u64 {
-        return Err(DemoError::MissingSamples { got: settled });
-    }
+    let dropped = settle(&http, &status_url, MAIN_TURNS).await?;
     let pulled: Value = http
         .get(format!(
             "{base}/v1/rollout/samples?after=0&max=100&wait_ms=1000"
@@ -298,6 +288,21 @@ pub async fn run_with(
     running.stop().await?;
     fake.shutdown().await;
     Ok(DemoReport { replies, samples })
+}
+
+/// Waits until `turns` main turns became samples or were dropped; returns how many were dropped.
+async fn settle(http: &reqwest::Client, status_url: &str, turns: usize) -> Result<u64, DemoError> {
+    let mut settled = 0;
+    for _ in 0..400 {
+        let st: Value = http.get(status_url).send().await?.json().await?;
+        let dropped = st["turns_dropped"].as_u64().unwrap_or(0);
+        settled = st["samples"]["submitted"].as_u64().unwrap_or(0) + dropped;
+        if settled >= turns as u64 {
+            return Ok(dropped);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(DemoError::MissingSamples { got: settled })
 }
 
 fn read_records(dir: &std::path::Path) -> Vec<Value> {

@@ -382,12 +382,47 @@ async function sample(id, seq) {
       s.teacher ? fact('teacher', s.teacher) : null,
       fact('prompt tokens', fmt(s.prompt_tokens)), fact('response tokens', fmt(s.response_tokens)),
       fact('marked positions', fmt(marked))),
-    el('details', { id: 'prompt' }, el('summary', {}, 'Prompt (' + fmt(s.prompt_tokens) + ' tokens)'), el('pre', {}, s.prompt)),
+    el('details', { id: 'prompt', open: s.images && s.images.length ? true : undefined },
+      el('summary', {}, 'Prompt (' + fmt(s.prompt_tokens) + ' tokens' +
+        (s.images && s.images.length ? ', ' + fmt(s.images.length) + ' image' + (s.images.length > 1 ? 's' : '') : '') + ')'),
+      el('pre', {}, promptWithImages(s))),
     el('div', { class: 'controls' }, el('strong', {}, 'Colour by'), choices),
     legendSlot,
     box,
     el('details', {}, el('summary', {}, 'Metadata'), el('pre', {}, JSON.stringify(s.metadata, null, 2))));
   paint();
+}
+
+// The prompt text with each image where its template wrote it: the i-th <|image_pad|> becomes a
+// thumbnail (its bytes fetched with the admin key) and one chip for the image's run of pad tokens.
+const IMAGE_PAD = '<|image_pad|>';
+function promptWithImages(s) {
+  const images = s.images || [];
+  if (!images.length) return s.prompt;
+  const parts = s.prompt.split(IMAGE_PAD);
+  const out = [parts[0]];
+  for (let i = 1; i < parts.length; i++) {
+    const image = images[i - 1];
+    if (image) {
+      const img = el('img', { class: 'thumb', alt: 'image ' + i + ' (' + image.width + 'x' + image.height + ')' });
+      loadBlob(image.hash).then((url) => { img.src = url; }).catch(() => { img.alt += ': not kept'; });
+      out.push(el('span', { class: 'image', title: image.mime + ', ' + image.width + 'x' + image.height + ', ' + image.hash },
+        img, el('span', { class: 'chip image-chip' }, 'image ' + i + ' · ' + fmt(image.tokens) + ' tokens')));
+    } else {
+      out.push(IMAGE_PAD);
+    }
+    out.push(parts[i]);
+  }
+  return out;
+}
+
+async function loadBlob(hash) {
+  const key = sessionStorage.getItem(KEY);
+  const headers = {};
+  if (key !== null) headers.Authorization = 'Bearer ' + key;
+  const r = await fetch(new URL('../v1/rollout/blobs/' + encodeURIComponent(hash), location.href), { headers });
+  if (!r.ok) throw new Error(r.status + ' ' + r.statusText);
+  return URL.createObjectURL(await r.blob());
 }
 
 // ---- routing ----------------------------------------------------------------------------------

@@ -269,6 +269,11 @@ pub struct SampleView {
     pub prompt: String,
     pub prompt_tokens: usize,
     pub response_tokens: usize,
+    /// The prompt's images in prompt order (a vision-language policy's sample): where the prompt
+    /// text has its `i`-th `<|image_pad|>`, the page shows the image's thumbnail (its bytes from
+    /// `GET /v1/rollout/blobs/{hash}`) and one chip for its run of pad tokens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ps_core::sample::SampleImage>,
     pub has_teacher: bool,
     pub tokens: Vec<TokenView>,
     /// The sample's whole metadata, as stored.

@@ -121,6 +121,7 @@ pub fn sample_view(stored: &StoredSample, tokens: Option<&dyn TokenText>) -> Sam
         prompt: s.prompt.clone(),
         prompt_tokens: prompt_len,
         response_tokens: n,
+        images: s.images.clone(),
         has_teacher: teacher.is_some(),
         tokens: views,
         metadata: m.clone(),
