@@ -414,3 +414,42 @@ async fn a_text_model_or_a_store_without_images_never_trains_on_an_image_turn() 
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_next_state_with_an_image_reaches_the_judges_as_a_stated_placeholder() {
+    let fake = vl_fake(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&vl_settings(&fake, dir.path()), &common::no_env).await;
+    let mut history = vec![json!({"role": "user", "content": "Describe a red square."})];
+    let a = answer(
+        chat(&server.url, "ns", json!({"messages": history}), false).await,
+        false,
+    )
+    .await;
+    history.push(a);
+    history.push(json!({"role": "user", "content": [
+        text("Like"), image("image/png", RED_PNG), text("this one? FAKE_VOTES=1")]}));
+    answer(
+        chat(&server.url, "ns", json!({"messages": history}), true).await,
+        false,
+    )
+    .await;
+    let samples = resolved(&server, 2).await;
+    let first = samples.iter().find(|s| s["turn"] == 1).unwrap();
+    assert_ne!(first["metadata"]["excluded"], "no_next_state", "{first}");
+    assert!(first["metadata"]["votes"].is_array(), "{first}");
+    // The judges read the image as the placeholder, between the texts (their prompts as the
+    // fake's /generate received them).
+    let judged: Vec<String> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/generate")
+        .map(|r| r.body.to_string())
+        .collect();
+    assert!(!judged.is_empty());
+    assert!(
+        judged.iter().all(|b| b.contains("Like [image] this one?")),
+        "{judged:?}"
+    );
+    server.stop().await;
+}

@@ -254,6 +254,29 @@ pub fn image_identity(part: &Value) -> Option<&str> {
     })
 }
 
+/// What a judge reads where a message had an image (judges read text): stated, not left out.
+pub const IMAGE_PLACEHOLDER: &str = "[image]";
+
+/// `messages` with each image part replaced by a text part [`IMAGE_PLACEHOLDER`] (what the
+/// judges read of a vision-language policy's conversation); `None` when none has an image.
+pub fn images_as_placeholders(messages: &[Value]) -> Option<Vec<Value>> {
+    image_parts(messages).next()?;
+    Some(
+        messages
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                if let Some(Value::Array(parts)) = m.get_mut("content") {
+                    for p in parts.iter_mut().filter(|p| is_image_part(p)) {
+                        *p = serde_json::json!({"type": "text", "text": IMAGE_PLACEHOLDER});
+                    }
+                }
+                m
+            })
+            .collect(),
+    )
+}
+
 /// The image parts of `messages`, in prompt order.
 pub fn image_parts(messages: &[Value]) -> impl Iterator<Item = &Value> {
     messages
@@ -282,6 +305,21 @@ pub fn normalize_response_message(message: &Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn images_become_stated_placeholders_for_the_judges() {
+        let m = vec![json!({"role": "user", "content": [
+            {"type": "text", "text": "and"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+            {"type": "text", "text": "this?"}]})];
+        let p = images_as_placeholders(&m).unwrap();
+        assert_eq!(flatten_content(&p[0]["content"]), "and [image] this?");
+        assert_eq!(unsupported_part(&p), None);
+        assert_eq!(
+            images_as_placeholders(&[json!({"role": "user", "content": "x"})]),
+            None
+        );
+    }
 
     #[test]
     fn developer_becomes_system_and_lists_flatten() {

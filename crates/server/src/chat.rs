@@ -183,6 +183,15 @@ fn open_turn(
     // when that holds a part that is not text, which a judge would not see (counted, logged once).
     let next_state = || {
         let (added, rules) = (req.added_messages(), &inference.ephemeral_rules);
+        // A vision-language policy's judges read each image of the next state as a stated
+        // placeholder (they read text); a text policy's turn gets no next state from it.
+        let placeholders = app
+            .0
+            .capture
+            .images_captured()
+            .then(|| ps_core::message::images_as_placeholders(added))
+            .flatten();
+        let added = placeholders.as_deref().unwrap_or(added);
         if let Some(reason) =
             ps_session_infer::ephemeral::unusable_next_state(added, rules, found.ephemeral_tail)
         {
