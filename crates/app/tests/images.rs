@@ -453,3 +453,110 @@ async fn a_next_state_with_an_image_reaches_the_judges_as_a_stated_placeholder()
     );
     server.stop().await;
 }
+
+/// Every kind of content part through every mode, streamed and not: a sample comes only from a
+/// turn whose every part is captured exactly (text, and a VL policy's inline images, which the
+/// sample then lists); every other part drops its turn, and the later turns whose history holds
+/// it, with a counted reason.
+#[tokio::test]
+async fn no_mode_makes_a_sample_of_a_part_not_captured_exactly() {
+    let parts = [
+        ("image", image("image/png", RED_PNG)),
+        (
+            "image_remote",
+            json!({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}),
+        ),
+        (
+            "audio",
+            json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+        ),
+        (
+            "video",
+            json!({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}),
+        ),
+        ("file", json!({"type": "file", "file": {"file_id": "f"}})),
+        ("unknown", json!({"type": "hologram", "hologram": {}})),
+        ("untyped", json!({"hologram": {}})),
+    ];
+    for mode in [
+        ps_config::Mode::Rl,
+        ps_config::Mode::Opd,
+        ps_config::Mode::Combine,
+    ] {
+        for stream in [false, true] {
+            let what = format!("mode {mode}, stream {stream}");
+            let fake = vl_fake(None).await;
+            let dir = tempfile::tempdir().unwrap();
+            let mut s = vl_settings(&fake, dir.path());
+            s.server.mode = mode;
+            s.teacher.url = Some(fake.generate_url());
+            s.teacher.timeout_sec = 5;
+            let server = common::Server::start(&s, &common::no_env).await;
+            for (kind, part) in &parts {
+                let first = json!({"role": "user", "content": [text("Look at this:"), part]});
+                let a = answer(
+                    chat(
+                        &server.url,
+                        kind,
+                        json!({"messages": [first], "stream": stream}),
+                        false,
+                    )
+                    .await,
+                    stream,
+                )
+                .await;
+                let history =
+                    json!([first, a, {"role": "user", "content": "Thanks! FAKE_VOTES=1"}]);
+                let r = chat(
+                    &server.url,
+                    kind,
+                    json!({"messages": history, "stream": stream}),
+                    true,
+                )
+                .await;
+                assert_eq!(r.status(), 200, "{what}: {kind} answered as sent");
+                let _ = r.bytes().await;
+            }
+            let samples = resolved(&server, 2 * parts.len() as u64).await;
+            let st = server.status().await;
+            for sample in &samples {
+                assert_eq!(
+                    sample["session_id"], "image",
+                    "{what}: only the captured image's session gives samples: {st}"
+                );
+                let images = sample["images"].as_array().unwrap();
+                assert_eq!(images.len(), 1, "{what}");
+                assert_eq!(images[0]["hash"], sha(RED_PNG), "{what}");
+            }
+            let reasons = &st["turns_abandoned_by_reason"];
+            for reason in [
+                "image_remote",
+                "audio_unsupported",
+                "video_unsupported",
+                "file_unsupported",
+            ] {
+                assert_eq!(
+                    reasons[reason], 2,
+                    "{what}: both turns of its session: {reasons}"
+                );
+            }
+            assert_eq!(reasons["content_part_unsupported"], 4, "{what}: {reasons}");
+            match mode {
+                // Turn 1 judged with its next state, turn 2 without one: both samples.
+                ps_config::Mode::Rl => assert_eq!(samples.len(), 2, "{what}: {st}"),
+                // The teacher scores ids only: no distilled sample of an image turn.
+                ps_config::Mode::Opd => {
+                    assert!(samples.is_empty(), "{what}: {st}");
+                    let dropped = &st["turns_dropped_by_reason"];
+                    assert_eq!(dropped["teacher_without_images"], 1, "{what}: {dropped}");
+                }
+                // Turn 1 becomes Combine's RL-only sample (its eval votes are +1), with its image.
+                ps_config::Mode::Combine => {
+                    assert_eq!(samples.len(), 1, "{what}: {st}");
+                    assert_eq!(samples[0]["metadata"]["teacher"], "rollout", "{what}");
+                }
+            }
+            server.stop().await;
+        }
+    }
+}

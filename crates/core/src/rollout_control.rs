@@ -46,6 +46,10 @@ pub struct BufferStatus {
     pub positions_masked_without_logprob: u64,
     /// Abandoned turns by reason (`upstream_failed`, `no_engine_ids`, `stream_logprobs_missing`, …).
     pub turns_abandoned_by_reason: BTreeMap<String, u64>,
+    /// Dropped turns by reason (`no_next_state`, `no_hint`, `teacher_error`,
+    /// `teacher_without_images`, `judge_backlog`, …).
+    #[serde(default)]
+    pub turns_dropped_by_reason: BTreeMap<String, u64>,
     /// Stored samples by where their ids came from (`engine`, `retokenized`).
     pub samples_by_token_source: BTreeMap<String, u64>,
     /// Stored samples by policy version (`none` when unknown; at most

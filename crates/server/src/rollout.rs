@@ -472,6 +472,7 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         // Positions of stored samples whose rollout log-prob is a 0.0 placeholder: trained (listed
         // per sample in metadata.trained_without_rollout_logprob) or taken out of the loss.
         "turns_abandoned_by_reason": b.turns_abandoned_by_reason,
+        "turns_dropped_by_reason": b.turns_dropped_by_reason,
         "token_ids": app.capture().stats().to_json(),
         "capture_queue": app.capture().queued().to_json(),
         "samples_by_token_source": b.samples_by_token_source,

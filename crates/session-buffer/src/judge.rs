@@ -169,8 +169,7 @@ impl Judges {
 
     /// A turn dropped because `max_judge_backlog` turns already wait for a judge.
     fn drop_for_backlog(job: &Job, waiting: usize, stats: &Stats) -> Ready {
-        stats.dropped_turns.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::TURNS_DROPPED_TOTAL, "reason" => "judge_backlog").increment(1);
+        stats.dropped("judge_backlog");
         stats.observer.tell(TurnEvent::Dropped {
             session: &job.session_id,
             turn: job.turn_no,
@@ -189,8 +188,7 @@ impl Judges {
 
     /// A turn that yields no sample in OPD/Combine: counted and logged (the caller records it).
     fn drop_turn(job: &Job, reason: &'static str, detail: &str, stats: &Stats) {
-        stats.dropped_turns.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::TURNS_DROPPED_TOTAL, "reason" => reason).increment(1);
+        stats.dropped(reason);
         let teacher = match reason {
             "teacher_token_mismatch" => Some(TeacherOutcome::Mismatch { detail }),
             "teacher_error" => Some(TeacherOutcome::Failed { detail }),

@@ -61,6 +61,7 @@ pub(crate) struct Stats {
 #[derive(Default, Clone)]
 struct Tallies {
     abandoned: BTreeMap<String, u64>,
+    dropped: BTreeMap<String, u64>,
     token_source: BTreeMap<String, u64>,
     weight_version: BTreeMap<String, u64>,
 }
@@ -85,6 +86,17 @@ impl Stats {
             turn,
             reason,
         });
+    }
+
+    /// Counts a dropped turn (judged, but no sample: OPD/Combine, judge backlog) by its reason
+    /// (the status and `turns_dropped_total`); the caller tells the observer.
+    pub fn dropped(&self, reason: &'static str) {
+        self.dropped_turns.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::TURNS_DROPPED_TOTAL, "reason" => reason).increment(1);
+        *lock(&self.tallies)
+            .dropped
+            .entry(reason.to_owned())
+            .or_default() += 1;
     }
 
     /// Collects one eval score for `rollout/prm_eval_score`.
@@ -206,6 +218,7 @@ impl Stats {
             positions_trained_without_logprob: self.trained_placeholders.load(Ordering::Relaxed),
             positions_masked_without_logprob: self.masked_placeholders.load(Ordering::Relaxed),
             turns_abandoned_by_reason: tallies.abandoned,
+            turns_dropped_by_reason: tallies.dropped,
             samples_by_token_source: tallies.token_source,
             samples_by_weight_version: tallies.weight_version,
         }
