@@ -31,15 +31,6 @@ pub enum ChatTemplateError {
         key: String,
         message: String,
     },
-    /// The model directory's `preprocessor_config.json` cannot be used.
-    #[error("{0}")]
-    Vision(#[from] ps_vision::VisionError),
-    /// A model directory with an image processor whose tokenizer has no image pad token.
-    #[error(
-        "{origin} describes an image processor, but the tokenizer has no `{token}` token: not a \
-         Qwen-VL-style model (remove the file to serve it as a text model)"
-    )]
-    VisionWithoutPad { origin: String, token: &'static str },
     /// A rendered prompt holds another number of image pad tokens than the turn has images: the
     /// template does not write one placeholder per image part.
     #[error(

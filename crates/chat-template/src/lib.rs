@@ -150,6 +150,31 @@ pub struct TurnTexts {
     pub prompt_is_prefix: bool,
 }
 
+/// The image handling of a model directory's `preprocessor_config.json` (its text): a Qwen-VL
+/// image processor (`image_processor_type` of the `Qwen2VLImageProcessor` family, which Qwen2-VL
+/// to Qwen3.5 use, or none named) with an `<|image_pad|>` token in the tokenizer; why not
+/// otherwise (another model family's processor, whose images this proxy does not model).
+fn vision_of(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vision, String> {
+    let kind = serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.get("image_processor_type")?.as_str().map(str::to_owned));
+    if let Some(kind) = kind.filter(|k| !k.starts_with("Qwen2VLImageProcessor")) {
+        return Err(format!(
+            "the image processor {kind} is not a Qwen-VL one (Qwen2VLImageProcessor), the only \
+             kind whose images this proxy counts"
+        ));
+    }
+    let processor =
+        ImageProcessor::from_json(text, PREPROCESSOR_CONFIG_FILE).map_err(|e| e.to_string())?;
+    let image_pad_id = tokenizer
+        .token_to_id(IMAGE_PAD_TOKEN)
+        .ok_or_else(|| format!("the tokenizer has no {IMAGE_PAD_TOKEN} token"))?;
+    Ok(Vision {
+        processor,
+        image_pad_id,
+    })
+}
+
 /// An image of a turn's prompt and the number of pad tokens it stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TurnImage {
@@ -180,7 +205,7 @@ impl ImageError {
     }
 }
 
-/// The files [`ChatTokenizer::from_dir`] reads from a model directory (the last one optional).
+/// The files [`ChatTokenizer::from_dir`] reads from a model directory (the last two optional).
 pub const TOKENIZER_FILES: [&str; 4] = [
     "tokenizer.json",
     "tokenizer_config.json",
@@ -192,8 +217,8 @@ pub const TOKENIZER_FILES: [&str; 4] = [
 static BUILT: AtomicU64 = AtomicU64::new(0);
 
 /// Whether two model directories give the same [`ChatTokenizer`]: the same directory, or the same
-/// bytes in each of [`TOKENIZER_FILES`] (the optional `chat_template.jinja` may be absent from
-/// both). Reads the files, so call it where blocking is fine; a directory that cannot be read is
+/// bytes in each of [`TOKENIZER_FILES`] (the optional `chat_template.jinja` and
+/// `preprocessor_config.json` may be absent from both). Reads the files, so call it where blocking is fine; a directory that cannot be read is
 /// not the same.
 pub fn same_tokenizer_dir(a: &Path, b: &Path) -> bool {
     if let (Ok(a), Ok(b)) = (a.canonicalize(), b.canonicalize())
@@ -204,7 +229,10 @@ pub fn same_tokenizer_dir(a: &Path, b: &Path) -> bool {
     TOKENIZER_FILES.iter().all(|name| {
         let read = |dir: &Path| match std::fs::read(dir.join(name)) {
             Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && *name == CHAT_TEMPLATE_FILE => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && [CHAT_TEMPLATE_FILE, PREPROCESSOR_CONFIG_FILE].contains(name) =>
+            {
                 Ok(None)
             }
             Err(e) => Err(e),
@@ -401,22 +429,17 @@ impl ChatTokenizer {
                 .ok()
         });
         let split_tokens = split_tokens.filter(|_| added_matcher.is_some());
-        let vision = match processor {
-            None => None,
-            Some((text, origin)) => {
-                let processor = ImageProcessor::from_json(text, origin)?;
-                let image_pad_id = tokenizer.token_to_id(IMAGE_PAD_TOKEN).ok_or_else(|| {
-                    ChatTemplateError::VisionWithoutPad {
-                        origin: origin.to_owned(),
-                        token: IMAGE_PAD_TOKEN,
-                    }
-                })?;
-                Some(Vision {
-                    processor,
-                    image_pad_id,
-                })
+        let vision = processor.and_then(|(text, origin)| match vision_of(&tokenizer, text) {
+            Ok(v) => Some(v),
+            Err(why) => {
+                tracing::warn!(
+                    file = origin,
+                    "{why}: this model is served as a text model (turns with images are not \
+                     captured: image_unsupported)"
+                );
+                None
             }
-        };
+        });
         Ok(Self {
             tokenizer,
             fingerprint,
@@ -440,9 +463,17 @@ impl ChatTokenizer {
     }
 
     /// The request's messages as the template receives them (`ps_core::message`'s
-    /// normalisation; a vision-language model keeps its image parts).
+    /// normalisation): content lists are kept as they are for a template that loops over a
+    /// message's content, as engines hand them to such a template ([`Self::keeps_content_lists`]),
+    /// and flattened for the others.
     pub fn normalize(&self, messages: &[Value]) -> Vec<Value> {
-        normalize_messages_with(messages, self.vision.is_some())
+        normalize_messages_with(messages, self.templates.iterates_content)
+    }
+
+    /// Whether the template loops over a message's content (vLLM's and SGLang's "openai" content
+    /// format): content lists reach it as they are, text parts joined by the template itself.
+    pub fn keeps_content_lists(&self) -> bool {
+        self.templates.iterates_content
     }
 
     /// The images of `messages` in prompt order, each read ([`ps_vision::read_image_part`]) and
@@ -513,8 +544,8 @@ impl ChatTokenizer {
         Ok(out)
     }
 
-    /// Identifies the files this tokenizer was built from (`tokenizer.json`, `tokenizer_config.json`
-    /// and a `chat_template.jinja` beside them): equal for the same files, different (but for a
+    /// Identifies the files this tokenizer was built from (`tokenizer.json`, `tokenizer_config.json`,
+    /// and a `chat_template.jinja` and a vision model's `preprocessor_config.json` beside them): equal for the same files, different (but for a
     /// 64-bit hash collision) when any of them differs. What a turn persisted at shutdown carries,
     /// so that a restart with another tokenizer or template does not train on ids it did not make.
     pub fn fingerprint(&self) -> u64 {

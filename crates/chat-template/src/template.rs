@@ -159,6 +159,9 @@ impl TokenizerConfig {
 #[derive(Debug)]
 pub(crate) struct Templates {
     pub env: Environment<'static>,
+    /// A template loops over a message's `content` ([`iterates_content`]): engines hand it content
+    /// lists as they are ("openai" content format), not flattened.
+    pub iterates_content: bool,
     /// Environment name of the template used when no better one applies.
     default: Option<String>,
     /// Environment name of the `tool_use` template, used when the request has tools.
@@ -195,6 +198,7 @@ impl Templates {
         }
         Ok(Self {
             env,
+            iterates_content: cfg.templates.iter().any(|(_, src)| iterates_content(src)),
             default,
             tool_use,
             names,
@@ -324,5 +328,60 @@ mod tests {
             rewrite_generation_tags("{% generations %}"),
             "{% generations %}"
         );
+    }
+}
+
+/// Whether a chat template loops over a message's content (`{% for part in message.content %}`,
+/// `message['content']`, or a variable named `content`), vLLM's and SGLang's rule for the
+/// "openai" content format, in which the engine hands the template each content list as it is
+/// (text parts joined by the template, images where they stand) rather than flattened to a
+/// string. vLLM walks the template's syntax tree for loops over the content of a name bound by a
+/// loop over `messages`; this reads the same from the source (`tests/vl_prompt_parity.rs`
+/// compares the two on the templates it renders).
+pub(crate) fn iterates_content(source: &str) -> bool {
+    // Names bound to the messages by a loop: `for message in messages`, `messages[::-1]`, ….
+    let Ok(over_messages) = regex::Regex::new(r"\{%-?\s*for\s+(\w+)\s+in\s+messages\b") else {
+        return false;
+    };
+    let names: Vec<&str> = over_messages
+        .captures_iter(source)
+        .filter_map(|c| c.get(1).map(|m| m.as_str()))
+        .collect();
+    let alternatives = names
+        .iter()
+        .map(|n| regex::escape(n))
+        .chain(std::iter::once(String::new()))
+        .collect::<Vec<_>>();
+    alternatives.iter().any(|name| {
+        let pattern = if name.is_empty() {
+            // A loop over a variable named `content`.
+            r"\{%-?\s*for\s+\w+\s+in\s+content\s*-?%\}".to_owned()
+        } else {
+            format!(r#"\{{%-?\s*for\s+\w+\s+in\s+{name}(\.content\b|\[\s*['"]content['"]\s*\])"#)
+        };
+        regex::Regex::new(&pattern).is_ok_and(|re| re.is_match(source))
+    })
+}
+
+#[cfg(test)]
+mod content_loop_tests {
+    use super::iterates_content;
+
+    #[test]
+    fn loops_over_a_messages_content_are_found() {
+        for yes in [
+            "{% for message in messages %}{% for c in message.content %}{{ c.text }}{% endfor %}{% endfor %}",
+            "{%- for m in messages -%}{%- for c in m['content'] -%}x{%- endfor -%}{%- endfor -%}",
+            "{% for m in messages %}{% set content = m.content %}{% for p in content %}x{% endfor %}{% endfor %}",
+        ] {
+            assert!(iterates_content(yes), "{yes}");
+        }
+        for no in [
+            "{% for message in messages %}{{ message.content }}{% endfor %}",
+            "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% endif %}{% endfor %}",
+            "{% for tool in tools %}{% for c in tool.content %}{% endfor %}{% endfor %}",
+        ] {
+            assert!(!iterates_content(no), "{no}");
+        }
     }
 }

@@ -100,3 +100,41 @@ fn mini_is_cheap_to_share() {
         assert!(h.join().unwrap().contains(&format!("question {i}")));
     }
 }
+
+/// A directory with a `preprocessor_config.json` is a vision-language model only when it is a
+/// Qwen-VL processor beside an `<|image_pad|>` token; any other stays a text model (it loads, and
+/// its image turns are refused), never a start-up failure.
+#[test]
+fn only_a_qwen_vl_processor_with_its_pad_token_makes_a_vision_model() {
+    let mini_vl =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/mini-vl-model");
+    let mini = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/mini-model");
+    assert!(
+        ChatTokenizer::from_dir(&mini_vl)
+            .unwrap()
+            .vision()
+            .is_some()
+    );
+    assert!(ChatTokenizer::from_dir(&mini).unwrap().vision().is_none());
+    let with = |from: &std::path::Path, processor: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(from.join(f), dir.path().join(f)).unwrap();
+        }
+        std::fs::write(dir.path().join("preprocessor_config.json"), processor).unwrap();
+        let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
+        (tok.vision().copied(), dir)
+    };
+    let qwen = r#"{"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 16}"#;
+    assert_eq!(with(&mini_vl, qwen).0.unwrap().processor.patch_size, 16);
+    for (dir, processor) in [
+        (
+            &mini_vl,
+            r#"{"image_processor_type": "Gemma3ImageProcessor"}"#,
+        ),
+        (&mini_vl, r#"{"do_resize": false}"#),
+        (&mini, qwen),
+    ] {
+        assert_eq!(with(dir, processor).0, None, "{processor}");
+    }
+}

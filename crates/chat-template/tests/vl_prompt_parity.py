@@ -1,15 +1,16 @@
 """Full prompt ids of conversations with images, as transformers makes them for a Qwen-VL model.
 
-    python vl_prompt_parity.py MODEL_DIR
+    python vl_prompt_parity.py MODEL_DIR openai|string
 
 MODEL_DIR holds tokenizer.json, tokenizer_config.json and preprocessor_config.json. For ~60
 conversations (1 to 3 images a message, images in earlier turns, sizes from 1x1 to 4K and aspect
 ratios up to 200), the prompt is rendered by the tokenizer's own apply_chat_template, each image's
 <|image_pad|> is repeated as Qwen2VLProcessor.__call__ repeats it (image_grid_thw.prod() //
 merge_size**2, the grid from transformers' image processor on the decoded image), and the text is
-tokenized. One JSON line per conversation: its messages and prompt ids. The messages are
-normalised as the proxy does first (developer -> system; a content list without an image joined
-with spaces; a list with an image kept).
+tokenized. One JSON line per conversation: its messages and prompt ids. The messages are handed
+to the template as an engine hands them: developer -> system, and content lists kept as they are
+for an "openai" content-format template (the second argument: vLLM's own detection, asked by the
+test), else text parts joined with spaces (the proxy's flattening for "string" templates).
 """
 
 import base64
@@ -64,7 +65,8 @@ def conversations():
             msgs = [
                 {"role": "user", "content": [img, {"type": "text", "text": "Describe it."}]},
                 {"role": "assistant", "content": "A plain square of colour."},
-                {"role": "user", "content": "Which colour?"},
+                # A list of text parts only: joined by the template itself in the openai format.
+                {"role": "user", "content": [{"type": "text", "text": "Which"}, {"type": "text", "text": "colour?"}]},
             ]
         else:
             second = next(sizes, (64, 64))
@@ -79,18 +81,18 @@ def conversations():
         i += 1
 
 
-def normalize(m):
+def normalize(m, content_format):
     m = dict(m)
     if m.get("role") == "developer":
         m["role"] = "system"
     c = m.get("content")
-    if isinstance(c, list) and not any(p.get("type") in ("image_url", "input_image", "image") for p in c):
+    if isinstance(c, list) and content_format == "string":
         m["content"] = " ".join(p.get("text", "") for p in c if p.get("type") == "text")
     return m
 
 
 def main():
-    model_dir = sys.argv[1]
+    model_dir, content_format = sys.argv[1], sys.argv[2]
     tok = AutoTokenizer.from_pretrained(model_dir)
     with open(f"{model_dir}/preprocessor_config.json") as f:
         config = json.load(f)
@@ -98,7 +100,7 @@ def main():
     proc = Qwen2VLImageProcessorPil(**config, do_rescale=False, do_normalize=False)
     merge = proc.merge_size
     for msgs in conversations():
-        text = tok.apply_chat_template([normalize(m) for m in msgs], tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template([normalize(m, content_format) for m in msgs], tokenize=False, add_generation_prompt=True)
         images = [p for m in msgs if isinstance(m["content"], list) for p in m["content"]
                   if p["type"] == "image_url"]
         # Qwen2VLProcessor.__call__: each image token in turn becomes its count of placeholders.

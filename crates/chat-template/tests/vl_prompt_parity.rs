@@ -6,8 +6,13 @@
 //! `../shared`, never copied here) with its template taught image parts as Qwen-VL templates write
 //! them and Qwen2.5-VL's processor bounds (written to a temporary directory).
 //!
-//! Python with transformers: `POLICY_SERVING_TRANSFORMERS_PYTHON`, else the real engine's venv;
-//! without it the test says so and passes unless `POLICY_SERVING_REQUIRE_TRANSFORMERS=1` (CI).
+//! The content lists reach the template as an engine hands them: kept for a template that loops
+//! over a message's content ("openai" content format), flattened otherwise. Which format each
+//! template has is asked of vLLM's own detection (`vllm.renderers.hf._detect_content_format`),
+//! and `ChatTokenizer::keeps_content_lists` must say the same.
+//!
+//! Python with transformers and vLLM: `POLICY_SERVING_TRANSFORMERS_PYTHON`, else the real engine's
+//! venv; without it the test says so and passes unless `POLICY_SERVING_REQUIRE_TRANSFORMERS=1` (CI).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -34,10 +39,48 @@ fn python() -> Option<PathBuf> {
     None
 }
 
+/// vLLM's content format of the chat template in `dir`'s `tokenizer_config.json` (`openai` or
+/// `string`).
+fn vllm_content_format(python: &Path, dir: &Path) -> String {
+    let code = "import json, sys\n\
+        from vllm.renderers.hf import _detect_content_format\n\
+        t = json.load(open(sys.argv[1]))['chat_template']\n\
+        print(_detect_content_format(t, default='string'))";
+    let out = Command::new(python)
+        .args(["-c", code])
+        .arg(dir.join("tokenizer_config.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vLLM's content-format detection: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
 /// Checks every conversation the script writes for `dir` against `tok`; returns how many.
 fn check(python: &Path, dir: &Path, tok: &ChatTokenizer) -> usize {
+    let format = vllm_content_format(python, dir);
+    assert_eq!(
+        tok.keeps_content_lists(),
+        format == "openai",
+        "{}: vLLM detects the {format:?} content format",
+        dir.display()
+    );
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vl_prompt_parity.py");
-    let out = Command::new(python).arg(&script).arg(dir).output().unwrap();
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(dir)
+        .arg(&format)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}: {}",

@@ -94,11 +94,11 @@ pub fn normalize_message(message: &Value) -> Value {
     normalize_message_with(message, false)
 }
 
-/// [`normalize_message`] for a vision-language model when `keep_images`: a content list that
-/// holds an image part stays a list of its text and image parts as sent (the template writes
-/// each image's placeholder where it stands, as Qwen-VL templates do); lists without an image
-/// are flattened as for any model.
-pub fn normalize_message_with(message: &Value, keep_images: bool) -> Value {
+/// [`normalize_message`], with content lists kept as they are when `keep_lists`: for a template
+/// that loops over a message's content (engines hand such a template the list, "openai" content
+/// format: it joins the text parts itself and writes each image's placeholder where it stands,
+/// as Qwen-VL templates do).
+pub fn normalize_message_with(message: &Value, keep_lists: bool) -> Value {
     let Some(obj) = message.as_object() else {
         return message.clone();
     };
@@ -106,9 +106,7 @@ pub fn normalize_message_with(message: &Value, keep_images: bool) -> Value {
     for (k, v) in obj {
         let v = match (k.as_str(), v) {
             ("role", Value::String(r)) if r == "developer" => Value::String("system".into()),
-            ("content", Value::Array(parts)) if keep_images && parts.iter().any(is_image_part) => {
-                v.clone()
-            }
+            ("content", Value::Array(_)) if keep_lists => v.clone(),
             ("content", Value::Array(_)) => Value::String(flatten_content(v)),
             ("tool_calls", Value::Array(calls)) => {
                 Value::Array(calls.iter().map(parsed_arguments).collect())
@@ -173,10 +171,10 @@ pub fn normalize_messages(messages: &[Value]) -> Vec<Value> {
 }
 
 /// [`normalize_message_with`] over a conversation.
-pub fn normalize_messages_with(messages: &[Value], keep_images: bool) -> Vec<Value> {
+pub fn normalize_messages_with(messages: &[Value], keep_lists: bool) -> Vec<Value> {
     messages
         .iter()
-        .map(|m| normalize_message_with(m, keep_images))
+        .map(|m| normalize_message_with(m, keep_lists))
         .collect()
 }
 

@@ -74,4 +74,8 @@ pub struct RolloutResponse {
     /// step's log-probs rode on the first chunk) leaves nothing unexplained. 0 when not streamed.
     #[serde(default)]
     pub unexplained_chars: usize,
+    /// The engine's count of prompt tokens (`usage.prompt_tokens`: a non-streamed answer's, a
+    /// stream's when it carries usage), image pads included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
 }

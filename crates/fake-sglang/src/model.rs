@@ -386,20 +386,17 @@ pub(crate) fn thinking_enabled(default_on: bool, kwargs: Option<&Map<String, Val
             != Some(false)
 }
 
-/// Flattens list contents to text (what SGLang does for text-only templates); a vision-language
-/// model's messages with images keep their parts (its template writes each image's placeholder).
-fn template_messages(messages: &[Value], vision: bool) -> Vec<Value> {
+/// Flattens list contents to text (what SGLang does for templates that read content as a
+/// string); a template that loops over a message's content gets the lists as they are ("openai"
+/// content format: it joins text parts and writes each image's placeholder itself).
+fn template_messages(messages: &[Value], keep_lists: bool) -> Vec<Value> {
     messages
         .iter()
         .map(|m| {
             let mut m = m.clone();
             if let Some(obj) = m.as_object_mut()
                 && obj.get("content").is_some_and(Value::is_array)
-                && !(vision
-                    && obj
-                        .get("content")
-                        .and_then(Value::as_array)
-                        .is_some_and(|p| p.iter().any(ps_chat_template::is_image_part)))
+                && !keep_lists
             {
                 let text = content_text(obj.get("content"));
                 obj.insert("content".into(), Value::String(text));
@@ -466,7 +463,7 @@ pub(crate) fn sample_chat(
     reasoning_default: bool,
 ) -> Result<ChatSample, SampleError> {
     let kwargs = p.template_kwargs.as_ref();
-    let templated = template_messages(&p.messages, tok.vision().is_some());
+    let templated = template_messages(&p.messages, tok.keeps_content_lists());
     let prompt_text = tok
         .render(&templated, p.tools.as_ref(), true, kwargs)
         .map_err(SampleError::Template)?;

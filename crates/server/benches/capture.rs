@@ -85,6 +85,7 @@ fn job(
         tools: None,
         template_kwargs: None,
         rollout: RolloutResponse {
+            prompt_tokens: None,
             message: reply.clone(),
             tokens,
             finish: FinishReason {

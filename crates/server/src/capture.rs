@@ -645,6 +645,23 @@ pub fn capture_turn_with(
         });
     }
     let mut turn = retokenized_turn(tok, job, &pads, policy, cache)?;
+    // Re-tokenized pads are this model's processor's counts: where the engine says how many
+    // prompt tokens it used (`usage.prompt_tokens`), an image turn must come to the same number,
+    // or the engine resized its images otherwise.
+    if let (false, Some(engine)) = (pads.is_empty(), rollout.prompt_tokens)
+        && engine != turn.prompt_ids.len() as u64
+    {
+        return Err(CaptureError::Refused {
+            reason: "image_pad_mismatch",
+            detail: format!(
+                "the engine used {engine} prompt tokens where this model's processor gives {} \
+                 (its images expanded to {pads:?} pads): the engine resizes images otherwise \
+                 than preprocessor_config.json in the model directory; serve both with the \
+                 same processor settings",
+                turn.prompt_ids.len()
+            ),
+        });
+    }
     turn.images = sample_images();
     turn.weight_version = weight_version;
     stats.retokenized.fetch_add(1, Ordering::Relaxed);
@@ -1379,6 +1396,61 @@ mod tests {
 
     fn policy() -> AlignPolicy {
         AlignPolicy::default()
+    }
+
+    /// A re-tokenized image turn's prompt must come to the engine's own count of prompt tokens
+    /// when the answer states it: otherwise the engine resized the image otherwise than this
+    /// model's processor (`image_pad_mismatch`), never a sample with other pads than it used.
+    /// The engine's ids with another run of pads are refused the same way.
+    #[test]
+    fn an_image_turn_whose_pads_the_engine_did_not_use_is_refused() {
+        use base64::Engine as _;
+        let tok = ChatTokenizer::mini_vl();
+        let png = [
+            0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13, b'I', b'H', b'D', b'R', 0,
+            0, 0, 64, 0, 0, 0, 48, 8, 2, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let url = format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(png)
+        );
+        let history = vec![json!({"role": "user", "content": [
+            {"type": "text", "text": "What is it?"},
+            {"type": "image_url", "image_url": {"url": url}}]})];
+        let run = |prompt_tokens: Option<u64>| {
+            let mut j = job("i", 1, &history, false);
+            j.rollout.prompt_tokens = prompt_tokens;
+            capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default())
+        };
+        let ok = run(None).unwrap();
+        let pad = tok.vision().unwrap().image_pad_id;
+        assert_eq!(ok.images.len(), 1);
+        assert_eq!(
+            ok.prompt_ids.iter().filter(|&&t| t == pad).count(),
+            ok.images[0].tokens
+        );
+        let n = ok.prompt_ids.len() as u64;
+        assert!(run(Some(n)).is_ok(), "the engine's count agrees");
+        for other in [n - 1, n + 12] {
+            match run(Some(other)) {
+                Err(CaptureError::Refused { reason, detail }) => {
+                    assert_eq!(reason, "image_pad_mismatch");
+                    assert!(detail.contains("preprocessor_config.json"), "{detail}");
+                }
+                r => panic!("{other}: {r:?}"),
+            }
+        }
+        // The engine's own ids with a run of pads of another length.
+        let mut prompt = ok.prompt_ids.clone();
+        let at = prompt.iter().position(|&t| t == pad).unwrap();
+        prompt.insert(at, pad);
+        let eos = tok.eos_token_id().unwrap();
+        let mut j = engine_job(&tok, Some((prompt, vec![eos])), 1);
+        j.messages = history.clone();
+        match capture_turn_with(&tok, &j, policy(), None, &CaptureStats::default()) {
+            Err(CaptureError::Refused { reason, .. }) => assert_eq!(reason, "image_pad_mismatch"),
+            r => panic!("{r:?}"),
+        }
     }
 
     #[test]

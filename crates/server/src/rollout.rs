@@ -202,8 +202,14 @@ pub async fn blob(
     }
 }
 
-/// The images the samples of a page reference, each once (hash → bytes): a MessagePack page
-/// carries them inline. Only records that hold an `images` key are decoded to find them.
+/// At most this many bytes of images inline in one MessagePack page; the others are left to
+/// `GET /v1/rollout/blobs/{hash}` (the Python bridge fetches what a page does not carry).
+pub const MAX_PAGE_IMAGE_BYTES: usize = 64 << 20;
+
+/// The images the samples of a page reference, each once (hash → bytes), up to
+/// [`MAX_PAGE_IMAGE_BYTES`]: a MessagePack page carries them inline. Only records that hold an
+/// `images` key are decoded to find them. An image gone since the records were read (compacted
+/// in between) is left out, as are those beyond the budget.
 async fn page_images(
     r: &Rollout,
     records: &[EncodedSample],
@@ -222,14 +228,14 @@ async fn page_images(
         }
     }
     let mut out = Vec::with_capacity(hashes.len());
+    let mut total = 0usize;
     for hash in hashes {
-        match r.store.blob(&hash).await? {
-            Some(bytes) => out.push((hash, bytes)),
-            None => {
-                return Err(ApiError::Store(LogError::store(format!(
-                    "image {hash} of a kept sample is not in the store"
-                ))));
+        if let Some(bytes) = r.store.blob(&hash).await? {
+            total += bytes.len();
+            if total > MAX_PAGE_IMAGE_BYTES {
+                break;
             }
+            out.push((hash, bytes));
         }
     }
     Ok(out)

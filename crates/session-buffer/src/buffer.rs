@@ -170,16 +170,12 @@ impl SessionBuffer {
             restore_image_bytes(&mut t.turn);
         }
         let unusable = |t: &ps_core::PendingTurn| -> Option<&'static str> {
+            if t.turn.images.iter().any(|i| i.bytes.is_none()) {
+                return Some("image_unreadable");
+            }
             let m: Vec<serde_json::Value> = t.turn.messages.parse().ok()?;
             let captured = !t.turn.images.is_empty();
-            if let Some((reason, _)) = ps_core::message::unsupported_part_with(&m, captured) {
-                return Some(reason);
-            }
-            t.turn
-                .images
-                .iter()
-                .any(|i| i.bytes.is_none())
-                .then_some("image_unreadable")
+            ps_core::message::unsupported_part_with(&m, captured).map(|(reason, _)| reason)
         };
         let (turns, unsupported): (Vec<_>, Vec<_>) =
             turns.into_iter().partition(|t| unusable(t).is_none());

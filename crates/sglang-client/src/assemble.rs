@@ -552,6 +552,10 @@ impl Answer {
             engine_ids,
             weight_version: weight_version(&resp, &choice)?,
             unexplained_chars: 0,
+            prompt_tokens: resp
+                .object("usage")
+                .and_then(|u| u.get("prompt_tokens"))
+                .and_then(|v| v.get().parse().ok()),
         })
     }
 
@@ -641,6 +645,8 @@ pub struct StreamAssembler {
     stream_ids_unpaired: bool,
     /// The engine the chunks' shape shows, once one did.
     engine: Option<ps_core::Engine>,
+    /// `usage.prompt_tokens` of a usage chunk.
+    prompt_tokens: Option<u64>,
 }
 
 impl StreamAssembler {
@@ -719,6 +725,13 @@ impl StreamAssembler {
         }
         if let Some(ids) = chunk.get("prompt_token_ids").and_then(raw::as_ids) {
             self.stream_prompt = Some(ids);
+        }
+        if let Some(n) = chunk
+            .get("usage")
+            .and_then(RawObject::of)
+            .and_then(|u| u.get("prompt_tokens").and_then(raw::as_u64))
+        {
+            self.prompt_tokens = Some(n);
         }
         let Some(choice) = chunk.get("choices").and_then(raw::array).and_then(|cs| {
             cs.iter().find_map(|c| {
@@ -900,6 +913,7 @@ impl StreamAssembler {
             engine_ids,
             weight_version: None,
             unexplained_chars: self.text_chars.saturating_sub(self.token_chars),
+            prompt_tokens: self.prompt_tokens,
         }
     }
 }

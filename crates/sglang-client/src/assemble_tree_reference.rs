@@ -145,6 +145,10 @@ pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
         }
     }
     RolloutResponse {
+        prompt_tokens: resp
+            .get("usage")
+            .and_then(|u| u.get("prompt_tokens"))
+            .and_then(Value::as_u64),
         message: choice.get("message").cloned().unwrap_or(Value::Null),
         tokens,
         finish: finish_of(choice),
@@ -179,6 +183,7 @@ pub struct StreamAssembler {
     /// Streamed `sglext` ids (a final `choices: []` chunk before `[DONE]`).
     sglext_prompt: Option<Vec<u32>>,
     sglext_response: Option<Vec<u32>>,
+    prompt_tokens: Option<u64>,
 }
 
 impl StreamAssembler {
@@ -216,6 +221,13 @@ impl StreamAssembler {
         }
         if let Some(ids) = sglext_ids(chunk.get("sglext"), "input_ids") {
             self.sglext_prompt = Some(ids);
+        }
+        if let Some(n) = chunk
+            .get("usage")
+            .and_then(|u| u.get("prompt_tokens"))
+            .and_then(Value::as_u64)
+        {
+            self.prompt_tokens = Some(n);
         }
         let Some(choice) = chunk
             .get("choices")
@@ -343,6 +355,7 @@ impl StreamAssembler {
             _ => None,
         };
         RolloutResponse {
+            prompt_tokens: self.prompt_tokens,
             message: Value::Object(message),
             tokens: self.tokens,
             finish: self.finish,

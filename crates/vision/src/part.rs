@@ -41,7 +41,7 @@ pub struct Image {
 /// missing or non-base64 payload, an unreadable header or an image over the byte limit is an
 /// error whose [`VisionError::reason`] drops the turn.
 pub fn read_image_part(part: &Value, limits: &ImageLimits) -> Result<Image, VisionError> {
-    let (mime, payload) = match image_source(part) {
+    let payload = match image_source(part) {
         None => {
             return Err(VisionError::NoData {
                 detail: "no image_url.url, image or source".into(),
@@ -66,7 +66,7 @@ pub fn read_image_part(part: &Value, limits: &ImageLimits) -> Result<Image, Visi
                 detail: format!("data:{mime} is not ;base64"),
             });
         }
-        Some(ImageSource::Data { mime, data, .. }) => (mime, data),
+        Some(ImageSource::Data { data, .. }) => data,
     };
     // A decoded image is about 3/4 of its base64: refuse before decoding what is far too large.
     if payload.len() / 4 * 3 > limits.max_image_bytes.saturating_add(3) {
@@ -106,7 +106,8 @@ pub fn read_image_part(part: &Value, limits: &ImageLimits) -> Result<Image, Visi
     let hash = format!("{:x}", Sha256::digest(&bytes));
     Ok(Image {
         hash,
-        mime: if mime.is_empty() { known } else { mime }.to_owned(),
+        // What the bytes are, whatever the data URL declared.
+        mime: known.to_owned(),
         bytes: bytes.into(),
         width: size.width as u64,
         height: size.height as u64,
@@ -159,6 +160,14 @@ mod tests {
                 "{p}"
             );
         }
+        // The media type is what the bytes are, whatever the data URL declares.
+        let declared = json!({"type": "image_url", "image_url": {"url": format!("data:image/jpeg;base64,{b64}")}});
+        assert_eq!(
+            read_image_part(&declared, &ImageLimits::default())
+                .unwrap()
+                .mime,
+            "image/png"
+        );
     }
 
     #[test]
