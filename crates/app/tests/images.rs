@@ -544,19 +544,75 @@ async fn no_mode_makes_a_sample_of_a_part_not_captured_exactly() {
             match mode {
                 // Turn 1 judged with its next state, turn 2 without one: both samples.
                 ps_config::Mode::Rl => assert_eq!(samples.len(), 2, "{what}: {st}"),
-                // The teacher scores ids only: no distilled sample of an image turn.
-                ps_config::Mode::Opd => {
-                    assert!(samples.is_empty(), "{what}: {st}");
-                    let dropped = &st["turns_dropped_by_reason"];
-                    assert_eq!(dropped["teacher_without_images"], 1, "{what}: {dropped}");
-                }
-                // Turn 1 becomes Combine's RL-only sample (its eval votes are +1), with its image.
-                ps_config::Mode::Combine => {
+                // Turn 1 distilled: the SGLang teacher scored the hinted prompt with its image
+                // (image_data beside the ids, checked by the fake against the pad runs); turn 2
+                // had no next state.
+                _ => {
                     assert_eq!(samples.len(), 1, "{what}: {st}");
-                    assert_eq!(samples[0]["metadata"]["teacher"], "rollout", "{what}");
+                    assert_eq!(samples[0]["metadata"]["teacher"], "hinted", "{what}");
+                    let teacher = samples[0]["teacher_log_probs"].as_array().unwrap();
+                    assert_eq!(
+                        teacher.len() as u64,
+                        samples[0]["response_length"].as_u64().unwrap(),
+                        "{what}"
+                    );
+                    let calls: Vec<Value> = fake
+                        .requests()
+                        .into_iter()
+                        .filter(|r| r.path == "/generate" && r.body.get("image_data").is_some())
+                        .map(|r| r.body)
+                        .collect();
+                    assert_eq!(calls.len(), 1, "{what}: one teacher call with the image");
+                    assert_eq!(
+                        calls[0]["image_data"][0].as_str().unwrap(),
+                        data_url("image/png", RED_PNG),
+                        "{what}"
+                    );
                 }
             }
             server.stop().await;
         }
     }
+}
+
+/// A teacher that scores token ids only (an OpenAI-compatible `/v1/completions`) gives an image
+/// turn no teacher values: dropped as `teacher_without_images` in OPD, never scored without its
+/// image; the hint judges are not asked first.
+#[tokio::test]
+async fn a_teacher_without_images_drops_image_turns_with_that_reason() {
+    let fake = vl_fake(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = vl_settings(&fake, dir.path());
+    s.server.mode = ps_config::Mode::Opd;
+    s.teacher.backend = ps_config::TeacherBackend::OpenaiCompletions;
+    s.teacher.url = Some(format!("{}/v1/completions", fake.base_url()));
+    s.teacher.model = Some("default".into());
+    s.teacher.timeout_sec = 5;
+    let server = common::Server::start(&s, &common::no_env).await;
+    let first = json!({"role": "user", "content": [text("Look:"), image("image/png", RED_PNG)]});
+    let a = answer(
+        chat(&server.url, "ct", json!({"messages": [first]}), false).await,
+        false,
+    )
+    .await;
+    let history = json!([first, a, {"role": "user", "content": "Thanks! FAKE_VOTES=1"}]);
+    answer(
+        chat(&server.url, "ct", json!({"messages": history}), true).await,
+        false,
+    )
+    .await;
+    let samples = resolved(&server, 2).await;
+    assert!(samples.is_empty());
+    let st = server.status().await;
+    assert_eq!(
+        st["turns_dropped_by_reason"]["teacher_without_images"], 1,
+        "{st}"
+    );
+    assert!(
+        fake.requests()
+            .iter()
+            .all(|r| r.path != "/v1/completions" && r.path != "/generate"),
+        "neither the teacher nor the hint judges were asked"
+    );
+    server.stop().await;
 }

@@ -264,6 +264,28 @@ fn run(state: &FakeState, body: &Value) -> Result<Output, String> {
             (vec![(decode(tok, &ids), ids)], false)
         }
     };
+    // A vision-language engine's images beside `input_ids`: one per run of image pad tokens (SGLang
+    // refuses a count that does not match). The fake does not look at the images themselves.
+    if let Some(images) = obj.get("image_data").filter(|v| !v.is_null()) {
+        let count = match images {
+            Value::Array(list) if list.iter().all(Value::is_string) => list.len(),
+            _ => return Err("image_data: must be a list of image URLs".into()),
+        };
+        let Some(pad) = tok.vision().map(|v| v.image_pad_id) else {
+            return Err("image_data given to a model that takes no images".into());
+        };
+        for (_, ids) in &prompts {
+            let runs = ids
+                .chunk_by(|a, b| a == b)
+                .filter(|run| run[0] == pad)
+                .count();
+            if runs != count {
+                return Err(format!(
+                    "the input holds {runs} image placeholders for {count} images in image_data"
+                ));
+            }
+        }
+    }
     let text_in_logprobs = obj
         .get("return_text_in_logprobs")
         .and_then(Value::as_bool)

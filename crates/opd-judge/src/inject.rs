@@ -2,7 +2,7 @@
 //! message, followed by the policy's response verbatim (`docs/upstream-protocols.md` section 6).
 
 use ps_chat_template::{ChatTemplateError, ChatTokenizer, EncodedPrefix};
-use ps_core::message::{flatten_content, normalize_messages};
+use ps_core::message::{flatten_content, normalize_messages, normalize_messages_with};
 use serde_json::{Map, Value, json};
 
 use crate::parse::py_strip;
@@ -39,6 +39,39 @@ pub fn append_hint(messages: &[Value], hint: &str) -> Vec<Value> {
         None => out[target] = json!({"role": "user", "content": content}),
     }
     normalize_messages(&out)
+}
+
+/// [`append_hint`] for a template that loops over a message's content (`keep_lists`,
+/// `ChatTokenizer::keeps_content_lists`): a target whose content is a list (a vision-language
+/// prompt with its images) keeps its parts and gets the hint as one more text part,
+/// `"\n\n[user's hint / instruction]\n" + strip(hint)` (what the template joins to the text
+/// before it, as a string target gets it); every content list stays a list.
+pub fn append_hint_keeping_lists(messages: &[Value], hint: &str, keep_lists: bool) -> Vec<Value> {
+    let target = messages
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .unwrap_or(messages.len().saturating_sub(1));
+    let list_target = messages
+        .get(target)
+        .and_then(|m| m.get("content"))
+        .is_some_and(Value::is_array);
+    if !keep_lists || messages.is_empty() {
+        return append_hint(messages, hint);
+    }
+    if !list_target {
+        // A string target: as `append_hint`, the other lists kept.
+        let hinted = append_hint(&messages[target..=target], hint);
+        let mut out = messages.to_vec();
+        out[target] = hinted.into_iter().next().unwrap_or(Value::Null);
+        return normalize_messages_with(&out, true);
+    }
+    let mut out = messages.to_vec();
+    if let Some(Value::Array(parts)) = out[target].get_mut("content") {
+        parts.push(
+            json!({"type": "text", "text": format!("\n\n{HINT_MARKER}\n{}", py_strip(hint))}),
+        );
+    }
+    normalize_messages_with(&out, true)
 }
 
 /// The teacher's input text for one turn: `messages` with `hint` appended ([`append_hint`]),
@@ -124,6 +157,41 @@ pub fn teacher_input_ids(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_list_target_keeps_its_images_and_gets_the_hint_as_a_text_part() {
+        let image = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}});
+        let m = vec![
+            json!({"role": "developer", "content": "Be brief."}),
+            json!({"role": "user", "content": [{"type": "text", "text": "What?"}, image]}),
+        ];
+        let out = append_hint_keeping_lists(&m, "  look closer ", true);
+        assert_eq!(out[0]["role"], "system");
+        assert_eq!(
+            out[1]["content"],
+            json!([{"type": "text", "text": "What?"}, image,
+                {"type": "text", "text": format!("\n\n{HINT_MARKER}\nlook closer")}])
+        );
+        // A string target is hinted as by `append_hint`, other lists kept.
+        let s = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "a"}, image]}),
+            json!({"role": "assistant", "content": "b"}),
+            json!({"role": "user", "content": "c"}),
+        ];
+        let out = append_hint_keeping_lists(&s, "h", true);
+        assert_eq!(out[0]["content"], s[0]["content"]);
+        assert_eq!(out[2], append_hint(&s[2..], "h")[0]);
+        // Without kept lists, exactly `append_hint`.
+        assert_eq!(
+            append_hint_keeping_lists(&s, "h", false),
+            append_hint(&s, "h")
+        );
+        assert_eq!(
+            append_hint_keeping_lists(&[], "h", true),
+            append_hint(&[], "h")
+        );
+    }
+
     use super::*;
 
     fn content(m: &Value) -> &str {

@@ -21,7 +21,8 @@ mod scorer;
 use serde::{Deserialize, Serialize};
 
 pub use inject::{
-    HINT_MARKER, TeacherResponse, append_hint, teacher_input_ids, teacher_input_text,
+    HINT_MARKER, TeacherResponse, append_hint, append_hint_keeping_lists, teacher_input_ids,
+    teacher_input_text,
 };
 pub use parse::{parse_hint_vote, select_best_hint};
 pub use prompt::hint_messages;

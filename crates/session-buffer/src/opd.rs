@@ -71,6 +71,113 @@ pub(crate) struct TeacherFailure {
     pub detail: String,
 }
 
+/// The teacher's values of a turn whose prompt holds images: the hinted prompt rendered with its
+/// images' placeholders (content lists kept, as the engine hands them to the template), each pad
+/// repeated to its image's count as at capture, then the turn's own response ids; the images go
+/// beside the ids (`image_data`, data URLs in prompt order). Rendered in full: the prefix caches
+/// of the text path hold unexpanded ids.
+async fn image_teacher_signal(
+    parts: &OpdParts,
+    turn: &CapturedTurn,
+    hint: &str,
+    top_k: usize,
+) -> Result<TeacherLogprobs, TeacherFailure> {
+    use base64::Engine as _;
+    let failed = |detail: String| TeacherFailure {
+        reason: "teacher_error",
+        detail,
+    };
+    let mut image_data = Vec::with_capacity(turn.images.len());
+    for image in &turn.images {
+        let Some(bytes) = &image.bytes else {
+            return Err(failed(format!(
+                "image {} has no bytes in memory",
+                image.hash
+            )));
+        };
+        image_data.push(format!(
+            "data:{};base64,{}",
+            image.mime,
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        ));
+    }
+    let messages: Vec<serde_json::Value> = turn
+        .messages
+        .parse()
+        .map_err(|e| failed(format!("the turn's request could not be read back: {e}")))?;
+    let tools = turn
+        .tools
+        .as_ref()
+        .map(JsonText::parse)
+        .transpose()
+        .map_err(|e| failed(format!("the turn's tools could not be read back: {e}")))?;
+    let kwargs = turn
+        .template_kwargs
+        .as_ref()
+        .map(JsonText::parse)
+        .transpose()
+        .map_err(|e| {
+            failed(format!(
+                "the turn's template kwargs could not be read back: {e}"
+            ))
+        })?;
+    let counts: Vec<usize> = turn.images.iter().map(|i| i.tokens).collect();
+    let (tok, hint_owned, response) = (
+        parts.tokenizer.clone(),
+        hint.to_owned(),
+        turn.response_ids.clone(),
+    );
+    let ids = tokio::task::spawn_blocking(move || {
+        let hinted = ps_opd_judge::append_hint_keeping_lists(
+            &messages,
+            &hint_owned,
+            tok.keeps_content_lists(),
+        );
+        let text = tok.render(&hinted, tools.as_ref(), true, kwargs.as_ref())?;
+        let mut ids = tok.expand_image_pads(&tok.encode(&text)?, &counts)?;
+        ids.extend_from_slice(&response);
+        Ok::<_, ps_chat_template::ChatTemplateError>(ids)
+    })
+    .await
+    .map_err(|e| failed(format!("rendering the teacher prompt panicked: {e}")))?
+    .map_err(|e| failed(format!("rendering the teacher prompt failed: {e}")))?;
+    let t = turn.response_ids.len();
+    let _permit = match &parts.teacher_permits {
+        Some(s) => Some(
+            s.clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| failed("the teacher is shut down".into()))?,
+        ),
+        None => None,
+    };
+    let started = tokio::time::Instant::now();
+    let result = parts
+        .teacher
+        .score_with_images(&ids, t, top_k, &image_data)
+        .await;
+    metrics::histogram!(ps_core::metric_names::TEACHER_SECONDS)
+        .record(started.elapsed().as_secs_f64());
+    let signal = result.map_err(|e| TeacherFailure {
+        reason: if e.reason() == "teacher_without_images" {
+            "teacher_without_images"
+        } else {
+            "teacher_error"
+        },
+        detail: e.to_string(),
+    })?;
+    if let Err(m) = signal.check_alignment(&turn.response_ids) {
+        return Err(TeacherFailure {
+            reason: "teacher_token_mismatch",
+            detail: format!(
+                "first differing position {} (ours {:?}, teacher {:?}; lengths {} and {})",
+                m.first_position, m.ours, m.theirs, m.len_ours, m.len_theirs
+            ),
+        });
+    }
+    Ok(signal)
+}
+
 /// Renders the hinted prompt + original response, tokenizes it (only what the hint changes: the
 /// rest is the turn's encoded prompt), asks the teacher for the last `T` positions and checks that
 /// the teacher scored our very response tokens.
@@ -81,17 +188,21 @@ pub(crate) async fn teacher_signal(
     top_k: usize,
     encoded: EncodedSoFar<'_>,
 ) -> Result<TeacherLogprobs, TeacherFailure> {
-    // The teacher clients send token ids alone: a prompt with images would be scored without
-    // them, i.e. under a prompt the policy never saw.
+    // A prompt with images is scored with them (an SGLang teacher takes `image_data` beside the
+    // ids); a teacher that scores ids alone would score a prompt the policy never saw.
     if !turn.images.is_empty() {
-        return Err(TeacherFailure {
-            reason: "teacher_without_images",
-            detail: format!(
-                "the turn's prompt holds {} image(s) and the teacher backend scores token ids \
-                 only: no teacher log-probs of the prompt the policy saw",
-                turn.images.len()
-            ),
-        });
+        if !parts.teacher.takes_images() {
+            return Err(TeacherFailure {
+                reason: "teacher_without_images",
+                detail: format!(
+                    "the turn's prompt holds {} image(s) and the teacher ({}) scores token ids \
+                     only: no teacher log-probs of the prompt the policy saw",
+                    turn.images.len(),
+                    parts.teacher.describe()
+                ),
+            });
+        }
+        return image_teacher_signal(parts, turn, hint, top_k).await;
     }
     let tok = parts.tokenizer.clone();
     // Built on the engine's prompt ids only if the drift check agreed when the turn was captured
@@ -441,6 +552,28 @@ impl OpdJudging<'_> {
             }
             (None, false) => json!({"role": "user", "content": ""}),
         };
+        // Pure OPD needs the teacher's values: an image turn with a teacher that cannot take
+        // images is dropped before any hint vote is spent on it.
+        if !combine && !job.turn.images.is_empty() && !parts.teacher.takes_images() {
+            let detail = format!(
+                "the turn's prompt holds {} image(s) and the teacher ({}) scores token ids only",
+                job.turn.images.len(),
+                parts.teacher.describe()
+            );
+            record_turn(
+                self.records,
+                &job.session_id,
+                job.turn_no,
+                &job.turn,
+                job.next.as_ref(),
+                None,
+            );
+            return OpdVerdict::Drop {
+                reason: "teacher_without_images",
+                record: Box::new(OpdRecord::new(facts(Some(("teacher_without_images", ""))))),
+                detail,
+            };
+        }
         let input = judge_input(&job.turn, &next);
         let want_eval = combine || opts.eval_votes;
         let (hint, eval) = futures::join!(parts.hint.judge(&input), async {

@@ -80,6 +80,28 @@ pub trait TeacherScorer: Send + Sync {
 
     /// A short description for logs, such as `sglang /generate at http://…` (never the key).
     fn describe(&self) -> String;
+
+    /// Whether [`Self::score_with_images`] can score an input whose prompt holds images. By
+    /// default not: such a turn gets no teacher values (`teacher_without_images`).
+    fn takes_images(&self) -> bool {
+        false
+    }
+
+    /// [`Self::score`] of an input whose prompt holds images: `input_ids` hold each image's run of
+    /// pad tokens, `image_data` the images in prompt order, as data URLs. By default an error
+    /// ([`TeacherError::ImagesUnsupported`]).
+    async fn score_with_images(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+    ) -> Result<TeacherLogprobs, TeacherError> {
+        let _ = (input_ids, response_len, top_k, image_data);
+        Err(TeacherError::ImagesUnsupported {
+            teacher: self.describe(),
+        })
+    }
 }
 
 #[async_trait]
@@ -95,5 +117,21 @@ impl<S: TeacherScorer + ?Sized> TeacherScorer for std::sync::Arc<S> {
 
     fn describe(&self) -> String {
         (**self).describe()
+    }
+
+    fn takes_images(&self) -> bool {
+        (**self).takes_images()
+    }
+
+    async fn score_with_images(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+    ) -> Result<TeacherLogprobs, TeacherError> {
+        (**self)
+            .score_with_images(input_ids, response_len, top_k, image_data)
+            .await
     }
 }

@@ -86,6 +86,10 @@ struct GenerateBody<'a> {
     logprob_start_len: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     top_logprobs_num: Option<usize>,
+    /// The prompt's images in order (data URLs), for a vision-language teacher: SGLang expands
+    /// nothing itself when given `input_ids`, whose pads already stand for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image_data: Option<&'a [String]>,
 }
 
 impl<'a> GenerateBody<'a> {
@@ -104,6 +108,7 @@ impl<'a> GenerateBody<'a> {
             // passes over the same input_ids (one without and one with `top_logprobs_num`, docs/upstream-protocols.md 2.4);
             // SGLang returns `input_token_logprobs` and `input_top_logprobs` together, so one is enough.
             top_logprobs_num: (top_k > 0).then_some(top_k),
+            image_data: None,
         }
     }
 }
@@ -162,6 +167,21 @@ impl TeacherScorer for SglangTeacher {
         response_len: usize,
         top_k: usize,
     ) -> Result<TeacherLogprobs, TeacherError> {
+        self.score_with_images(input_ids, response_len, top_k, &[])
+            .await
+    }
+
+    fn takes_images(&self) -> bool {
+        true
+    }
+
+    async fn score_with_images(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+    ) -> Result<TeacherLogprobs, TeacherError> {
         if response_len == 0 {
             return Ok(TeacherLogprobs::empty(top_k));
         }
@@ -173,10 +193,9 @@ impl TeacherScorer for SglangTeacher {
                 config_key: URL_KEY,
             }
         })?;
-        let bytes = self
-            .endpoint
-            .post(&GenerateBody::new(input_ids, start, top_k))
-            .await?;
+        let mut body = GenerateBody::new(input_ids, start, top_k);
+        body.image_data = (!image_data.is_empty()).then_some(image_data);
+        let bytes = self.endpoint.post(&body).await?;
         parse_generate(&bytes, start, response_len, top_k)
             .map_err(|e| self.endpoint.parse_error(e, top_k))
     }
