@@ -256,10 +256,28 @@ async fn image_turns_become_samples_with_the_engines_prompt_ids_on_every_path() 
 
 #[tokio::test]
 async fn images_come_back_byte_identical_from_the_rollout_api_and_go_after_commit() {
+    images_through_the_rollout_api(None).await;
+}
+
+/// The same over the Redis store (a server of its own, or CI's shared one).
+#[tokio::test]
+async fn images_come_back_byte_identical_over_redis_too() {
+    let Some(redis) = ps_redis_store::testing::TestRedis::shared_or_start() else {
+        return;
+    };
+    images_through_the_rollout_api(Some(&redis)).await;
+}
+
+async fn images_through_the_rollout_api(redis: Option<&ps_redis_store::testing::TestRedis>) {
     let fake = vl_fake(None).await;
     let dir = tempfile::tempdir().unwrap();
     let mut s = vl_settings(&fake, dir.path());
     s.store.retain_committed = 0;
+    if let Some(redis) = redis {
+        s.store.kind = ps_config::StoreKind::Redis;
+        s.store.redis.url = redis.url().to_owned();
+        s.store.redis.deployment = redis.deployment().into();
+    }
     let server = common::Server::start(&s, &common::no_env).await;
     conversation(&server.url, &fake, "blobs", false).await;
     let samples = server.settle(3).await;
@@ -397,7 +415,7 @@ async fn parts_that_cannot_be_captured_exactly_are_dropped_with_their_counted_re
 }
 
 #[tokio::test]
-async fn a_text_model_or_a_store_without_images_never_trains_on_an_image_turn() {
+async fn a_text_model_never_trains_on_an_image_turn() {
     // The text-only mini model: refused on the chat path.
     let fake = FakeSglang::builder().spawn().await.unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,12 @@
 /// setting to fix; the client's error is kept as the `source`.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisStoreError {
+    /// The sample references an image whose bytes it does not carry and the store does not keep;
+    /// it was not stored.
+    #[error(
+        "the sample references image {hash}, whose bytes it does not carry and Redis does not keep"
+    )]
+    MissingImage { hash: String },
     /// A configuration value is unusable.
     #[error("invalid Redis store config: {field} = {value:?}: {reason}")]
     Config {

@@ -31,20 +31,45 @@ end
 }
 
 /// Adds the entry under the next seq, unless this append's token already got one. Also tells
-/// whether the deployment's epoch key was missing (Redis lost its data since it was set).
-/// KEYS: stream, counter, token, epoch. ARGV: payload, token lifetime (s), epoch value.
+/// whether the deployment's epoch key was missing (Redis lost its data since it was set). A
+/// sample's images (n of them) are kept once per hash beside the stream: each blob key is set
+/// when missing, and the image index (hash → the highest seq that references it) raised to this
+/// seq; the entry carries the hashes (field `i`) so that a requeue raises them again. An image
+/// without bytes (ARGV empty) whose blob is not kept refuses the append before anything is
+/// written: {-1, i}.
+/// KEYS: stream, counter, token, epoch, image index, blob key × n.
+/// ARGV: payload, token lifetime (s), epoch value, n, hash × n, bytes × n.
 /// Returns {seq, lost}.
 pub(crate) const APPEND: &str = concat!(
     lua_add!(),
     r"
 local done = redis.call('GET', KEYS[3])
 if done then return {tonumber(done), 0} end
+local n = tonumber(ARGV[4])
+for i = 1, n do
+  if ARGV[4 + n + i] == '' and redis.call('EXISTS', KEYS[5 + i]) == 0 then
+    return {-1, i}
+  end
+end
 local lost = 0
 if redis.call('EXISTS', KEYS[4]) == 0 then
   lost = 1
   redis.call('SET', KEYS[4], ARGV[3])
 end
-local seq = add(KEYS[1], KEYS[2], 's', ARGV[1])
+local seq
+if n > 0 then
+  local hashes = {}
+  for i = 1, n do hashes[i] = ARGV[4 + i] end
+  seq = add(KEYS[1], KEYS[2], 's', ARGV[1], 'i', table.concat(hashes, ','))
+  for i = 1, n do
+    if ARGV[4 + n + i] ~= '' then
+      redis.call('SET', KEYS[5 + i], ARGV[4 + n + i], 'NX')
+    end
+    redis.call('ZADD', KEYS[5], 'GT', seq, ARGV[4 + i])
+  end
+else
+  seq = add(KEYS[1], KEYS[2], 's', ARGV[1])
+end
 redis.call('SET', KEYS[3], string.format('%d', seq), 'EX', ARGV[2])
 return {seq, lost}
 "
@@ -52,8 +77,9 @@ return {seq, lost}
 
 /// Hands the entries other consumers left pending longer than the idle time to whoever reads next:
 /// each is added again under a new seq (above every cursor) and the old entry acknowledged and
-/// deleted, in one step. KEYS: stream, counter. ARGV: group, this consumer, idle (ms), how many
-/// pending entries to look at. Returns how many were moved.
+/// deleted, in one step; its images' index entries are raised to the new seq. KEYS: stream,
+/// counter, image index. ARGV: group, this consumer, idle (ms), how many pending entries to look
+/// at. Returns how many were moved.
 pub(crate) const REQUEUE: &str = concat!(
     lua_add!(),
     r"
@@ -64,7 +90,15 @@ for _, e in ipairs(p) do
   if owner ~= ARGV[2] then
     local entry = redis.call('XRANGE', KEYS[1], id, id)
     if #entry > 0 then
-      add(KEYS[1], KEYS[2], unpack(entry[1][2]))
+      local fields = entry[1][2]
+      local seq = add(KEYS[1], KEYS[2], unpack(fields))
+      for f = 1, #fields, 2 do
+        if fields[f] == 'i' then
+          for hash in string.gmatch(fields[f + 1], '[^,]+') do
+            redis.call('ZADD', KEYS[3], 'GT', seq, hash)
+          end
+        end
+      end
       moved = moved + 1
     end
     redis.call('XACK', KEYS[1], ARGV[1], id)
@@ -76,8 +110,10 @@ return moved
 );
 
 /// Acknowledges this consumer's pending entries up to `through`, moves the commit point (never
-/// back) and trims below both the retention point and the oldest entry still pending for anyone.
-/// KEYS: stream, counter, committed. ARGV: through, group, retain, consumer.
+/// back) and trims below both the retention point and the oldest entry still pending for anyone;
+/// the images no kept entry references (their highest seq below the trim) are deleted.
+/// KEYS: stream, counter, committed, image index. ARGV: through, group, retain, consumer, blob
+/// key prefix (under the same hash tag).
 /// Returns {1, last} when done, {0, last} when `through` is beyond the last seq.
 pub(crate) const COMMIT: &str = r"
 local last = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -104,6 +140,13 @@ if summary[2] then
 end
 if floor > 1 then
   redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', floor))
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', floor - 1)
+  for _, hash in ipairs(gone) do
+    redis.call('DEL', ARGV[5] .. hash)
+  end
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', floor - 1)
+  end
 end
 return {1, last}
 ";

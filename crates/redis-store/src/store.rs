@@ -10,6 +10,10 @@
 //!   [`TOKEN_TTL_RETRIES`] × `retry_for` and at least [`TOKEN_TTL_MIN`], so that its retry is
 //!   idempotent.
 //! - `ps:{d}:pending:<replica>`: the turns this replica persisted at shutdown.
+//! - `ps:{d}:blob:<hash>`: an image samples reference, once per content hash (SHA-256, hex);
+//!   `ps:{d}:images`: hash → the highest seq of an entry that references it (a sorted set). An
+//!   entry with images carries their hashes (field `i`); trimming deletes the images no kept
+//!   entry references.
 //!
 //! The Lua scripts are in `scripts.rs`. This file stays above 600 lines on purpose: every
 //! operation is a method of [`RedisStore`] over the same keys, scripts, connection manager and
@@ -68,6 +72,8 @@ struct Keys {
     pending: String,
     epoch: String,
     dead_letter: String,
+    images: String,
+    blob_prefix: String,
 }
 
 impl Keys {
@@ -81,6 +87,8 @@ impl Keys {
             pending: format!("{base}:pending:{}", c.replica),
             epoch: format!("{base}:epoch"),
             dead_letter: format!("{base}:undecodable"),
+            images: format!("{base}:images"),
+            blob_prefix: format!("{base}:blob:"),
         }
     }
 }
@@ -413,11 +421,22 @@ impl RedisStore {
     /// the seq it already got instead of adding a second copy.
     pub async fn append(&self, sample: &Sample) -> Result<u64, RedisStoreError> {
         let bytes = encode(sample)?;
-        self.append_token(
+        self.append_images(
             &bytes,
             &format!("{}{}", self.inner.keys.token_prefix, token(&bytes)),
+            &images_of(sample),
         )
         .await
+    }
+
+    /// The bytes of the image stored under `hash`, while a kept entry references it.
+    pub async fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>, RedisStoreError> {
+        let key = format!("{}{hash}", self.inner.keys.blob_prefix);
+        redis::cmd("GET")
+            .arg(&key)
+            .query_async::<Option<Vec<u8>>>(&mut self.conn())
+            .await
+            .map_err(self.failed("read an image"))
     }
 
     /// An append under a chosen token, as a retry after a lost answer would send it.
@@ -429,11 +448,20 @@ impl RedisStore {
         token: &str,
     ) -> Result<u64, RedisStoreError> {
         let bytes = encode(sample)?;
-        self.append_token(&bytes, &format!("{}{token}", self.inner.keys.token_prefix))
-            .await
+        self.append_images(
+            &bytes,
+            &format!("{}{token}", self.inner.keys.token_prefix),
+            &images_of(sample),
+        )
+        .await
     }
 
-    async fn append_token(&self, bytes: &[u8], token: &str) -> Result<u64, RedisStoreError> {
+    async fn append_images(
+        &self,
+        bytes: &[u8],
+        token: &str,
+        images: &[(String, Option<Arc<[u8]>>)],
+    ) -> Result<u64, RedisStoreError> {
         let keys = &self.inner.keys;
         let retry_for = self.inner.config.retry_for;
         let ttl = retry_for
@@ -441,17 +469,26 @@ impl RedisStore {
             .max(TOKEN_TTL_MIN)
             .as_secs();
         let once = || async {
-            self.inner
-                .append
-                .key(&keys.stream)
+            let mut call = self.inner.append.prepare_invoke();
+            call.key(&keys.stream)
                 .key(&keys.counter)
                 .key(token)
                 .key(&keys.epoch)
-                .arg(bytes)
+                .key(&keys.images);
+            for (hash, _) in images {
+                call.key(format!("{}{hash}", keys.blob_prefix));
+            }
+            call.arg(bytes)
                 .arg(ttl)
                 .arg(&self.inner.epoch)
-                .invoke_async::<(u64, u8)>(&mut self.conn())
-                .await
+                .arg(images.len());
+            for (hash, _) in images {
+                call.arg(hash);
+            }
+            for (_, data) in images {
+                call.arg(data.as_deref().unwrap_or_default());
+            }
+            call.invoke_async::<(i64, u64)>(&mut self.conn()).await
         };
         let retried = once
             .retry(
@@ -475,6 +512,12 @@ impl RedisStore {
                     after: retry_for,
                 });
             }
+        };
+        let Ok(seq) = u64::try_from(seq) else {
+            let i = usize::try_from(lost).unwrap_or(1).saturating_sub(1);
+            return Err(RedisStoreError::MissingImage {
+                hash: images.get(i).map(|(h, _)| h.clone()).unwrap_or_default(),
+            });
         };
         if lost == 1 {
             self.inner.data_losses.fetch_add(1, Ordering::Relaxed);
@@ -524,6 +567,7 @@ impl RedisStore {
             .requeue
             .key(&keys.stream)
             .key(&keys.counter)
+            .key(&keys.images)
             .arg(group)
             .arg(consumer)
             .arg(u64::try_from(self.inner.config.claim_idle.as_millis()).unwrap_or(u64::MAX))
@@ -727,10 +771,12 @@ impl RedisStore {
                     .key(&keys.stream)
                     .key(&keys.counter)
                     .key(&keys.committed)
+                    .key(&keys.images)
                     .arg(through)
                     .arg(&self.inner.config.group)
                     .arg(self.inner.config.retain_committed)
                     .arg(consumer)
+                    .arg(&keys.blob_prefix)
                     .invoke_async(&mut self.conn())
                     .await
                     .map_err(self.failed("commit"))
@@ -898,6 +944,14 @@ impl SampleLog for RedisStore {
         Ok(RedisStore::wait_newer(self, after, timeout).await?)
     }
 
+    async fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>, LogError> {
+        Ok(RedisStore::blob(self, hash).await?)
+    }
+
+    fn keeps_images(&self) -> bool {
+        true
+    }
+
     async fn commit(&self, through: u64, consumer: &str) -> Result<(), LogError> {
         Ok(RedisStore::commit(self, through, consumer).await?)
     }
@@ -917,6 +971,17 @@ impl SampleLog for RedisStore {
             self.inner.keys.stream, self.inner.url
         )
     }
+}
+
+/// The distinct images of `sample` (hash, bytes while they travel), in prompt order.
+fn images_of(sample: &Sample) -> Vec<(String, Option<Arc<[u8]>>)> {
+    let mut seen = std::collections::HashSet::new();
+    sample
+        .images
+        .iter()
+        .filter(|i| seen.insert(i.hash.as_str()))
+        .map(|i| (i.hash.clone(), i.bytes.clone()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -620,3 +620,91 @@ async fn a_sample_is_got_by_seq_without_being_delivered_to_any_consumer() {
         vec![1, 2, 3]
     );
 }
+
+/// Images of samples over Redis: kept once per hash however many entries reference them,
+/// readable while a kept entry does, deleted with the trim of the last one; an image without
+/// bytes that Redis does not keep refuses its sample before anything is written.
+#[tokio::test]
+async fn images_are_kept_once_per_hash_and_trimmed_with_their_last_sample() {
+    use ps_core::sample::SampleImage;
+    let Some(server) = TestRedis::shared_or_start() else {
+        return;
+    };
+    let mut cfg = config(&server);
+    cfg.retain_committed = 0;
+    let store = RedisStore::open(cfg).await.unwrap();
+    let image = |fill: u8, len: usize, with_bytes: bool| SampleImage {
+        hash: format!("{fill:064x}"),
+        mime: "image/png".into(),
+        width: 8,
+        height: 8,
+        tokens: 4,
+        bytes: with_bytes.then(|| vec![fill; len].into()),
+    };
+    let with = |tag: &str, images: Vec<SampleImage>| Sample {
+        images,
+        ..sample(tag)
+    };
+    let big = image(7, 1 << 20, true);
+    let small = image(9, 100, true);
+    for i in 0..20 {
+        let mut images = vec![big.clone()];
+        if i == 19 {
+            images.push(small.clone());
+        }
+        store.append(&with(&format!("s{i}"), images)).await.unwrap();
+    }
+    // Known hash without bytes: referenced; unknown without bytes: refused, nothing written.
+    let seq = store
+        .append(&with("known", vec![image(7, 0, false)]))
+        .await
+        .unwrap();
+    assert_eq!(seq, 21);
+    let err = store
+        .append(&with("unknown", vec![image(3, 0, false)]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::MissingImage { .. }), "{err}");
+    assert_eq!(store.stats().await.unwrap().last_seq, 21);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let pattern = format!("ps:{{{}}}:blob:*", server.deployment());
+    let blobs = |mut c: redis::aio::MultiplexedConnection| {
+        let pattern = pattern.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            keys.len()
+        }
+    };
+    assert_eq!(blobs(c.clone()).await, 2, "each image once");
+    assert_eq!(
+        store.blob(&big.hash).await.unwrap().as_deref(),
+        big.bytes.as_deref()
+    );
+    let read = store.read(0, 100, "trainer").await.unwrap();
+    assert_eq!(read.len(), 21);
+    assert_eq!(read[19].sample.images.len(), 2);
+    assert_eq!(read[19].sample.images[1].hash, small.hash);
+    assert_eq!(
+        read[19].sample.images[1].bytes, None,
+        "the entry holds the hash"
+    );
+    // Committed up to the last entry that references `small`: `small` goes, `big` stays while
+    // entry 21 references it.
+    store.commit(20, "trainer").await.unwrap();
+    assert_eq!(store.blob(&small.hash).await.unwrap(), None);
+    assert!(store.blob(&big.hash).await.unwrap().is_some());
+    store.commit(21, "trainer").await.unwrap();
+    assert_eq!(store.blob(&big.hash).await.unwrap(), None);
+    assert_eq!(blobs(c.clone()).await, 0);
+    let index: u64 = redis::cmd("ZCARD")
+        .arg(format!("ps:{{{}}}:images", server.deployment()))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(index, 0);
+}

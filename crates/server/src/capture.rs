@@ -524,8 +524,9 @@ pub fn capture_turn_with(
     {
         if reason == "image_unsupported" && tok.vision().is_some() {
             detail.push_str(
-                " (the model takes images, but the sample store does not keep them: \
-                 store.kind = \"redis\"; use the embedded store to train on image turns)",
+                " (the model takes images, but the sample store does not keep them \
+                 (SampleLog::keeps_images): use the embedded or the Redis store to train on \
+                 image turns)",
             );
         }
         return Err(CaptureError::Refused { reason, detail });
