@@ -4,7 +4,8 @@
 //! 40 conversations, 60 image sizes, 1 to 3 images a message, images in earlier turns, PNG, JPEG,
 //! GIF and WebP. Two models: the embedded mini-vl model, and the real Qwen3 tokenizer (from
 //! `../shared`, never copied here) with its template taught image parts as Qwen-VL templates write
-//! them and Qwen2.5-VL's processor bounds (written to a temporary directory).
+//! them (`scripts/make_tiny_vl.py --tokenizer-only`, into a temporary directory) and Qwen2.5-VL's
+//! processor bounds.
 //!
 //! The content lists reach the template as an engine hands them: kept for a template that loops
 //! over a message's content ("openai" content format), flattened otherwise. Which format each
@@ -134,26 +135,6 @@ fn the_mini_vl_model_expands_images_as_transformers_does() {
     assert!(check(&python, &dir, &tok) >= 40);
 }
 
-/// The Qwen3 template's one line that reads a message's text, and what Qwen-VL templates write.
-const QWEN3_CONTENT: &str = "{%- if message.content is string %}
-        {%- set content = message.content %}
-    {%- else %}
-        {%- set content = '' %}
-    {%- endif %}";
-const VL_CONTENT: &str = "{%- if message.content is string %}
-        {%- set content = message.content %}
-    {%- else %}
-        {%- set ns2 = namespace(text='') %}
-        {%- for part in message.content %}
-            {%- if part.type == 'image' or 'image' in part or 'image_url' in part %}
-                {%- set ns2.text = ns2.text + '<|vision_start|><|image_pad|><|vision_end|>' %}
-            {%- elif 'text' in part %}
-                {%- set ns2.text = ns2.text + part.text %}
-            {%- endif %}
-        {%- endfor %}
-        {%- set content = ns2.text %}
-    {%- endif %}";
-
 #[test]
 fn the_real_qwen3_tokenizer_with_a_vl_template_expands_images_as_transformers_does() {
     let shared = std::env::var_os("POLICY_SERVING_SHARED")
@@ -170,28 +151,22 @@ fn the_real_qwen3_tokenizer_with_a_vl_template_expands_images_as_transformers_do
         return;
     }
     let Some(python) = python() else { return };
+    // The Qwen3 tokenizer with its template taught image parts, as the real VL engine test's
+    // model has it (scripts/make_tiny_vl.py, the one place that writes it).
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        qwen3.join("tokenizer.json"),
-        dir.path().join("tokenizer.json"),
-    )
-    .unwrap();
-    let mut config: Value = serde_json::from_str(
-        &std::fs::read_to_string(qwen3.join("tokenizer_config.json")).unwrap(),
-    )
-    .unwrap();
-    let template = config["chat_template"].as_str().unwrap().to_owned();
-    assert_eq!(
-        template.matches(QWEN3_CONTENT).count(),
-        1,
-        "Qwen3's template changed"
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/make_tiny_vl.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(dir.path())
+        .arg(&qwen3)
+        .arg("--tokenizer-only")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    config["chat_template"] = template.replace(QWEN3_CONTENT, VL_CONTENT).into();
-    std::fs::write(
-        dir.path().join("tokenizer_config.json"),
-        serde_json::to_string(&config).unwrap(),
-    )
-    .unwrap();
     // Qwen2.5-VL's bounds: a 4K image is thousands of tokens.
     std::fs::write(
         dir.path().join("preprocessor_config.json"),
