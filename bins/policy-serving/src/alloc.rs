@@ -1,8 +1,8 @@
 //! The process's allocator: jemalloc, set to give freed memory back to the system within 100 ms.
 //!
-//! Measured on the agent scenario (docs/benchmarks.md, "jemalloc instead of mimalloc"): the proxy
-//! allocates and frees ~300 kB a request in blocks of 50–100 kB (bodies, answers, rendered
-//! prompts) on ~20 threads. mimalloc, even purging at once, kept most of what a burst had
+//! Measured on the agent scenario (docs/benchmarks-history.md, "jemalloc instead of mimalloc"):
+//! the proxy allocates and frees ~300 kB a request in blocks of 50–100 kB (bodies, answers,
+//! rendered prompts) on ~20 threads. mimalloc, even purging at once, kept most of what a burst had
 //! touched (peak 211–234 MiB, 4× its start at the end): such blocks share its larger pages, and a
 //! page goes back only when all of it is free. jemalloc gives back free runs of 4 KiB pages
 //! after `dirty_decay_ms`; with 100 ms the peak was 137–141 MiB and the end 2× the start, at the
@@ -15,15 +15,15 @@
 //! Two arenas instead of jemalloc's four per CPU (eight here), and thread caches for blocks up
 //! to 4 KiB instead of 32 KiB: the ~20 threads that allocate (tokio's workers, the blocking pool,
 //! capture, the store's writer) each keep a cache of freed blocks, and share the arenas' freed
-//! pages and partly used slabs. In the agent scenario on 2 cores (docs/benchmarks.md, "jemalloc
-//! with two arenas and small thread caches") the two together took the peak from 112.3–119.9 MiB
-//! (jemalloc's defaults, median 114.6 of twelve runs) to 108.7–112.4 (median 111.0 of twelve),
-//! the arenas about two thirds of it, at no CPU cost these runs could see (the arms of a pair
-//! differ by up to ~20 %). Measured on 2 cores only: blocks past the thread
-//! caches take an arena's lock, and on a machine with many cores an operator who sees that lock
-//! in a profile restores jemalloc's defaults with `_RJEM_MALLOC_CONF=narenas:default,tcache_max:32768`.
-//! (This proxy's allocation rate follows the engine's answers: ~300 kB a request, at ~130
-//! requests a second here.)
+//! pages and partly used slabs. In the agent scenario on 2 cores (docs/benchmarks-history.md,
+//! "jemalloc with two arenas and small thread caches") the two together took the peak from
+//! 112.3–119.9 MiB (jemalloc's defaults, median 114.6 of twelve runs) to 108.7–112.4 (median 111.0
+//! of twelve), the arenas about two thirds of it, at no CPU cost these runs could see (the arms of
+//! a pair differ by up to ~20 %). Measured on 2 cores only: blocks past the thread caches take an
+//! arena's lock, and on a machine with many cores an operator who sees that lock in a profile
+//! restores jemalloc's defaults with `_RJEM_MALLOC_CONF=narenas:default,tcache_max:32768`. (This
+//! proxy's allocation rate follows the engine's answers: ~300 kB a request, at ~130 requests a
+//! second here.)
 //!
 //! Transparent huge pages stay off for this process: where THP is on, the kernel's `khugepaged`
 //! fills a 2 MiB huge page around every few small pages still in use, so a heap that was just
@@ -32,8 +32,8 @@
 //!
 //! The `system-alloc` feature leaves the system allocator in place, so that `heaptrack` and
 //! `valgrind --tool=massif`, which intercept `malloc`, see every allocation (the heap profiles of
-//! docs/benchmarks.md were made that way). Not for production: it costs CPU and memory. jemalloc
-//! is the default feature `jemalloc` (built from source: `make` and a C compiler);
+//! docs/benchmarks-history.md were made that way). Not for production: it costs CPU and memory.
+//! jemalloc is the default feature `jemalloc` (built from source: `make` and a C compiler);
 //! `--no-default-features` leaves it out of the build too, and so uses the system allocator.
 //!
 //! The only `unsafe` of the workspace: jemalloc's configuration symbol, the read of one of its

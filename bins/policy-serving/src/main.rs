@@ -9,7 +9,8 @@ use ps_chat_template::ChatTokenizer;
 use ps_config::{LogFormat, Overrides, Settings};
 
 /// jemalloc: the proxy allocates many short-lived buffers (JSON values, token vectors); with the
-/// system allocator malloc/free were 43% of its CPU samples under load (docs/benchmarks.md).
+/// system allocator malloc/free were 43% of its CPU samples under load
+/// (docs/benchmarks-history.md).
 /// Set to give freed memory back (`alloc.rs`).
 mod alloc;
 
@@ -142,15 +143,15 @@ fn load(config: Option<&std::path::Path>, overrides: &Overrides) -> Result<Setti
 /// for the trainer. Under load tokio starts a thread whenever none is idle, so with hundreds of
 /// judge votes in flight the proxy grew to ~110 threads, and each thread's mimalloc heap (the
 /// allocator then, on transparent huge pages) kept its memory after the load: RSS ended the soak
-/// at 2.3-3.9 x its baseline instead of 1.06 x (docs/benchmarks.md, "Soak"). A few threads per
-/// core do the same work.
+/// at 2.3-3.9 x its baseline instead of 1.06 x (docs/benchmarks-history.md, "Soak"). A few
+/// threads per core do the same work.
 const MAX_BLOCKING_THREADS: usize = 16;
 
 /// How long an idle blocking-pool thread waits for work before it exits (tokio's default is 10 s).
 /// Each thread kept its own allocator pages until it exited (with mimalloc, then; jemalloc's
 /// per-thread caches are small): on the agent scenario the proxy's RSS fell from 228 to 147 MiB
-/// when the pool's threads went (docs/benchmarks.md, "Memory: one tokenizer, the start-up peak
-/// and what the heap keeps"), so after a burst they go after 1 s.
+/// when the pool's threads went (docs/benchmarks-history.md, "Memory: one tokenizer, the start-up
+/// peak and what the heap keeps"), so after a burst they go after 1 s.
 const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

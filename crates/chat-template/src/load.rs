@@ -4,7 +4,7 @@
 //! `"model"` object (151,643 vocabulary entries and 151,387 merges for Qwen3) as an untyped tree,
 //! then copies it into a `serde_json::Value` (`#[serde(flatten)]`), and only then builds the BPE
 //! maps from that copy. For the 11 MB Qwen3 file that is a transient peak of well over 100 MB on
-//! top of the ~25 MB the tokenizer keeps (docs/benchmarks.md, "Memory: one tokenizer").
+//! top of the ~25 MB the tokenizer keeps (docs/benchmarks-history.md, "Memory: one tokenizer").
 //!
 //! [`parse_tokenizer`] reads a BPE model straight into the maps the library builds it from: the
 //! same keys, the same rules and the same builder as the library's own `Deserialize`

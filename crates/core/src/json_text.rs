@@ -3,7 +3,7 @@
 //! A captured turn's request parts (`messages`, `tools`, `chat_template_kwargs`) are held from
 //! capture until the turn becomes a sample, for the records and the teacher, which read them at
 //! most once: as a `serde_json::Value` tree (with `preserve_order`) a 56 kB `messages` array takes
-//! ~4–5 times its text (docs/benchmarks.md, "Memory, round two").
+//! ~4–5 times its text (docs/benchmarks-history.md, "Memory, round two").
 
 use std::fmt;
 use std::marker::PhantomData;

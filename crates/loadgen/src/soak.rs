@@ -74,7 +74,7 @@ pub struct SoakConfig {
     pub close: SessionClose,
     /// The proxy's `prm.max_concurrency` (`None`: its default, 64). With fewer judge slots than
     /// [`PRM_VOTES`] × `concurrency` the judge cannot keep up with the sessions and the turns
-    /// waiting for it pile up in the proxy (see `docs/benchmarks.md`).
+    /// waiting for it pile up in the proxy (see `docs/benchmarks-history.md`).
     pub prm_max_concurrency: Option<usize>,
     pub fake_latency: Duration,
     /// `store.retain_committed` for the proxy (`None`: its default).

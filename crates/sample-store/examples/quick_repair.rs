@@ -1,5 +1,6 @@
 //! What redb's quick repair costs per commit, and what it spares after a crash: the evidence for
-//! the store's `QUICK_REPAIR` (docs/benchmarks.md, "The store's commits without quick repair").
+//! the store's `QUICK_REPAIR` (docs/benchmarks-history.md, "The store's commits without quick
+//! repair").
 //!
 //! `cargo run --release -p ps-sample-store --example quick_repair -- --commits 15000`: for quick
 //! repair on and off, a child process commits that many samples of the store's shape (six 16 KB

@@ -49,17 +49,18 @@ pub const DEFAULT_RETAIN_COMMITTED: u64 = 0;
 /// 90 KB samples as fast (2.8 MB ones ~20 % slower, still ~200 samples/s). 4 MiB since: the
 /// same write and read rates for 90 KB samples as 16 MiB in the store benchmark, the same CPU in
 /// the proxy's agent benchmark, and less RSS there (11–20 MiB at the peak, ~16 at the end);
-/// 2.8 MB top-K samples written no slower in the OPD bench, one run each (docs/benchmarks.md,
-/// "The store's page cache at 4 MiB", for what that bench cannot show of reads).
+/// 2.8 MB top-K samples written no slower in the OPD bench, one run each
+/// (docs/benchmarks-history.md, "The store's page cache at 4 MiB", for what that bench cannot
+/// show of reads).
 pub const DEFAULT_CACHE_BYTES: usize = 4 * 1024 * 1024;
 /// The request queue holds this many batches: appenders wait for room beyond it.
 const QUEUE_BATCHES: usize = 2;
 /// redb's quick repair is off: with it every commit also saves the allocator state (and commits in
 /// two phases, two fsyncs), so that reopening after a crash is immediate instead of a walk over the
-/// whole file. Measured (2,000–15,000 commits of a 96 KB sample, docs/benchmarks.md "The store's
-/// commits without quick repair"): it cost 0.1–0.3 ms of CPU per commit, growing with the file
-/// (0.58 against 0.31 ms at 2.3 GB), while the walk it spares takes ~1 s per GB of file after a
-/// crash, once (2.6 s for 2.3 GB from a cold page cache). Commits are durable either way; the
+/// whole file. Measured (2,000–15,000 commits of a 96 KB sample, docs/benchmarks-history.md "The
+/// store's commits without quick repair"): it cost 0.1–0.3 ms of CPU per commit, growing with the
+/// file (0.58 against 0.31 ms at 2.3 GB), while the walk it spares takes ~1 s per GB of file after
+/// a crash, once (2.6 s for 2.3 GB from a cold page cache). Commits are durable either way; the
 /// walk is logged when it happens ([`log_repair`]).
 const QUICK_REPAIR: bool = false;
 

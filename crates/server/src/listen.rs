@@ -8,7 +8,7 @@
 //! (`plumbing::read_body` copies it into one buffer either way), and hyper queues at most that
 //! much of a response before it writes (it flushes sooner; a body chunk is not copied). Agent
 //! scenario with a 1 s upstream, heap at the peak: 93.5 → 85.0 MB, of which those reads 11.7 →
-//! 1.9 MB (docs/benchmarks.md, "The proxy's read buffers at 16 KiB").
+//! 1.9 MB (docs/benchmarks-history.md, "The proxy's read buffers at 16 KiB").
 //!
 //! Otherwise this is `axum::serve(..).with_graceful_shutdown(..)`: HTTP/1 only (axum's `http2`
 //! feature is off), `TCP_NODELAY`, accept errors retried by axum's listener, no timer (so no

@@ -281,7 +281,7 @@ fn msgpack_page_size(records: &[EncodedSample]) -> usize {
 /// the trainer decodes it with `msgpack.unpackb` into the same dicts as JSON, at about half the
 /// size (floats stay f64, bit-exact). Written from the stores' records without decoding them
 /// ([`EncodedSample::write_named`]): each sample is copied, not decoded and encoded
-/// again, which was ~9 % of the proxy's CPU in the agent scenario (docs/benchmarks.md).
+/// again, which was ~9 % of the proxy's CPU in the agent scenario (docs/benchmarks-history.md).
 fn msgpack_page(
     records: &[EncodedSample],
     last_seq: u64,
@@ -321,8 +321,8 @@ fn msgpack_page(
 /// About how many bytes `samples` take in a page (a little more than the usual shapes need): the
 /// page is written into a buffer of that size at once. Written into a buffer that doubles as it
 /// fills, as before, each doubling copied what was written and faulted in fresh pages: ~5 % of
-/// the proxy's CPU in the agent scenario (docs/benchmarks.md). A page larger than the hint only
-/// grows its buffer; the bytes written are the same either way.
+/// the proxy's CPU in the agent scenario (docs/benchmarks-history.md). A page larger than the
+/// hint only grows its buffer; the bytes written are the same either way.
 fn page_size_hint(samples: &[StoredSample]) -> usize {
     // Per id (up to 6 digits and a comma) and per float (up to ~24 characters).
     let (per_id, per_float) = (7, 24);

@@ -66,7 +66,7 @@ impl Job {
 
 /// A turn being judged or waiting for its earlier turns, kept to persist it if the server stops
 /// first. Shares the turn with its [`Job`] and [`Ready::Judged`]: a copy would double what the
-/// buffer holds of every turn in judging (docs/benchmarks.md, "Memory, round two").
+/// buffer holds of every turn in judging (docs/benchmarks-history.md, "Memory, round two").
 pub(crate) struct Unfinished {
     pub turn: Arc<CapturedTurn>,
     pub next: Option<Value>,
