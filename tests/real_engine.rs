@@ -373,20 +373,20 @@ async fn run_mode(mode: &str) -> Option<usize> {
         .collect();
     assert_eq!(chats.len(), turns, "{mode}: one engine call per turn");
     // The answers forced to end by themselves (plain ones without thinking, whole tool calls):
-    // their responses were compared as text by the drift check, not only their prompts.
-    let ended: usize = chats
-        .iter()
-        .filter(|e| matches!(e.finish_reason().as_deref(), Some("stop" | "tool_calls")))
-        .count();
-    let forced = variants
-        .iter()
-        .filter(|v| !v.thinking && !v.named && v.max_tokens >= 24)
-        .count()
-        * TURNS;
-    assert_eq!(
-        ended, forced,
-        "{mode}: the forced answers ended by themselves"
-    );
+    // their responses were compared as text by the drift check, not only their prompts. The
+    // conversations ran one after the other, so the k-th call is turn k % TURNS of variant
+    // k / TURNS. A named tool_choice's grammar-forced call may or may not close its arguments
+    // within max_tokens (random weights): either is fine.
+    for (k, e) in chats.iter().enumerate() {
+        let v = variants[k / TURNS];
+        if !v.thinking && !v.named && v.max_tokens >= 24 {
+            assert!(
+                matches!(e.finish_reason().as_deref(), Some("stop" | "tool_calls")),
+                "{mode}: the forced answer {k} ({v:?}) ended by itself: {:?}",
+                e.finish_reason()
+            );
+        }
+    }
     let answers: Vec<(Vec<u32>, Vec<u32>, Vec<f64>)> = chats
         .iter()
         .map(|e| {
