@@ -35,6 +35,12 @@ serve)
     PORT="${2:-8012}"
     URL="http://127.0.0.1:$PORT"
     LOG="$DIR/serve-$PORT.log"
+    PIDF="$DIR/serve-$PORT.pid"
+    if [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null \
+        && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health" 2>/dev/null)" = 200 ]; then
+        echo "already healthy on $URL (pid $(cat "$PIDF"))"
+        exit 0
+    fi
     VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
     VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         setsid "$VENV/bin/vllm" serve "$DIR" --host 127.0.0.1 --port "$PORT" \
@@ -42,7 +48,7 @@ serve)
             --enforce-eager --limit-mm-per-prompt '{"image": 4, "video": 0}' \
             > "$LOG" 2>&1 < /dev/null &
     PID=$!
-    echo "$PID" > "$DIR/serve-$PORT.pid"
+    echo "$PID" > "$PIDF"
     T0=$(date +%s)
     until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health" 2>/dev/null)" = 200 ]; do
         if ! kill -0 "$PID" 2>/dev/null; then
