@@ -154,35 +154,6 @@ async fn conversation(url: &str, fake: &FakeHandle, session: &str, stream: bool)
         .collect()
 }
 
-/// Waits until `turns` turns are resolved (submitted, dropped or abandoned), then pulls every
-/// sample.
-async fn resolved(server: &common::Server, turns: u64) -> Vec<Value> {
-    for _ in 0..400 {
-        let st = server.status().await;
-        let n = |k: &str| st[k].as_u64().unwrap();
-        if st["samples"]["submitted"].as_u64().unwrap() + n("turns_dropped") + n("turns_abandoned")
-            >= turns
-        {
-            let v: Value = common::http()
-                .get(format!("{}/v1/rollout/samples?after=0&max=100", server.url))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            return v["samples"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s["sample"].clone())
-                .collect();
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    panic!("turns not resolved: {}", server.status().await);
-}
-
 #[tokio::test]
 async fn image_turns_become_samples_with_the_engines_prompt_ids_on_every_path() {
     // (engine, sglang.token_ids, client stream, expected token source)
@@ -394,7 +365,7 @@ async fn parts_that_cannot_be_captured_exactly_are_dropped_with_their_counted_re
     // A good turn after them still trains.
     let good = json!({"messages": [{"role": "user", "content": [text("hi"), image("image/webp", WIDE_WEBP)]}]});
     assert_eq!(chat(&server.url, "good", good, true).await.status(), 200);
-    let samples = resolved(&server, cases.len() as u64 + 2).await;
+    let samples = server.resolved(cases.len() as u64 + 2).await;
     assert_eq!(
         samples.len(),
         1,
@@ -424,7 +395,7 @@ async fn a_text_model_never_trains_on_an_image_turn() {
     let server = common::Server::start(&s, &common::no_env).await;
     let body = json!({"messages": [{"role": "user", "content": [text("What?"), image("image/png", RED_PNG)]}]});
     assert_eq!(chat(&server.url, "t", body, true).await.status(), 200);
-    let samples = resolved(&server, 1).await;
+    let samples = server.resolved(1).await;
     assert!(samples.is_empty());
     assert_eq!(
         server.status().await["turns_abandoned_by_reason"]["image_unsupported"],
@@ -452,7 +423,7 @@ async fn a_next_state_with_an_image_reaches_the_judges_as_a_stated_placeholder()
         false,
     )
     .await;
-    let samples = resolved(&server, 2).await;
+    let samples = server.resolved(2).await;
     let first = samples.iter().find(|s| s["turn"] == 1).unwrap();
     assert_ne!(first["metadata"]["excluded"], "no_next_state", "{first}");
     assert!(first["metadata"]["votes"].is_array(), "{first}");
@@ -535,7 +506,7 @@ async fn no_mode_makes_a_sample_of_a_part_not_captured_exactly() {
                 assert_eq!(r.status(), 200, "{what}: {kind} answered as sent");
                 let _ = r.bytes().await;
             }
-            let samples = resolved(&server, 2 * parts.len() as u64).await;
+            let samples = server.resolved(2 * parts.len() as u64).await;
             let st = server.status().await;
             for sample in &samples {
                 assert_eq!(
@@ -619,7 +590,7 @@ async fn a_teacher_without_images_drops_image_turns_with_that_reason() {
         false,
     )
     .await;
-    let samples = resolved(&server, 2).await;
+    let samples = server.resolved(2).await;
     assert!(samples.is_empty());
     let st = server.status().await;
     assert_eq!(

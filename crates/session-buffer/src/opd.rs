@@ -141,41 +141,7 @@ async fn image_teacher_signal(
     .await
     .map_err(|e| failed(format!("rendering the teacher prompt panicked: {e}")))?
     .map_err(|e| failed(format!("rendering the teacher prompt failed: {e}")))?;
-    let t = turn.response_ids.len();
-    let _permit = match &parts.teacher_permits {
-        Some(s) => Some(
-            s.clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| failed("the teacher is shut down".into()))?,
-        ),
-        None => None,
-    };
-    let started = tokio::time::Instant::now();
-    let result = parts
-        .teacher
-        .score_with_images(&ids, t, top_k, &image_data)
-        .await;
-    metrics::histogram!(ps_core::metric_names::TEACHER_SECONDS)
-        .record(started.elapsed().as_secs_f64());
-    let signal = result.map_err(|e| TeacherFailure {
-        reason: if e.reason() == "teacher_without_images" {
-            "teacher_without_images"
-        } else {
-            "teacher_error"
-        },
-        detail: e.to_string(),
-    })?;
-    if let Err(m) = signal.check_alignment(&turn.response_ids) {
-        return Err(TeacherFailure {
-            reason: "teacher_token_mismatch",
-            detail: format!(
-                "first differing position {} (ours {:?}, teacher {:?}; lengths {} and {})",
-                m.first_position, m.ours, m.theirs, m.len_ours, m.len_theirs
-            ),
-        });
-    }
-    Ok(signal)
+    score_and_check(parts, turn, &ids, top_k, &image_data).await
 }
 
 /// Renders the hinted prompt + original response, tokenizes it (only what the hint changes: the
@@ -224,6 +190,19 @@ pub(crate) async fn teacher_signal(
         reason: "teacher_error",
         detail: format!("rendering the teacher prompt failed: {e}"),
     })?;
+    score_and_check(parts, turn, &ids, top_k, &[]).await
+}
+
+/// Asks the teacher (within its permits) for its values of the last `T` tokens of `ids` (`T`: the
+/// turn's response length), with the prompt's images when there are any, and checks that it
+/// scored the turn's very response ids.
+async fn score_and_check(
+    parts: &OpdParts,
+    turn: &CapturedTurn,
+    ids: &[u32],
+    top_k: usize,
+    image_data: &[String],
+) -> Result<TeacherLogprobs, TeacherFailure> {
     let t = turn.response_ids.len();
     let _permit = match &parts.teacher_permits {
         Some(s) => Some(
@@ -238,11 +217,22 @@ pub(crate) async fn teacher_signal(
         None => None,
     };
     let started = tokio::time::Instant::now();
-    let result = parts.teacher.score(&ids, t, top_k).await;
+    let result = if image_data.is_empty() {
+        parts.teacher.score(ids, t, top_k).await
+    } else {
+        parts
+            .teacher
+            .score_with_images(ids, t, top_k, image_data)
+            .await
+    };
     metrics::histogram!(ps_core::metric_names::TEACHER_SECONDS)
         .record(started.elapsed().as_secs_f64());
     let signal = result.map_err(|e| TeacherFailure {
-        reason: "teacher_error",
+        reason: if e.reason() == "teacher_without_images" {
+            "teacher_without_images"
+        } else {
+            "teacher_error"
+        },
         detail: e.to_string(),
     })?;
     if let Err(m) = signal.check_alignment(&turn.response_ids) {

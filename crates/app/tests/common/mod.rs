@@ -83,10 +83,21 @@ impl Server {
 
     /// Waits until every turn is resolved (submitted or dropped), then pulls every sample.
     pub async fn settle(&self, turns: u64) -> Vec<Value> {
+        self.settle_counting(turns, &["turns_dropped"]).await
+    }
+
+    /// [`Server::settle`] counting abandoned turns as resolved too (turns refused for their
+    /// content, say).
+    pub async fn resolved(&self, turns: u64) -> Vec<Value> {
+        self.settle_counting(turns, &["turns_dropped", "turns_abandoned"])
+            .await
+    }
+
+    async fn settle_counting(&self, turns: u64, also: &[&str]) -> Vec<Value> {
         for _ in 0..400 {
             let st = self.status().await;
             let done = st["samples"]["submitted"].as_u64().unwrap()
-                + st["turns_dropped"].as_u64().unwrap();
+                + also.iter().map(|k| st[*k].as_u64().unwrap()).sum::<u64>();
             if done >= turns {
                 let v: Value = http()
                     .get(format!("{}/v1/rollout/samples?after=0&max=100", self.url))
