@@ -7,7 +7,7 @@
 #   scripts/real_vl_engine.sh stop [PORT]
 #
 # DIR: $POLICY_SERVING_VL_DIR, default ~/.cache/policy-serving-ci/tiny-vl (made again when
-# make_tiny_vl.py changes). The venv: $REALVLLM_DIR/venv (../shared/real-engine/setup.sh makes it).
+# make_tiny_vl.py changes); the server's pid and log beside it, in $DIR.run (kept across a remake). The venv: $REALVLLM_DIR/venv (../shared/real-engine/setup.sh makes it).
 # Qwen2-VL's processor in transformers needs torchvision (its video processor), which the engine's
 # setup leaves out: the PyPI wheel matching the venv's torch is added here.
 set -euo pipefail
@@ -16,6 +16,7 @@ REPO="$(dirname "$HERE")"
 VENV="${REALVLLM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/real-vllm}/venv"
 DIR="${POLICY_SERVING_VL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/policy-serving-ci/tiny-vl}"
 QWEN3="${POLICY_SERVING_SHARED:-$REPO/../shared}/fixtures/qwen3"
+RUN="$DIR.run"
 TORCHVISION=0.28.0   # the release built against the venv's torch 2.13.0
 
 case "${1:-}" in
@@ -26,7 +27,12 @@ setup)
     if [ "$(cat "$DIR/.made-by" 2>/dev/null)" != "$STAMP" ]; then
         rm -rf "$DIR"
         mkdir -p "$DIR"
-        "$VENV/bin/python" "$HERE/make_tiny_vl.py" "$DIR" "$QWEN3" >/dev/null 2>&1
+        LOG="$(mktemp)"
+        if ! "$VENV/bin/python" "$HERE/make_tiny_vl.py" "$DIR" "$QWEN3" > "$LOG" 2>&1; then
+            cat "$LOG" >&2
+            exit 1
+        fi
+        rm -f "$LOG"
         echo "$STAMP" > "$DIR/.made-by"
     fi
     echo "tiny Qwen2-VL ready in $DIR"
@@ -34,26 +40,32 @@ setup)
 serve)
     PORT="${2:-8012}"
     URL="http://127.0.0.1:$PORT"
-    LOG="$DIR/serve-$PORT.log"
-    PIDF="$DIR/serve-$PORT.pid"
-    if [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null \
-        && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health" 2>/dev/null)" = 200 ]; then
-        echo "already healthy on $URL (pid $(cat "$PIDF"))"
-        exit 0
+    mkdir -p "$RUN"
+    LOG="$RUN/serve-$PORT.log"
+    PIDF="$RUN/serve-$PORT.pid"
+    healthy() { [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health" 2>/dev/null)" = 200 ]; }
+    alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+    if healthy && ! alive; then
+        echo "port $PORT already serves /health, but not from a server this script started" >&2
+        exit 1
     fi
-    VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-    VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-        setsid "$VENV/bin/vllm" serve "$DIR" --host 127.0.0.1 --port "$PORT" \
-            --served-model-name qwen2-vl-tiny --max-model-len 4096 --dtype bfloat16 \
-            --enforce-eager --limit-mm-per-prompt '{"image": 4, "video": 0}' \
-            > "$LOG" 2>&1 < /dev/null &
-    PID=$!
-    echo "$PID" > "$PIDF"
+    # Started by this script before (healthy, or still starting): waited for, not started twice.
+    if ! alive; then
+        VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
+        VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+            setsid "$VENV/bin/vllm" serve "$DIR" --host 127.0.0.1 --port "$PORT" \
+                --served-model-name qwen2-vl-tiny --max-model-len 4096 --dtype bfloat16 \
+                --enforce-eager --limit-mm-per-prompt '{"image": 4, "video": 0}' \
+                > "$LOG" 2>&1 < /dev/null &
+        echo $! > "$PIDF"
+    fi
+    PID="$(cat "$PIDF")"
     T0=$(date +%s)
-    until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health" 2>/dev/null)" = 200 ]; do
+    until healthy; do
         if ! kill -0 "$PID" 2>/dev/null; then
             echo "vllm (pid $PID) exited during start-up; last log lines:" >&2
             tail -30 "$LOG" >&2
+            rm -f "$PIDF"
             exit 1
         fi
         if [ $(( $(date +%s) - T0 )) -ge "${SERVE_TIMEOUT:-600}" ]; then
@@ -66,11 +78,13 @@ serve)
     ;;
 stop)
     PORT="${2:-8012}"
-    PIDF="$DIR/serve-$PORT.pid"
-    if [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; then
+    PIDF="$RUN/serve-$PORT.pid"
+    if [ -f "$PIDF" ]; then
         PID="$(cat "$PIDF")"
-        kill -TERM -- "-$PID" 2>/dev/null || kill -TERM "$PID"
-        for _ in $(seq 1 30); do kill -0 "$PID" 2>/dev/null || break; sleep 1; done
+        # The whole process group (setsid made the server its leader): its engine-core and
+        # worker children too, also when the leader is gone already.
+        kill -TERM -- "-$PID" 2>/dev/null || true
+        for _ in $(seq 1 30); do kill -0 -- "-$PID" 2>/dev/null || break; sleep 1; done
         kill -KILL -- "-$PID" 2>/dev/null || true
     fi
     rm -f "$PIDF"

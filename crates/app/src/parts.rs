@@ -382,6 +382,7 @@ pub fn teacher(
             url,
             timeout,
             api_key,
+            images: settings.teacher.images,
         })?),
         TeacherBackend::OpenaiCompletions => {
             Arc::new(CompletionsTeacher::new(CompletionsTeacherConfig {

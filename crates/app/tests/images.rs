@@ -480,6 +480,7 @@ async fn no_mode_makes_a_sample_of_a_part_not_captured_exactly() {
             s.server.mode = mode;
             s.teacher.url = Some(fake.generate_url());
             s.teacher.timeout_sec = 5;
+            s.teacher.images = true;
             let server = common::Server::start(&s, &common::no_env).await;
             for (kind, part) in &parts {
                 let first = json!({"role": "user", "content": [text("Look at this:"), part]});
@@ -564,18 +565,29 @@ async fn no_mode_makes_a_sample_of_a_part_not_captured_exactly() {
     }
 }
 
-/// A teacher that scores token ids only (an OpenAI-compatible `/v1/completions`) gives an image
+/// A teacher that scores token ids only (an OpenAI-compatible `/v1/completions`, or an SGLang
+/// teacher not declared a vision model, `teacher.images = false`, the default) gives an image
 /// turn no teacher values: dropped as `teacher_without_images` in OPD, never scored without its
 /// image; the hint judges are not asked first.
 #[tokio::test]
 async fn a_teacher_without_images_drops_image_turns_with_that_reason() {
+    for completions in [true, false] {
+        teacher_without_images(completions).await;
+    }
+}
+
+async fn teacher_without_images(completions: bool) {
     let fake = vl_fake(None).await;
     let dir = tempfile::tempdir().unwrap();
     let mut s = vl_settings(&fake, dir.path());
     s.server.mode = ps_config::Mode::Opd;
-    s.teacher.backend = ps_config::TeacherBackend::OpenaiCompletions;
-    s.teacher.url = Some(format!("{}/v1/completions", fake.base_url()));
-    s.teacher.model = Some("default".into());
+    if completions {
+        s.teacher.backend = ps_config::TeacherBackend::OpenaiCompletions;
+        s.teacher.url = Some(format!("{}/v1/completions", fake.base_url()));
+        s.teacher.model = Some("default".into());
+    } else {
+        s.teacher.url = Some(fake.generate_url());
+    }
     s.teacher.timeout_sec = 5;
     let server = common::Server::start(&s, &common::no_env).await;
     let first = json!({"role": "user", "content": [text("Look:"), image("image/png", RED_PNG)]});
@@ -602,6 +614,64 @@ async fn a_teacher_without_images_drops_image_turns_with_that_reason() {
             .iter()
             .all(|r| r.path != "/v1/completions" && r.path != "/generate"),
         "neither the teacher nor the hint judges were asked"
+    );
+    server.stop().await;
+}
+
+/// Two images of different sizes in one OPD turn: the teacher gets them in prompt order beside
+/// ids whose pad runs fit each (the fake's `/generate` refuses runs that do not fit its images in
+/// order), and the turn is distilled with the teacher's value at every response position.
+#[tokio::test]
+async fn an_opd_teacher_gets_several_images_in_prompt_order() {
+    let fake = vl_fake(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = vl_settings(&fake, dir.path());
+    s.server.mode = ps_config::Mode::Opd;
+    s.teacher.url = Some(fake.generate_url());
+    s.teacher.timeout_sec = 5;
+    s.teacher.images = true;
+    let server = common::Server::start(&s, &common::no_env).await;
+    let first = json!({"role": "user", "content": [
+        image("image/jpeg", BLUE_JPG), text("and"), image("image/png", RED_PNG)]});
+    let a = answer(
+        chat(&server.url, "two", json!({"messages": [first]}), false).await,
+        false,
+    )
+    .await;
+    let history = json!([first, a, {"role": "user", "content": "Thanks! FAKE_VOTES=1"}]);
+    answer(
+        chat(&server.url, "two", json!({"messages": history}), true).await,
+        false,
+    )
+    .await;
+    let samples = server.resolved(2).await;
+    assert_eq!(samples.len(), 1, "{}", server.status().await);
+    let sample = &samples[0];
+    assert_eq!(sample["metadata"]["teacher"], "hinted");
+    let counts: Vec<u64> = sample["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 2);
+    assert_ne!(
+        counts[0], counts[1],
+        "images of different sizes: order matters"
+    );
+    let teacher: Vec<Value> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/generate" && r.body.get("image_data").is_some())
+        .map(|r| r.body)
+        .collect();
+    assert_eq!(teacher.len(), 1);
+    assert_eq!(
+        teacher[0]["image_data"],
+        json!([
+            data_url("image/jpeg", BLUE_JPG),
+            data_url("image/png", RED_PNG)
+        ])
     );
     server.stop().await;
 }

@@ -85,6 +85,7 @@ fn debug_of_every_config_and_options_struct_hides_the_keys() {
         url: "http://127.0.0.1:9".into(),
         timeout: Duration::from_secs(1),
         api_key: teacher.clone(),
+        images: false,
     };
     let completions_teacher = CompletionsTeacherConfig {
         base_url: "http://127.0.0.1:9".into(),

@@ -523,6 +523,11 @@ pub struct TeacherSettings {
     pub timeout_sec: u64,
     /// NAME of the environment variable holding the teacher key, if it needs one.
     pub api_key_env: Option<String>,
+    /// The `sglang` teacher is a vision-language model that takes `image_data` beside
+    /// `input_ids`: image turns are scored with their images. Default false: a text model would
+    /// score the pads without the images, so image turns get no teacher values
+    /// (`teacher_without_images`).
+    pub images: bool,
 }
 
 impl Default for TeacherSettings {
@@ -534,6 +539,7 @@ impl Default for TeacherSettings {
             max_concurrency: d::TEACHER_MAX_CONCURRENCY,
             timeout_sec: d::TEACHER_TIMEOUT_SEC,
             api_key_env: None,
+            images: false,
         }
     }
 }

@@ -267,21 +267,43 @@ fn run(state: &FakeState, body: &Value) -> Result<Output, String> {
     // A vision-language engine's images beside `input_ids`: one per run of image pad tokens (SGLang
     // refuses a count that does not match). The fake does not look at the images themselves.
     if let Some(images) = obj.get("image_data").filter(|v| !v.is_null()) {
-        let count = match images {
-            Value::Array(list) if list.iter().all(Value::is_string) => list.len(),
-            _ => return Err("image_data: must be a list of image URLs".into()),
+        let Value::Array(list) = images else {
+            return Err("image_data: must be a list of image URLs".into());
         };
-        let Some(pad) = tok.vision().map(|v| v.image_pad_id) else {
+        let Some(vision) = tok.vision() else {
             return Err("image_data given to a model that takes no images".into());
         };
+        // Each image as the processor sizes it, in order: its run of pads must be that long (a
+        // real engine's processor expands the images again and would not match otherwise).
+        let limits = ps_vision::ImageLimits {
+            max_image_bytes: usize::MAX,
+            max_images: usize::MAX,
+        };
+        let mut want = Vec::with_capacity(list.len());
+        for url in list {
+            let url = url
+                .as_str()
+                .ok_or("image_data: must be a list of image URLs")?;
+            let part = serde_json::json!({"type": "image_url", "image_url": {"url": url}});
+            let (w, h) = ps_vision::read_image_part(&part, &limits)
+                .map_or((28, 28), |i| (i.width, i.height));
+            want.push(
+                vision
+                    .processor
+                    .pad_tokens(w, h)
+                    .map_err(|e| e.to_string())?,
+            );
+        }
         for (_, ids) in &prompts {
-            let runs = ids
+            let runs: Vec<usize> = ids
                 .chunk_by(|a, b| a == b)
-                .filter(|run| run[0] == pad)
-                .count();
-            if runs != count {
+                .filter(|run| run[0] == vision.image_pad_id)
+                .map(<[u32]>::len)
+                .collect();
+            if runs != want {
                 return Err(format!(
-                    "the input holds {runs} image placeholders for {count} images in image_data"
+                    "the input's image placeholders {runs:?} do not fit the images of \
+                     image_data ({want:?} tokens)"
                 ));
             }
         }

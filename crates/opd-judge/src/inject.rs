@@ -45,7 +45,8 @@ pub fn append_hint(messages: &[Value], hint: &str) -> Vec<Value> {
 /// `ChatTokenizer::keeps_content_lists`): a target whose content is a list (a vision-language
 /// prompt with its images) keeps its parts and gets the hint as one more text part,
 /// `"\n\n[user's hint / instruction]\n" + strip(hint)` (what the template joins to the text
-/// before it, as a string target gets it); every content list stays a list.
+/// before it, as a string target gets it); every content list stays a list. Unlike a string
+/// target, the list's own text is not stripped around the hint (the policy saw it as it is).
 pub fn append_hint_keeping_lists(messages: &[Value], hint: &str, keep_lists: bool) -> Vec<Value> {
     let target = messages
         .iter()

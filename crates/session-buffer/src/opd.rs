@@ -71,12 +71,12 @@ pub(crate) struct TeacherFailure {
     pub detail: String,
 }
 
-/// The teacher's values of a turn whose prompt holds images: the hinted prompt rendered with its
-/// images' placeholders (content lists kept, as the engine hands them to the template), each pad
-/// repeated to its image's count as at capture, then the turn's own response ids; the images go
-/// beside the ids (`image_data`, data URLs in prompt order). Rendered in full: the prefix caches
-/// of the text path hold unexpanded ids.
-async fn image_teacher_signal(
+/// The teacher's values of a turn rendered in full: the hinted prompt rendered with content lists
+/// kept (as the engine hands them to a template that loops over content) and its images'
+/// placeholders, each pad repeated to its image's count as at capture, then the turn's own
+/// response ids; the images, if any, go beside the ids (`image_data`, data URLs in prompt order).
+/// Rendered in full: the prefix caches of the text path hold flattened, unexpanded ids.
+async fn rendered_teacher_signal(
     parts: &OpdParts,
     turn: &CapturedTurn,
     hint: &str,
@@ -168,7 +168,13 @@ pub(crate) async fn teacher_signal(
                 ),
             });
         }
-        return image_teacher_signal(parts, turn, hint, top_k).await;
+        return rendered_teacher_signal(parts, turn, hint, top_k).await;
+    }
+    // A template that loops over a message's content gets content lists as they are (the
+    // engine hands them so): the encoded-prefix path below flattens them, so such a model's
+    // teacher prompt is rendered in full, as an image turn's.
+    if parts.tokenizer.keeps_content_lists() {
+        return rendered_teacher_signal(parts, turn, hint, top_k).await;
     }
     let tok = parts.tokenizer.clone();
     // Built on the engine's prompt ids only if the drift check agreed when the turn was captured

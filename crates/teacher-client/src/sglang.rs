@@ -31,6 +31,9 @@ pub struct SglangTeacherConfig {
     pub timeout: Duration,
     /// Bearer key, the value of the variable named by `teacher.api_key_env` (SGLang's `--api-key`).
     pub api_key: Option<ps_core::Secret>,
+    /// The teacher serves a vision-language model and takes `image_data` (`teacher.images`);
+    /// otherwise image turns are refused ([`TeacherScorer::takes_images`] is false).
+    pub images: bool,
 }
 
 /// The `/generate` URL for a configured teacher URL: a bare root (`http://host:port` or with `/`) gets
@@ -86,8 +89,10 @@ struct GenerateBody<'a> {
     logprob_start_len: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     top_logprobs_num: Option<usize>,
-    /// The prompt's images in order (data URLs), for a vision-language teacher: SGLang expands
-    /// nothing itself when given `input_ids`, whose pads already stand for them.
+    /// The prompt's images in order (data URLs), for a vision-language teacher whose `input_ids`
+    /// hold each image's run of pads (SGLang runs its processor on them again: its settings must
+    /// be the policy's, or the answer's length or ids differ and the turn is dropped, never
+    /// padded).
     #[serde(skip_serializing_if = "Option::is_none")]
     image_data: Option<&'a [String]>,
 }
@@ -117,6 +122,7 @@ impl<'a> GenerateBody<'a> {
 #[derive(Debug, Clone)]
 pub struct SglangTeacher {
     endpoint: Endpoint,
+    images: bool,
 }
 
 impl SglangTeacher {
@@ -139,6 +145,7 @@ impl SglangTeacher {
                 api_key: config.api_key,
                 timeout: config.timeout,
             },
+            images: config.images,
         })
     }
 
@@ -172,7 +179,7 @@ impl TeacherScorer for SglangTeacher {
     }
 
     fn takes_images(&self) -> bool {
-        true
+        self.images
     }
 
     async fn score_with_images(

@@ -35,6 +35,7 @@ fn sglang(url: &str, timeout: Duration, api_key: Option<&str>) -> SglangTeacher 
         url: url.to_owned(),
         timeout,
         api_key: api_key.map(Into::into),
+        images: false,
     })
     .expect("teacher")
 }
@@ -408,6 +409,7 @@ async fn completions_errors() {
         url: fake.chat_url(),
         timeout: Duration::from_secs(1),
         api_key: None,
+        images: false,
     })
     .unwrap_err();
     assert!(matches!(e, TeacherError::ChatEndpoint { .. }), "{e}");
