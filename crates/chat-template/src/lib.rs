@@ -70,6 +70,17 @@ pub struct Vision {
     pub image_pad_id: u32,
 }
 
+impl Vision {
+    /// The lengths of the runs of image pad tokens in `ids`, in order: one per image of a
+    /// prompt whose pads were expanded.
+    pub fn pad_runs(&self, ids: &[u32]) -> Vec<usize> {
+        ids.chunk_by(|a, b| a == b)
+            .filter(|run| run[0] == self.image_pad_id)
+            .map(<[u32]>::len)
+            .collect()
+    }
+}
+
 /// A model's tokenizer plus its compiled chat template.
 ///
 /// Built once (the template is compiled and the special tokens are resolved in the constructor),

@@ -61,7 +61,7 @@ pub fn unsupported_part_with(
 pub fn part_reason(kind: Option<&str>) -> Option<&'static str> {
     Some(match kind {
         Some("text") => return None,
-        Some("image_url" | "image" | "input_image") => "image_unsupported",
+        k if is_image_kind(k) => "image_unsupported",
         Some("input_audio" | "audio" | "audio_url") => "audio_unsupported",
         Some("video_url" | "video") => "video_unsupported",
         Some("file" | "input_file") => "file_unsupported",
@@ -178,13 +178,15 @@ pub fn normalize_messages_with(messages: &[Value], keep_lists: bool) -> Vec<Valu
         .collect()
 }
 
-/// Whether a content part is an image (OpenAI `image_url`, Responses `input_image`, Anthropic and
-/// `transformers` `image`).
+/// Whether a content part's `type` is an image's (OpenAI `image_url`, Responses `input_image`,
+/// Anthropic and `transformers` `image`).
+pub fn is_image_kind(kind: Option<&str>) -> bool {
+    matches!(kind, Some("image_url" | "input_image" | "image"))
+}
+
+/// Whether a content part is an image ([`is_image_kind`] of its `type`).
 pub fn is_image_part(part: &Value) -> bool {
-    matches!(
-        part.get("type").and_then(Value::as_str),
-        Some("image_url" | "input_image" | "image")
-    )
+    is_image_kind(part.get("type").and_then(Value::as_str))
 }
 
 /// Where an image part's image is: inline data or a URL.

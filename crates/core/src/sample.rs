@@ -61,6 +61,17 @@ pub struct Sample {
     pub images: Vec<SampleImage>,
 }
 
+impl Sample {
+    /// The sample's images, each hash once, in prompt order: what a store keeps for it.
+    pub fn distinct_images(&self) -> Vec<&SampleImage> {
+        let mut seen = std::collections::HashSet::new();
+        self.images
+            .iter()
+            .filter(|i| seen.insert(i.hash.as_str()))
+            .collect()
+    }
+}
+
 /// An image of a sample's prompt: its content hash (SHA-256, hex), media type, size in pixels as
 /// its header states it, and the number of image pad tokens it became.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -275,31 +275,16 @@ fn run(state: &FakeState, body: &Value) -> Result<Output, String> {
         };
         // Each image as the processor sizes it, in order: its run of pads must be that long (a
         // real engine's processor expands the images again and would not match otherwise).
-        let limits = ps_vision::ImageLimits {
-            max_image_bytes: usize::MAX,
-            max_images: usize::MAX,
-        };
         let mut want = Vec::with_capacity(list.len());
         for url in list {
             let url = url
                 .as_str()
                 .ok_or("image_data: must be a list of image URLs")?;
             let part = serde_json::json!({"type": "image_url", "image_url": {"url": url}});
-            let (w, h) = ps_vision::read_image_part(&part, &limits)
-                .map_or((28, 28), |i| (i.width, i.height));
-            want.push(
-                vision
-                    .processor
-                    .pad_tokens(w, h)
-                    .map_err(|e| e.to_string())?,
-            );
+            want.push(crate::model::image_pads(vision, &part)?);
         }
         for (_, ids) in &prompts {
-            let runs: Vec<usize> = ids
-                .chunk_by(|a, b| a == b)
-                .filter(|run| run[0] == vision.image_pad_id)
-                .map(<[u32]>::len)
-                .collect();
+            let runs = vision.pad_runs(ids);
             if runs != want {
                 return Err(format!(
                     "the input's image placeholders {runs:?} do not fit the images of \

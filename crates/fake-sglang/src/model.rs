@@ -454,6 +454,15 @@ fn shared_system_prefix(
     tok.leading_system_prefix_len(&templated[..leading], tools, kwargs, prompt_text)
 }
 
+/// How many pad tokens a Qwen-VL engine expands an image part to: the image's size from its
+/// header, or 28x28 when the fake cannot read it (a real engine fetches remote images and reads
+/// more formats than the proxy, whose own refusals are what tests see).
+pub(crate) fn image_pads(vision: &ps_chat_template::Vision, part: &Value) -> Result<usize, String> {
+    let (w, h) = ps_vision::read_image_part(part, &ps_vision::ImageLimits::unbounded())
+        .map_or((28, 28), |i| (i.width, i.height));
+    vision.processor.pad_tokens(w, h).map_err(|e| e.to_string())
+}
+
 /// Samples the fake answer to a chat request. The prompt is encoded through `prompts`, which
 /// reuses encoded prefixes of earlier prompts (the ids are those of a full encode either way).
 pub(crate) fn sample_chat(
@@ -475,22 +484,10 @@ pub(crate) fn sample_chat(
         drift_prompt(&mut prompt_ids);
     }
     // A Qwen-VL engine expands each image's one pad to the image's token count (its processor on
-    // the decoded image; here the same rule from the image's header). A real engine fetches
-    // remote images and reads more formats than the proxy: an image the fake cannot size counts
-    // as 28x28, so that the proxy's own refusals are what tests see.
+    // the decoded image; here the same rule from the image's header, `image_pads`).
     if let Some(v) = tok.vision() {
-        let limits = ps_vision::ImageLimits {
-            max_image_bytes: usize::MAX,
-            max_images: usize::MAX,
-        };
         let counts = ps_chat_template::image_parts(&p.messages)
-            .map(|part| {
-                let (w, h) = ps_vision::read_image_part(part, &limits)
-                    .map_or((28, 28), |i| (i.width, i.height));
-                v.processor
-                    .pad_tokens(w, h)
-                    .map_err(|e| SampleError::Image(e.to_string()))
-            })
+            .map(|part| image_pads(v, part).map_err(SampleError::Image))
             .collect::<Result<Vec<usize>, _>>()?;
         if !counts.is_empty() {
             prompt_ids = tok

@@ -975,11 +975,9 @@ impl SampleLog for RedisStore {
 
 /// The distinct images of `sample` (hash, bytes while they travel), in prompt order.
 fn images_of(sample: &Sample) -> Vec<(String, Option<Arc<[u8]>>)> {
-    let mut seen = std::collections::HashSet::new();
     sample
-        .images
-        .iter()
-        .filter(|i| seen.insert(i.hash.as_str()))
+        .distinct_images()
+        .into_iter()
         .map(|i| (i.hash.clone(), i.bytes.clone()))
         .collect()
 }

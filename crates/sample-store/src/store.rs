@@ -676,11 +676,9 @@ struct ImageBlob {
 
 /// The distinct images of `sample`, in prompt order.
 fn image_blobs(sample: &Sample) -> Vec<ImageBlob> {
-    let mut seen = std::collections::HashSet::new();
     sample
-        .images
-        .iter()
-        .filter(|i| seen.insert(i.hash.as_str()))
+        .distinct_images()
+        .into_iter()
         .map(|i| ImageBlob {
             hash: i.hash.clone(),
             bytes: i.bytes.clone(),

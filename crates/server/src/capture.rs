@@ -339,7 +339,12 @@ impl CaptureStats {
     /// Whether turns with images are captured with `tok`: it is a vision-language model and the
     /// store keeps images.
     pub fn captures_images(&self, tok: &ChatTokenizer) -> bool {
-        tok.vision().is_some() && !self.store_without_images.load(Ordering::Relaxed)
+        self.captures_images_of(tok.vision().is_some())
+    }
+
+    /// [`Self::captures_images`] of a model that has vision or not.
+    fn captures_images_of(&self, vision: bool) -> bool {
+        vision && !self.store_without_images.load(Ordering::Relaxed)
     }
 
     /// The bounds in effect.
@@ -585,7 +590,7 @@ pub fn capture_turn_with(
     };
     if let Some(mut turn) = engine {
         if let Some(v) = tok.vision() {
-            check_engine_pads(&turn.prompt_ids, v.image_pad_id, &pads)?;
+            check_engine_pads(&turn.prompt_ids, v, &pads)?;
         }
         turn.images = sample_images();
         turn.weight_version = weight_version;
@@ -786,17 +791,12 @@ fn captured_turn(
 /// model's processor makes it: otherwise the engine expanded the images with other processor
 /// settings than `preprocessor_config.json` (a sample whose prompt the trainer's processor would
 /// not match), and the turn is dropped (`image_pad_mismatch`).
-fn check_engine_pads(prompt: &[u32], pad_id: u32, pads: &[usize]) -> Result<(), CaptureError> {
-    let mut runs = Vec::new();
-    let mut run = 0usize;
-    for &id in prompt.iter().chain(std::iter::once(&u32::MAX)) {
-        if id == pad_id {
-            run += 1;
-        } else if run > 0 {
-            runs.push(run);
-            run = 0;
-        }
-    }
+fn check_engine_pads(
+    prompt: &[u32],
+    vision: &ps_chat_template::Vision,
+    pads: &[usize],
+) -> Result<(), CaptureError> {
+    let runs = vision.pad_runs(prompt);
     if runs == pads {
         return Ok(());
     }
@@ -1040,8 +1040,9 @@ pub struct CaptureQueue {
     max_turn_tokens: Arc<std::sync::atomic::AtomicUsize>,
     prefixes: Arc<PrefixCache>,
     queued: Arc<QueueBytes>,
-    /// The policy is a vision-language model: turns with images are captured, not refused.
-    images_captured: bool,
+    /// The policy is a vision-language model (its images are captured when the store keeps
+    /// them: [`CaptureStats::captures_images`]).
+    vision: bool,
     tx: std::sync::Mutex<Option<SyncSender<Queued>>>,
     workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
@@ -1063,7 +1064,7 @@ impl CaptureQueue {
         capacity: usize,
         workers: usize,
     ) -> std::io::Result<Self> {
-        let images_captured = tokenizer.vision().is_some();
+        let vision = tokenizer.vision().is_some();
         let (tx, rx) = sync_channel::<Queued>(capacity.max(1));
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let max_turn_tokens = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
@@ -1101,7 +1102,7 @@ impl CaptureQueue {
             max_turn_tokens,
             prefixes,
             queued,
-            images_captured,
+            vision,
             tx: std::sync::Mutex::new(Some(tx)),
             workers: std::sync::Mutex::new(handles),
         })
@@ -1133,9 +1134,8 @@ impl CaptureQueue {
     /// The sample store keeps images or not (`SampleLog::keeps_images`): without, turns with
     /// images are refused (`image_unsupported`) even for a vision-language model.
     #[must_use]
-    pub fn with_store_keeping_images(mut self, keeps: bool) -> Self {
+    pub fn with_store_keeping_images(self, keeps: bool) -> Self {
         self.stats.set_store_keeps_images(keeps);
-        self.images_captured &= keeps;
         self
     }
 
@@ -1143,7 +1143,7 @@ impl CaptureQueue {
     /// and the store keeps images); otherwise they are refused on the chat path
     /// (`image_unsupported`).
     pub fn images_captured(&self) -> bool {
-        self.images_captured
+        self.stats.captures_images_of(self.vision)
     }
 
     /// What the queue holds now and at most.

@@ -170,7 +170,7 @@ fn first_unsupported_part(messages: &[&RawValue]) -> [Option<(&'static str, Stri
         for (j, p) in parts.iter().enumerate() {
             let kind = RawObject::of(p).and_then(|o| o.get("type").and_then(raw::as_str));
             if let Some(reason) = ps_core::message::part_reason(kind.as_deref()) {
-                let image = matches!(kind.as_deref(), Some("image_url" | "input_image" | "image"));
+                let image = ps_core::message::is_image_kind(kind.as_deref());
                 let at = || {
                     Some((
                         reason,

@@ -531,10 +531,7 @@ fn restore_image_bytes(turn: &mut ps_core::CapturedTurn) {
     let Ok(messages) = turn.messages.parse() else {
         return;
     };
-    let limits = ps_vision::ImageLimits {
-        max_image_bytes: usize::MAX,
-        max_images: usize::MAX,
-    };
+    let limits = ps_vision::ImageLimits::unbounded();
     let read: Vec<ps_vision::Image> = ps_core::message::image_parts(&messages)
         .filter_map(|p| ps_vision::read_image_part(p, &limits).ok())
         .collect();

@@ -16,6 +16,17 @@ pub struct ImageLimits {
     pub max_images: usize,
 }
 
+impl ImageLimits {
+    /// No bound: for reading again an image that was within bounds when it was captured (a
+    /// resumed turn), and for the fake engine.
+    pub fn unbounded() -> Self {
+        ImageLimits {
+            max_image_bytes: usize::MAX,
+            max_images: usize::MAX,
+        }
+    }
+}
+
 impl Default for ImageLimits {
     fn default() -> Self {
         ImageLimits {
