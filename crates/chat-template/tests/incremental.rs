@@ -90,7 +90,8 @@ fn a_long_conversation_reuses_every_prefix_and_equals_the_full_encode() {
         })
         .collect();
     let tools = json!([{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]);
-    let mut tokenizers = vec![ChatTokenizer::mini()];
+    let mini = ChatTokenizer::mini();
+    let mut tokenizers = vec![&mini];
     tokenizers.extend(qwen3());
     for tok in &tokenizers {
         let reused = check_conversation(tok, &users, &answers(users.len()), Some(&tools));
@@ -161,7 +162,8 @@ fn agent_tools() -> Value {
 fn sessions_with_one_system_prompt_encode_it_once_and_equal_the_full_encode() {
     let users: Vec<String> = (0..4).map(|i| format!("Request {i}: go on.")).collect();
     let tools = agent_tools();
-    let mut tokenizers = vec![ChatTokenizer::mini()];
+    let mini = ChatTokenizer::mini();
+    let mut tokenizers = vec![&mini];
     tokenizers.extend(qwen3());
     for tok in &tokenizers {
         let shared = SharedPrefixCache::default();
@@ -188,7 +190,8 @@ fn an_evicting_shared_cache_still_equals_the_full_encode() {
     let users: Vec<String> = (0..3).map(|i| format!("Request {i}: go on.")).collect();
     let tools = agent_tools();
     let systems: Vec<String> = (0..3).map(long_system).collect();
-    let mut tokenizers = vec![ChatTokenizer::mini()];
+    let mini = ChatTokenizer::mini();
+    let mut tokenizers = vec![&mini];
     tokenizers.extend(qwen3());
     for tok in &tokenizers {
         // Room for one system prompt and tools (with the mini model's long ids), not two.
@@ -253,7 +256,8 @@ proptest! {
     fn random_contents_encode_incrementally_exactly(users in prop::collection::vec(content(), 1..6),
                                                     replies in prop::collection::vec(content(), 6)) {
         let answers: Vec<Value> = replies.iter().map(|r| json!({"role": "assistant", "content": r})).collect();
-        let mut tokenizers = vec![ChatTokenizer::mini()];
+        let mini = ChatTokenizer::mini();
+        let mut tokenizers = vec![&mini];
         tokenizers.extend(qwen3());
         for tok in &tokenizers {
             check_conversation(tok, &users, &answers[..users.len()], None);
@@ -288,7 +292,8 @@ proptest! {
         let systems: Vec<String> = systems.iter().map(|s| format!("{s}{}", long_system(0))).collect();
         let answers: Vec<Value> = replies.iter().map(|r| json!({"role": "assistant", "content": r})).collect();
         let tools = agent_tools();
-        let mut tokenizers = vec![ChatTokenizer::mini()];
+        let mini = ChatTokenizer::mini();
+        let mut tokenizers = vec![&mini];
         tokenizers.extend(qwen3());
         for tok in &tokenizers {
             let shared = SharedPrefixCache::new(bound);

@@ -15,13 +15,11 @@ mod common;
 use common::qwen3;
 
 /// Loaded once for every test and property case of this file.
-fn tokenizers() -> &'static [ChatTokenizer] {
-    static ALL: std::sync::OnceLock<Vec<ChatTokenizer>> = std::sync::OnceLock::new();
-    ALL.get_or_init(|| {
-        let mut all = vec![ChatTokenizer::mini()];
-        all.extend(qwen3());
-        all
-    })
+fn tokenizers() -> Vec<&'static ChatTokenizer> {
+    static MINI: std::sync::OnceLock<ChatTokenizer> = std::sync::OnceLock::new();
+    let mut all = vec![MINI.get_or_init(ChatTokenizer::mini)];
+    all.extend(qwen3());
+    all
 }
 
 fn exact(tok: &ChatTokenizer, text: &str) -> EncodedPrefix {

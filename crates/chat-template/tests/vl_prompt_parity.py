@@ -1,6 +1,6 @@
 """Full prompt ids of conversations with images, as transformers makes them for a Qwen-VL model.
 
-    python vl_prompt_parity.py MODEL_DIR openai|string
+    python vl_prompt_parity.py MODEL_DIR
 
 MODEL_DIR holds tokenizer.json, tokenizer_config.json and preprocessor_config.json. For ~60
 conversations (1 to 3 images a message, images in earlier turns, sizes from 1x1 to 4K and aspect
@@ -9,8 +9,10 @@ ratios up to 200), the prompt is rendered by the tokenizer's own apply_chat_temp
 merge_size**2, the grid from transformers' image processor on the decoded image), and the text is
 tokenized. One JSON line per conversation: its messages and prompt ids. The messages are handed
 to the template as an engine hands them: developer -> system, and content lists kept as they are
-for an "openai" content-format template (the second argument: vLLM's own detection, asked by the
-test), else text parts joined with spaces (the proxy's flattening for "string" templates).
+for an "openai" content-format template (vLLM's own detection, printed first as
+{"content_format": ...} for the test to compare with the proxy's), else text parts joined with
+spaces (the proxy's flattening for "string" templates). One process does both: importing vLLM
+and transformers is most of its time.
 """
 
 import base64
@@ -92,7 +94,12 @@ def normalize(m, content_format):
 
 
 def main():
-    model_dir, content_format = sys.argv[1], sys.argv[2]
+    from vllm.renderers.hf import _detect_content_format
+
+    model_dir = sys.argv[1]
+    with open(f"{model_dir}/tokenizer_config.json") as f:
+        content_format = _detect_content_format(json.load(f)["chat_template"], default="string")
+    print(json.dumps({"content_format": content_format}))
     tok = AutoTokenizer.from_pretrained(model_dir)
     with open(f"{model_dir}/preprocessor_config.json") as f:
         config = json.load(f)

@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use ps_chat_template::{ChatTemplateError, ChatTokenizer};
 use serde_json::{Value, json};
@@ -28,8 +29,14 @@ pub fn render_kwargs(template: &str, kwargs: Value) -> Result<String, ChatTempla
 
 /// The real Qwen3 tokenizer with both of its configurations, from `../shared/fixtures/qwen3` (or
 /// `$POLICY_SERVING_SHARED`); none when the fixtures are missing, unless
-/// `POLICY_SERVING_REQUIRE_FIXTURES=1`, which makes that a failure.
-pub fn qwen3() -> Vec<ChatTokenizer> {
+/// `POLICY_SERVING_REQUIRE_FIXTURES=1`, which makes that a failure. Loaded once per test process
+/// (the 11 MB tokenizer took ~0.3 s a load, and the property tests ask for it in every case).
+pub fn qwen3() -> &'static [ChatTokenizer] {
+    static QWEN3: OnceLock<Vec<ChatTokenizer>> = OnceLock::new();
+    QWEN3.get_or_init(load_qwen3)
+}
+
+fn load_qwen3() -> Vec<ChatTokenizer> {
     let shared = std::env::var_os("POLICY_SERVING_SHARED")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
