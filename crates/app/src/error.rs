@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use ps_chat_template::ChatTemplateError;
 use ps_config::ConfigError;
-use ps_prm_client::JudgeError;
+use ps_judge::JudgeError;
 use ps_provider_client::ProviderError;
 use ps_records::RecordError;
 use ps_sample_store::StoreError;

@@ -9,21 +9,21 @@ use std::time::Duration;
 use ps_chat_template::ChatTokenizer;
 use ps_config::{EnvLookup, Mode, PrmBackend, Settings, StoreKind, TeacherBackend};
 use ps_core::SampleLog;
+use ps_core::ports::{
+    ConversationRecord, JudgeBackend, OpdRecord, PauseHook, PrmRecord, RecordSink, TeacherScorer,
+    ToJson, TurnScorer,
+};
+use ps_judge::{PrmScorer, SglangJudge, SglangJudgeConfig};
 use ps_opd_judge::HintScorer;
-use ps_prm_client::{JudgeBackend, PrmScorer, SglangJudge, SglangJudgeConfig, TurnScorer};
 use ps_provider_client::{ProviderClient, ProviderConfig, ProviderJudge};
 use ps_records::{RecordOptions, RecordWriter};
 use ps_redis_store::{Durability, RedisConfig, RedisStore};
 use ps_sample_store::{SampleStore, StoreConfig};
 use ps_server::ServerOptions;
-use ps_server::rollout::PauseHook;
-use ps_session_buffer::{
-    BufferConfig, BufferMode, ConversationRecord, OpdOptions, OpdParts, OpdRecord, PrmRecord,
-    RecordSink, ToJson,
-};
+use ps_session_buffer::{BufferConfig, BufferMode, OpdOptions, OpdParts};
 use ps_sglang_client::{SglangClient, SglangClientConfig};
 use ps_teacher_client::{
-    CompletionsTeacher, CompletionsTeacherConfig, SglangTeacher, SglangTeacherConfig, TeacherScorer,
+    CompletionsTeacher, CompletionsTeacherConfig, SglangTeacher, SglangTeacherConfig,
 };
 use tokio::sync::Semaphore;
 

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use ps_config::{EnvLookup, Settings};
 use ps_core::TurnSink;
+use ps_core::ports::{PauseHook, RecordSink};
 use ps_server::capture::{CaptureQueue, DriftCheck};
-use ps_server::rollout::{PauseHook, Rollout};
+use ps_server::rollout::Rollout;
 use ps_server::{AppState, ExtraRoutes};
-use ps_session_buffer::{RecordSink, SessionBuffer};
+use ps_session_buffer::SessionBuffer;
 use tokio::sync::Semaphore;
 
 use crate::error::StartupError;

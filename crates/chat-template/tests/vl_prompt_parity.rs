@@ -43,11 +43,7 @@ fn python() -> Option<PathBuf> {
 /// Checks every conversation the script writes for `dir` against `tok`; returns how many.
 fn check(python: &Path, dir: &Path, tok: &ChatTokenizer) -> usize {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vl_prompt_parity.py");
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(dir)
-        .output()
-        .unwrap();
+    let out = Command::new(python).arg(&script).arg(dir).output().unwrap();
     assert!(
         out.status.success(),
         "{}: {}",

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use ps_app::StartupError;
 use ps_config::{PrmBackend, Settings};
-use ps_prm_client::{JudgeBackend, JudgeError, JudgeInput, judge_messages, parse_boxed_score};
+use ps_core::ports::JudgeInput;
+use ps_judge::{JudgeError, judge_messages, parse_boxed_score};
 
 use crate::TokenizerResult;
 use crate::report::Outcome;

@@ -4,7 +4,8 @@
 
 use ps_app::StartupError;
 use ps_config::{Settings, TeacherBackend};
-use ps_teacher_client::{Mismatch, TeacherError, TeacherScorer};
+use ps_core::ports::Mismatch;
+use ps_teacher_client::TeacherError;
 use serde_json::json;
 
 use crate::TokenizerResult;
@@ -110,21 +111,19 @@ pub(crate) async fn check(
     let limit = crate::limit(s.teacher.timeout());
     let url = shown_url(s.teacher_url().unwrap_or_default());
     let scored = match tokio::time::timeout(limit, teacher.score(&ids, t, top_k)).await {
-        Err(_) | Ok(Err(TeacherError::Timeout { .. })) => {
-            return Outcome::fail(
-                format!(
-                    "the teacher at {url} did not score {t} tokens within {}",
-                    secs(limit)
-                ),
-                format!(
-                    "check that the teacher is up at {}, or raise teacher.timeout_sec (now {})",
-                    url_key(s),
-                    s.teacher.timeout_sec
-                ),
-            );
-        }
-        Ok(Err(e)) => return failure(s, &url, &e),
         Ok(Ok(r)) => r,
+        // The teacher's own error through the port; a timeout of the call or of the check alike.
+        Ok(Err(e)) => match e.downcast_ref::<TeacherError>() {
+            Some(TeacherError::Timeout { .. }) => return timed_out(s, &url, t, limit),
+            Some(te) => return failure(s, &url, te),
+            None => {
+                return Outcome::fail(
+                    format!("the teacher at {url} failed: {}", error_chain(&e)),
+                    format!("check {} and teacher.backend", url_key(s)),
+                );
+            }
+        },
+        Err(_) => return timed_out(s, &url, t, limit),
     };
     if scored.log_probs.len() != t {
         return Outcome::fail(
@@ -176,6 +175,21 @@ fn mismatch(url: &str, m: &Mismatch, source: &str) -> Outcome {
              or set server.model_dir to the policy's tokenizer directory; until then every OPD \
              sample is dropped as {}",
             m.reason()
+        ),
+    )
+}
+
+/// The teacher did not score the probe within `limit`.
+fn timed_out(s: &Settings, url: &str, t: usize, limit: std::time::Duration) -> Outcome {
+    Outcome::fail(
+        format!(
+            "the teacher at {url} did not score {t} tokens within {}",
+            secs(limit)
+        ),
+        format!(
+            "check that the teacher is up at {}, or raise teacher.timeout_sec (now {})",
+            url_key(s),
+            s.teacher.timeout_sec
         ),
     )
 }

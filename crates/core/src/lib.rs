@@ -24,6 +24,7 @@ pub mod metric_names;
 pub mod modes;
 pub mod observe;
 pub mod pending;
+pub mod ports;
 pub mod rollout;
 pub mod rollout_control;
 pub mod sample;

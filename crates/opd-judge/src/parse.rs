@@ -2,10 +2,10 @@
 
 use std::sync::LazyLock;
 
-use ps_prm_client::last_boxed_digit;
+use ps_judge::last_boxed_digit;
 use regex::Regex;
 
-use crate::HintVote;
+use ps_core::ports::HintVote;
 
 /// `[HINT_START]`, the shortest run of any characters (newlines included), `[HINT_END]`.
 #[allow(

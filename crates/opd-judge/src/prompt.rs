@@ -2,7 +2,8 @@
 //! followed it, asking for hindsight. The wording is ours; the behaviour follows
 //! `docs/upstream-protocols.md` section 6.
 
-use ps_prm_client::{JudgeInput, turn_prompt};
+use ps_core::ports::JudgeInput;
+use ps_judge::turn_prompt;
 use serde_json::Value;
 
 const SYSTEM: &str = "You look back at one step of an AI assistant working on a multi-turn task. \

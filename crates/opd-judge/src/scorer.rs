@@ -3,10 +3,12 @@
 use std::{fmt, sync::Arc};
 
 use async_trait::async_trait;
-use ps_prm_client::{JudgeBackend, JudgeInput, VotePolicy, VoteScorer, Voted, answer_tail};
+use ps_judge::{VotePolicy, VoteScorer, Voted, answer_tail};
 use tokio::sync::Semaphore;
 
-use crate::{HintJudge, HintOutcome, HintVote, hint_messages, parse_hint_vote, select_best_hint};
+use ps_core::ports::{HintJudge, HintOutcome, HintVote, JudgeBackend, JudgeInput};
+
+use crate::{hint_messages, parse_hint_vote, select_best_hint};
 
 /// [`HintJudge`] of OPD: sends `votes` hint-judge calls at once (each holding one permit of the
 /// judge-concurrency semaphore when one is given), parses each answer with [`parse_hint_vote`] and
@@ -117,7 +119,8 @@ impl HintJudge for HintScorer {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use ps_prm_client::{JudgeError, MockJudgeBackend, TIMEOUT_KEY};
+    use ps_core::ports::{CallError, MockJudgeBackend};
+    use ps_judge::{JudgeError, TIMEOUT_KEY};
 
     use super::*;
     use serde_json::Value;
@@ -151,7 +154,7 @@ mod tests {
                 let i = calls.fetch_add(1, Ordering::SeqCst);
                 match answers[i] {
                     Ok(t) => Ok(t.to_owned()),
-                    Err(()) => Err(timeout()),
+                    Err(()) => Err(timeout().into()),
                 }
             });
         mock.expect_describe().returning(|| "mock judge".to_owned());
@@ -283,7 +286,7 @@ mod tests {
 
     #[async_trait]
     impl JudgeBackend for ConcurrencyProbe {
-        async fn complete(&self, _messages: &[Value]) -> Result<String, JudgeError> {
+        async fn complete(&self, _messages: &[Value]) -> Result<String, CallError> {
             let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
             self.max.fetch_max(now, Ordering::SeqCst);
             for _ in 0..8 {

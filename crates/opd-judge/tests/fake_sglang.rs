@@ -5,12 +5,10 @@
 use std::{sync::Arc, time::Duration};
 
 use ps_chat_template::ChatTokenizer;
+use ps_core::ports::{HintJudge, HintVote, JudgeInput};
 use ps_fake_sglang::{FakeHandle, FakeSglang};
-use ps_opd_judge::{
-    DEFAULT_MIN_HINT_CHARS, HintJudge, HintScorer, HintVote, JudgeInput, hint_messages,
-    teacher_input_text,
-};
-use ps_prm_client::{ROUTER_URL_KEY, SglangJudge, SglangJudgeConfig};
+use ps_judge::{ROUTER_URL_KEY, SglangJudge, SglangJudgeConfig};
+use ps_opd_judge::{DEFAULT_MIN_HINT_CHARS, HintScorer, hint_messages, teacher_input_text};
 use serde_json::json;
 use tokio::sync::Semaphore;
 

@@ -4,7 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use ps_opd_judge::{HintVote, parse_hint_vote, select_best_hint};
+use ps_core::ports::HintVote;
+use ps_opd_judge::{parse_hint_vote, select_best_hint};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -108,7 +109,7 @@ proptest! {
     fn built_strings_follow_the_contract(text in built_text()) {
         let v = parse_hint_vote(&text);
         prop_assert!(matches!(v.score, None | Some(1) | Some(-1)), "{:?}", v.score);
-        prop_assert_eq!(v.score, ps_prm_client::last_boxed_digit(&text).filter(|s| *s == 1 || *s == -1));
+        prop_assert_eq!(v.score, ps_judge::last_boxed_digit(&text).filter(|s| *s == 1 || *s == -1));
         prop_assert_eq!(v.hint.as_str(), strip(&v.hint), "trimmed");
         prop_assert!(!v.hint.contains(END), "the span is non-greedy: {:?}", v.hint);
         prop_assert_eq!(&v.hint, &reference_hint(&text));

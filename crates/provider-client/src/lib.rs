@@ -9,11 +9,11 @@
 //! `retry-after-ms` / `Retry-After`; `x-should-retry` is obeyed; 400, 401, 403, 404 and
 //! `insufficient_quota` are not retried). One [`ProviderClient`] serves every role and session and
 //! its `max_concurrency` permits are held only while an attempt is in flight. [`ProviderJudge`]
-//! plugs it into the judge seam of `ps-prm-client`. Retries, 429s, give-ups and rejected keys are
+//! plugs it into the judge transport port (`ps_core::ports::JudgeBackend`). Retries, 429s, give-ups and rejected keys are
 //! counted under the names of `ps_core::metric_names`; the key is never logged nor put in a
 //! message (errors name the variable that holds it).
 //!
-//! It depends on `ps-core` and `ps-prm-client` only; not on the server, the configuration crate or
+//! It depends on `ps-core` (and the shared HTTP helpers) only; not on the server, the configuration crate or
 //! any web framework.
 
 mod client;
@@ -23,5 +23,5 @@ mod policy;
 
 pub use client::{ChatAnswer, ProviderClient, ProviderConfig, Usage};
 pub use error::{API_KEY_ENV_KEY, BASE_URL_KEY, ProviderError, TIMEOUT_KEY};
-pub use judge::ProviderJudge;
+pub use judge::{JUDGE_PROVIDER, ProviderJudge};
 pub use policy::{INITIAL_BACKOFF, JITTER, MAX_BACKOFF, MAX_RETRY_AFTER};

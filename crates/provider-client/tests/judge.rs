@@ -4,9 +4,10 @@
 
 use std::{sync::Arc, time::Duration};
 
+use ps_core::ports::{JudgeBackend, JudgeInput, TurnScorer};
 use ps_fake_sglang::{FakeProvider, FakeProviderHandle, ProviderFault};
-use ps_prm_client::{JudgeBackend, JudgeError, JudgeInput, PrmScorer, TurnScorer};
-use ps_provider_client::{ProviderClient, ProviderConfig, ProviderJudge};
+use ps_judge::PrmScorer;
+use ps_provider_client::{JUDGE_PROVIDER, ProviderClient, ProviderConfig, ProviderJudge};
 use serde_json::json;
 
 const KEY: &str = "sk-judge-key-0b7d";
@@ -64,9 +65,8 @@ async fn a_failed_call_is_a_provider_error_naming_provider_and_variable() {
     let (p, judge) = setup().await;
     p.push_fault(ProviderFault::Unauthorized);
     let err = judge.complete(&prompt("x")).await.unwrap_err();
-    let JudgeError::Provider { message } = &err else {
-        panic!("{err:?}");
-    };
+    assert_eq!(err.reason(), JUDGE_PROVIDER);
+    let message = err.to_string();
     assert!(message.contains("provider `provider`"), "{message}");
     assert!(message.contains("JUDGE_KEY"), "{message}");
     assert!(!message.contains(KEY), "{message}");

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::plumbing::read_body;
 use crate::state::AppState;
-pub use crate::state::{PauseHook, Rollout};
+pub use crate::state::Rollout;
 
 /// Default and largest `max` of one pull.
 pub const DEFAULT_PULL_MAX: usize = 64;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use ps_core::modes::PauseMode;
+use ps_core::ports::PauseHook;
 use ps_core::{AlignPolicy, TurnEvent, TurnObserver};
 use ps_sglang_client::PolicyClient;
 
@@ -316,11 +317,6 @@ impl AppState {
         w.insert(key.to_owned());
         true
     }
-}
-
-/// Something to tell when the trainer pauses (records rotate there; they are never truncated).
-pub trait PauseHook: Send + Sync {
-    fn on_pause(&self);
 }
 
 /// What the rollout routes work on.

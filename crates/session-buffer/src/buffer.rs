@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ps_core::metric_names as m;
+use ps_core::ports::TurnScorer;
 use ps_core::{
     CapturedTurn, PendingStore, PendingTurn, SampleSink, TurnEvent, TurnObserver, TurnSink,
 };
-use ps_prm_client::TurnScorer;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,10 +21,10 @@ use tokio_util::task::TaskTracker;
 use crate::config::{BufferConfig, BufferMode};
 use crate::judge::Judges;
 use crate::opd::OpdParts;
-use crate::records::RecordSink;
 use crate::state::{Job, Next, Session, Unfinished};
 use crate::status::{BufferStatus, PendingCounts, Stats, lock};
 use crate::{persist, submit};
+use ps_core::ports::RecordSink;
 
 struct Inner {
     config: BufferConfig,

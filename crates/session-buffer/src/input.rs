@@ -3,7 +3,7 @@
 
 use ps_core::CapturedTurn;
 use ps_core::message::flatten_content;
-use ps_prm_client::JudgeInput;
+use ps_core::ports::JudgeInput;
 use serde_json::Value;
 
 /// The judges' input for `turn` followed by `state` (a message; a missing role counts as `user`).

@@ -10,15 +10,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ps_chat_template::SharedPrefixCache;
 use ps_core::metric_names as m;
+use ps_core::ports::{PrmScore, TurnScorer};
 use ps_core::{CapturedTurn, TeacherOutcome, TurnEvent};
-use ps_prm_client::{PrmScore, TurnScorer};
 use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::config::{BufferConfig, BufferMode};
 use crate::input::judge_input;
 use crate::opd::{self, OpdParts, OpdVerdict};
-use crate::records::{RecordSink, record_turn};
+use ps_core::ports::RecordSink;
+
+use crate::records::record_turn;
 use crate::state::{Job, Ready};
 use crate::status::Stats;
 

@@ -11,13 +11,15 @@
 //! ([`opd`]).
 //!
 //! This crate owns that state machine and nothing else: scoring goes through
-//! [`ps_prm_client::TurnScorer`], hints through [`ps_opd_judge::HintJudge`], teacher log-probs through
-//! [`ps_teacher_client::TeacherScorer`], storage through [`ps_core::SampleSink`], records through
-//! [`RecordSink`]. It must not depend on the server or on any HTTP crate.
+//! the ports of `ps_core::ports` ([`ps_core::ports::TurnScorer`], hints through
+//! [`ps_core::ports::HintJudge`], teacher log-probs through [`ps_core::ports::TeacherScorer`],
+//! records through [`ps_core::ports::RecordSink`]), storage through [`ps_core::SampleSink`]; of
+//! the OPD crate it uses only the hint's injection into the teacher prompt. It must not depend on
+//! the server, on any judge or teacher client, or on any HTTP crate.
 //!
 //! Modules, each depending only on those listed before it (no cycles; checked with
-//! `grep -o 'crate::[a-z_]*'` per file): `config` (settings), [`records`] (the typed JSONL
-//! records), `input` (what a judge sees), [`rules`] (the RL sample rules), `status` (counters),
+//! `grep -o 'crate::[a-z_]*'` per file): `config` (settings), `records` (a judged turn's records, through the
+//! port), `input` (what a judge sees), [`rules`] (the RL sample rules), `status` (counters),
 //! `state` (the per-session state machine), [`opd`] (judging an OPD/Combine turn and what it
 //! becomes), `judge` (judging: PRM votes, backlog, dropped turns), `submit` (ordered submission),
 //! `persist` (shutdown and resume), `buffer` ([`SessionBuffer`], which holds the sessions and
@@ -29,7 +31,7 @@ mod input;
 mod judge;
 pub mod opd;
 mod persist;
-pub mod records;
+mod records;
 pub mod rules;
 mod session_prompt;
 mod state;
@@ -39,5 +41,4 @@ mod submit;
 pub use buffer::SessionBuffer;
 pub use config::{BufferConfig, BufferMode, OpdOptions};
 pub use opd::OpdParts;
-pub use records::{ConversationRecord, OpdRecord, PrmRecord, RecordSink, ToJson};
 pub use status::{BufferStatus, MAX_TRACKED_VERSIONS, PendingCounts};

@@ -17,11 +17,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
+use ps_core::ports::PrmScore;
+use ps_core::ports::{HintJudge, HintOutcome};
+use ps_core::ports::{TeacherLogprobs, TeacherScorer};
 use ps_core::sample::Sample;
 use ps_core::{CapturedTurn, JsonText, TokenSource};
-use ps_opd_judge::{HintJudge, HintOutcome, TeacherResponse};
-use ps_prm_client::PrmScore;
-use ps_teacher_client::{TeacherLogprobs, TeacherScorer};
+use ps_opd_judge::TeacherResponse;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -29,7 +30,9 @@ pub use crate::rules::MASKED_WITHOUT_LOGPROB;
 
 use crate::config::{BufferMode, OpdOptions};
 use crate::input::judge_input;
-use crate::records::{OpdFacts, OpdRecord, RecordSink, record_turn};
+use ps_core::ports::{OpdFacts, OpdRecord, RecordSink};
+
+use crate::records::record_turn;
 use crate::rules::{RlDecision, list_trained_placeholders, rl_sample};
 use crate::session_prompt::SessionPrompt;
 use crate::state::Job;
@@ -234,8 +237,8 @@ async fn score_and_check(
     metrics::histogram!(ps_core::metric_names::TEACHER_SECONDS)
         .record(started.elapsed().as_secs_f64());
     let signal = result.map_err(|e| TeacherFailure {
-        reason: if e.reason() == "teacher_without_images" {
-            "teacher_without_images"
+        reason: if e.reason() == ps_core::ports::TEACHER_WITHOUT_IMAGES {
+            ps_core::ports::TEACHER_WITHOUT_IMAGES
         } else {
             "teacher_error"
         },

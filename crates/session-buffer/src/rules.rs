@@ -10,8 +10,8 @@
 //! template's scaffolding follows `capture.*` (see the README), instead of the reference's all-ones.
 
 use ps_core::CapturedTurn;
+use ps_core::ports::PrmScore;
 use ps_core::sample::{Reward, Sample, SampleStatus};
-use ps_prm_client::PrmScore;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 

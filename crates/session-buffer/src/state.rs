@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ps_core::metric_names as m;
+use ps_core::ports::PrmScore;
 use ps_core::sample::Sample;
 use ps_core::{CapturedTurn, PendingTurn};
-use ps_prm_client::PrmScore;
 use serde_json::Value;
 use tokio::time::Instant;
 

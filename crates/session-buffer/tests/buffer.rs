@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
+use ps_core::ports::{JudgeInput, PrmScore, TurnScorer};
 use ps_core::sample::Sample;
 use ps_core::{
     AlignPolicy, Alignment, CapturedTurn, FinishReason, SampleSink, SinkError, TurnSink,
     align_logprobs,
 };
-use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
 use ps_session_buffer::{BufferConfig, BufferMode, OpdOptions, SessionBuffer};
 use serde_json::{Value, json};
 use tokio::sync::Notify;

@@ -8,18 +8,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ps_chat_template::{ChatTokenizer, TurnInput};
+use ps_core::ports::{
+    CallError, ConversationRecord, HintOutcome, HintVote, JudgeInput, MockHintJudge,
+    MockTeacherScorer, OpdRecord, PrmRecord, PrmScore, RecordSink, TeacherLogprobs, TeacherScorer,
+    ToJson, TurnScorer,
+};
 use ps_core::sample::Sample;
 use ps_core::{
     AlignPolicy, CapturedTurn, EnginePrompts, FinishReason, SampleSink, SampledToken, SinkError,
     TurnSink, align_logprobs,
 };
-use ps_opd_judge::{HintOutcome, HintVote, MockHintJudge};
-use ps_prm_client::{JudgeInput, PrmScore, TurnScorer};
-use ps_session_buffer::{
-    BufferConfig, BufferMode, ConversationRecord, OpdOptions, OpdParts, OpdRecord, PrmRecord,
-    RecordSink, SessionBuffer, ToJson,
-};
-use ps_teacher_client::{MockTeacherScorer, TeacherError, TeacherLogprobs, TeacherScorer};
+use ps_session_buffer::{BufferConfig, BufferMode, OpdOptions, OpdParts, SessionBuffer};
+use ps_teacher_client::TeacherError;
 use serde_json::{Value, json};
 
 #[derive(Default)]
@@ -398,7 +398,8 @@ async fn a_failing_teacher_drops_the_turn_with_its_reason() {
             url: "http://t/generate".into(),
             after: Duration::from_secs(1),
             config_key: "teacher.timeout_sec",
-        })
+        }
+        .into())
     });
     t.expect_describe().return_const("slow teacher".to_owned());
     let r = rig_with(BufferMode::Opd, OpdOptions::default(), t);
@@ -620,12 +621,7 @@ struct GatedTeacher {
 
 #[async_trait::async_trait]
 impl TeacherScorer for GatedTeacher {
-    async fn score(
-        &self,
-        ids: &[u32],
-        n: usize,
-        _k: usize,
-    ) -> Result<TeacherLogprobs, TeacherError> {
+    async fn score(&self, ids: &[u32], n: usize, _k: usize) -> Result<TeacherLogprobs, CallError> {
         use std::sync::atomic::Ordering::SeqCst;
         let now = self.in_flight.fetch_add(1, SeqCst) + 1;
         self.max_in_flight.fetch_max(now, SeqCst);

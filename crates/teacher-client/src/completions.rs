@@ -12,8 +12,9 @@ use std::{collections::HashMap, time::Duration};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use ps_core::ports::{CallError, TeacherLogprobs, TeacherScorer};
+
 use crate::{
-    TeacherLogprobs, TeacherScorer,
     error::{MODEL_KEY, ParseError, TeacherError, URL_KEY, chat_endpoint_error},
     http::{Endpoint, build_client, is_chat_path, parse_http_url, snippet},
 };
@@ -131,9 +132,10 @@ impl CompletionsTeacher {
     }
 }
 
-#[async_trait]
-impl TeacherScorer for CompletionsTeacher {
-    async fn score(
+/// The teacher port's calls with this crate's own error (the port wraps it in a `CallError`).
+impl CompletionsTeacher {
+    /// See [`TeacherScorer::score`].
+    pub async fn score(
         &self,
         input_ids: &[u32],
         response_len: usize,
@@ -171,12 +173,29 @@ impl TeacherScorer for CompletionsTeacher {
             .map_err(|e| self.endpoint.parse_error(e, top_k))
     }
 
-    fn describe(&self) -> String {
+    /// See [`TeacherScorer::describe`].
+    pub fn describe(&self) -> String {
         format!(
             "openai-compatible /v1/completions at {} (model {})",
             self.url(),
             self.model
         )
+    }
+}
+
+#[async_trait]
+impl TeacherScorer for CompletionsTeacher {
+    async fn score(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+    ) -> Result<TeacherLogprobs, CallError> {
+        Ok(CompletionsTeacher::score(self, input_ids, response_len, top_k).await?)
+    }
+
+    fn describe(&self) -> String {
+        CompletionsTeacher::describe(self)
     }
 }
 

@@ -131,6 +131,13 @@ pub enum TeacherError {
     },
 }
 
+impl From<TeacherError> for ps_core::ports::CallError {
+    /// A failed teacher call through the port, with its stable reason ([`TeacherError::reason`]).
+    fn from(e: TeacherError) -> Self {
+        Self::new(e.reason(), e)
+    }
+}
+
 impl TeacherError {
     /// A stable snake_case reason for counters and records (low cardinality).
     pub fn reason(&self) -> &'static str {

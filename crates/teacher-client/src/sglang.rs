@@ -16,8 +16,9 @@ use serde::{
     de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor},
 };
 
+use ps_core::ports::{CallError, TeacherLogprobs, TeacherScorer};
+
 use crate::{
-    TeacherLogprobs, TeacherScorer,
     error::{BACKEND_KEY, ParseError, TeacherError, URL_KEY, chat_endpoint_error},
     http::{Endpoint, build_client, is_chat_path, parse_http_url, snippet},
 };
@@ -166,9 +167,10 @@ impl SglangTeacher {
     }
 }
 
-#[async_trait]
-impl TeacherScorer for SglangTeacher {
-    async fn score(
+/// The teacher port's calls with this crate's own error (the port wraps it in a `CallError`).
+impl SglangTeacher {
+    /// See [`TeacherScorer::score`].
+    pub async fn score(
         &self,
         input_ids: &[u32],
         response_len: usize,
@@ -178,11 +180,13 @@ impl TeacherScorer for SglangTeacher {
             .await
     }
 
-    fn takes_images(&self) -> bool {
+    /// See [`TeacherScorer::takes_images`].
+    pub fn takes_images(&self) -> bool {
         self.images
     }
 
-    async fn score_with_images(
+    /// See [`TeacherScorer::score_with_images`].
+    pub async fn score_with_images(
         &self,
         input_ids: &[u32],
         response_len: usize,
@@ -207,8 +211,42 @@ impl TeacherScorer for SglangTeacher {
             .map_err(|e| self.endpoint.parse_error(e, top_k))
     }
 
-    fn describe(&self) -> String {
+    /// See [`TeacherScorer::describe`].
+    pub fn describe(&self) -> String {
         format!("sglang /generate at {}", self.url())
+    }
+}
+
+#[async_trait]
+impl TeacherScorer for SglangTeacher {
+    async fn score(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+    ) -> Result<TeacherLogprobs, CallError> {
+        Ok(SglangTeacher::score(self, input_ids, response_len, top_k).await?)
+    }
+
+    fn takes_images(&self) -> bool {
+        SglangTeacher::takes_images(self)
+    }
+
+    async fn score_with_images(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+    ) -> Result<TeacherLogprobs, CallError> {
+        Ok(
+            SglangTeacher::score_with_images(self, input_ids, response_len, top_k, image_data)
+                .await?,
+        )
+    }
+
+    fn describe(&self) -> String {
+        SglangTeacher::describe(self)
     }
 }
 

@@ -4,11 +4,11 @@
 
 use std::{sync::Arc, time::Duration};
 
+use ps_core::ports::{TeacherLogprobs, TeacherScorer, check_alignment};
 use ps_fake_sglang::{FakeHandle, FakeSglang, Fault, teacher_logprob, teacher_top_logprobs};
 use ps_teacher_client::{
     API_KEY_ENV_KEY, CompletionsTeacher, CompletionsTeacherConfig, SglangTeacher,
-    SglangTeacherConfig, TIMEOUT_KEY, TeacherError, TeacherLogprobs, TeacherScorer, URL_KEY,
-    check_alignment,
+    SglangTeacherConfig, TIMEOUT_KEY, TeacherError, URL_KEY,
 };
 use serde_json::{Value, json};
 
@@ -176,7 +176,15 @@ async fn a_response_without_a_prompt_is_no_context_and_sends_nothing() {
     ] {
         for t in [3, 4] {
             let e = teacher.score(&ids, t, 0).await.unwrap_err();
-            assert!(matches!(e, TeacherError::NoContext { .. }), "{e}");
+            // Through the port: the client's own error inside, with its stable reason.
+            assert_eq!(e.reason(), "teacher_no_context");
+            assert!(
+                matches!(
+                    e.downcast_ref::<TeacherError>(),
+                    Some(TeacherError::NoContext { .. })
+                ),
+                "{e}"
+            );
         }
         let empty = teacher.score(&ids, 0, 3).await.unwrap();
         assert!(empty.log_probs.is_empty() && empty.topk_indices == Some(vec![]));
@@ -300,12 +308,12 @@ async fn a_rejected_key_is_unauthorized_without_the_key() {
         let e = teacher.score(&ids, t, 0).await.unwrap_err();
         assert!(
             matches!(
-                e,
-                TeacherError::Unauthorized {
+                e.downcast_ref::<TeacherError>(),
+                Some(TeacherError::Unauthorized {
                     status: 401,
                     key_sent: true,
                     ..
-                }
+                })
             ),
             "{e}"
         );

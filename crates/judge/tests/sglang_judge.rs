@@ -4,10 +4,11 @@
 use std::{sync::Arc, time::Duration};
 
 use ps_chat_template::ChatTokenizer;
+use ps_core::ports::{JudgeBackend, JudgeInput, TurnScorer};
 use ps_fake_sglang::{FakeHandle, FakeSglang, Fault};
-use ps_prm_client::{
-    JudgeBackend, JudgeError, JudgeInput, PrmScorer, ROUTER_URL_KEY, SglangJudge,
-    SglangJudgeConfig, TIMEOUT_KEY, TurnScorer, judge_messages,
+use ps_judge::{
+    JudgeError, PrmScorer, ROUTER_URL_KEY, SglangJudge, SglangJudgeConfig, TIMEOUT_KEY,
+    judge_messages,
 };
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
+use ps_core::ports::{JudgeBackend, JudgeInput, PrmScore, TurnScorer};
+
 use crate::{
-    JudgeBackend, JudgeInput, PrmScore, TurnScorer, VotePolicy, VoteScorer, Voted, answer_tail,
-    judge_messages, majority_vote, parse_boxed_score,
+    VotePolicy, VoteScorer, Voted, answer_tail, judge_messages, majority_vote, parse_boxed_score,
 };
 
 /// [`TurnScorer`] of binary RL: sends `votes` judge calls at once (each holding one permit of the
@@ -89,7 +90,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::{JudgeError, MockJudgeBackend, TIMEOUT_KEY};
+    use crate::{JudgeError, TIMEOUT_KEY};
+    use ps_core::ports::{CallError, MockJudgeBackend};
     use serde_json::Value;
 
     fn input() -> JudgeInput {
@@ -116,7 +118,8 @@ mod tests {
                         url: "http://judge/generate".into(),
                         after: std::time::Duration::from_secs(1),
                         config_key: TIMEOUT_KEY,
-                    }),
+                    }
+                    .into()),
                 }
             });
         mock.expect_describe().returning(|| "mock judge".to_owned());
@@ -244,7 +247,7 @@ mod tests {
 
     #[async_trait]
     impl JudgeBackend for ConcurrencyProbe {
-        async fn complete(&self, _messages: &[Value]) -> Result<String, JudgeError> {
+        async fn complete(&self, _messages: &[Value]) -> Result<String, CallError> {
             let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
             self.max.fetch_max(now, Ordering::SeqCst);
             for _ in 0..8 {

@@ -1,9 +1,10 @@
-//! The transport seam of the judge ([`JudgeBackend`]) and its SGLang `/generate` implementation.
+//! The SGLang `/generate` implementation of the judge transport port ([`JudgeBackend`]).
 
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use ps_chat_template::ChatTokenizer;
+use ps_core::ports::{CallError, JudgeBackend, with_permit};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -11,62 +12,6 @@ use crate::error::{JudgeError, MODEL_DIR_KEY, ROUTER_URL_KEY, TIMEOUT_KEY, error
 
 /// Error-body excerpts and messages, shared by every client crate.
 use ps_http::{error_message, snippet};
-
-/// Sends one judge prompt and returns the judge's answer text.
-#[async_trait]
-pub trait JudgeBackend: Send + Sync {
-    /// One completion of `messages` (a `[system, user]` judge prompt).
-    async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError>;
-
-    /// `m` completions of the same `messages` (the votes on one turn), in parallel, each its own
-    /// call with its own answer or failure, each holding a permit of `semaphore` (when given)
-    /// while it runs. The default calls [`JudgeBackend::complete`] `m` times; a backend whose
-    /// calls share work overrides it to do that work once ([`SglangJudge`] renders the prompt and
-    /// builds the request body once per turn, not once per vote).
-    async fn complete_votes(
-        &self,
-        messages: &[Value],
-        m: usize,
-        semaphore: Option<&Semaphore>,
-    ) -> Vec<Result<String, String>> {
-        let one = || with_permit(semaphore, self.complete(messages));
-        futures::future::join_all((0..m).map(|_| one())).await
-    }
-
-    /// A short description for logs, such as `sglang /generate at http://…`.
-    fn describe(&self) -> String;
-}
-
-/// Runs `call` holding a permit of `semaphore` (when given); the error as its text, as a failed
-/// vote keeps it.
-pub(crate) async fn with_permit<T>(
-    semaphore: Option<&Semaphore>,
-    call: impl Future<Output = Result<T, JudgeError>>,
-) -> Result<T, String> {
-    let _permit = match semaphore {
-        Some(sem) => Some(
-            sem.acquire()
-                .await
-                .map_err(|_| "the judge concurrency limiter is closed".to_owned())?,
-        ),
-        None => None,
-    };
-    call.await.map_err(|e| e.to_string())
-}
-
-// A hand-written `mock!` instead of `automock`: it mocks only the required methods, so that a
-// mock's `complete_votes` is the trait's default (the `m` calls of `complete` the tests expect).
-#[cfg(any(test, feature = "test-support"))]
-mockall::mock! {
-    /// A [`JudgeBackend`] driven by expectations on `complete` and `describe`.
-    pub JudgeBackend {}
-
-    #[async_trait]
-    impl JudgeBackend for JudgeBackend {
-        async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError>;
-        fn describe(&self) -> String;
-    }
-}
 
 /// Settings of [`SglangJudge`] (from `[prm]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -169,6 +114,12 @@ impl SglangJudge {
 
     /// The `/generate` body for `messages` as JSON bytes: [`SglangJudge::render`], then
     /// [`SglangJudge::request_body`].
+    /// One completion of `messages` ([`JudgeBackend::complete`] with this crate's own error).
+    pub async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError> {
+        let body = self.encoded_body(messages).await?;
+        self.send_body(body).await
+    }
+
     async fn encoded_body(&self, messages: &[Value]) -> Result<bytes::Bytes, JudgeError> {
         let text = self.render(messages).await?;
         let body =
@@ -251,9 +202,8 @@ impl SglangJudge {
 
 #[async_trait]
 impl JudgeBackend for SglangJudge {
-    async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError> {
-        let body = self.encoded_body(messages).await?;
-        self.send_body(body).await
+    async fn complete(&self, messages: &[Value]) -> Result<String, CallError> {
+        Ok(SglangJudge::complete(self, messages).await?)
     }
 
     /// The prompt is rendered and the body serialized once for the `m` votes; each vote is then

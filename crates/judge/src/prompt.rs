@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::JudgeInput;
+use ps_core::ports::JudgeInput;
 
 const SYSTEM: &str = "You review one step of an AI assistant working on a multi-turn task. \
 You are shown the assistant's response exactly as it was produced (reasoning and tool-call markup \

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use ps_prm_client::{last_boxed_digit, majority_vote, parse_boxed_score};
+use ps_judge::{last_boxed_digit, majority_vote, parse_boxed_score};
 
 fn config() -> ProptestConfig {
     ProptestConfig {

@@ -6,7 +6,7 @@ use std::{fmt, sync::Arc};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::JudgeBackend;
+use ps_core::ports::JudgeBackend;
 
 /// Longest tail of an unparseable judge answer quoted in a vote's failure reason.
 const TAIL_CHARS: usize = 120;
@@ -42,7 +42,7 @@ pub trait VotePolicy: Send + Sync {
     const ROLE: &'static str;
 
     /// The judge prompt for one turn.
-    fn messages(&self, input: &crate::JudgeInput) -> Vec<Value>;
+    fn messages(&self, input: &ps_core::ports::JudgeInput) -> Vec<Value>;
 
     /// Reads one answer: the vote, or, when the answer has no valid verdict, what was parsed of
     /// it (kept in the failed vote).
@@ -120,7 +120,7 @@ impl<P: VotePolicy> VoteScorer<P> {
     }
 
     /// Asks the `m` votes on one turn and adds them up.
-    pub async fn run(&self, input: &crate::JudgeInput) -> P::Outcome {
+    pub async fn run(&self, input: &ps_core::ports::JudgeInput) -> P::Outcome {
         let messages = self.policy.messages(input);
         let answers = ask_votes(
             self.backend.as_ref(),

@@ -67,10 +67,14 @@ pub enum JudgeError {
         detail: String,
         config_key: &'static str,
     },
-    /// A call to an external OpenAI-compatible provider failed; `message` names the provider, its
-    /// URL and, for a rejected key, the variable holding it (never the key).
-    #[error("{message}")]
-    Provider { message: String },
+}
+
+impl From<JudgeError> for ps_core::ports::CallError {
+    /// A failed judge call through the port: its message kept whole (a failed vote keeps it as
+    /// its reason).
+    fn from(e: JudgeError) -> Self {
+        Self::new("judge_call", e)
+    }
 }
 
 /// `e` and its causes, joined (one definition for the product, in `ps-core`).
