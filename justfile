@@ -34,7 +34,7 @@ bench *ARGS:
     cargo bench -p ps-sample-store --bench store
     cargo bench -p ps-app --bench pull
     cargo bench -p ps-app --bench opd
-    cargo bench -p ps-server --bench capture
+    cargo bench -p ps-capture --bench capture
     cargo bench -p ps-server --bench session_infer
     cargo bench -p ps-sglang-client --bench answer
 

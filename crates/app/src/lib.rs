@@ -25,6 +25,6 @@ pub use parts::{
 pub use policy_tokenizer::{PolicyTokenizer, Reported, TokenizerSource};
 pub use run::{
     App, CAPTURE_QUEUE_CAPACITY, MAX_CAPTURE_WORKERS, Running, bind, build_app, build_app_with,
-    build_full, client_auth_line, local_addr, local_base_url, run, shutdown_signal, spawn,
+    build_full, client_auth_line, local_addr, local_base_url, run, serve, shutdown_signal, spawn,
     spawn_with, trainer_side_line, turn_type_line,
 };

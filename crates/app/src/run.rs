@@ -245,20 +245,59 @@ pub async fn spawn_with(
         }
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(ps_server::serve_with(
-        listener,
-        app.state,
-        app.routes,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let task = tokio::spawn(serve(listener, app, async {
+        let _ = stopped.await;
+    }));
     Ok(Running {
         addr,
         url: format!("http://{addr}"),
         stop,
         task,
     })
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then winds the pipeline down in order:
+/// in-flight requests finish and the capture queue drains (`ps_server::serve_with`), the session
+/// buffer finishes scoring and submitting within `server.shutdown_grace_sec` (what it cannot
+/// finish is persisted for the next start), and the sample store is closed, so that a restarted
+/// server can open it at once.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: App,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let state = app.state.clone();
+    ps_server::serve_with(listener, app.state, app.routes, shutdown).await?;
+    close_pipeline(&state).await;
+    Ok(())
+}
+
+/// The session buffer's shutdown, then the store's close (after the server drained capture).
+async fn close_pipeline(state: &AppState) {
+    let Some(r) = state.rollout() else {
+        return;
+    };
+    let grace = state.options().shutdown_grace;
+    if !r.buffer.shutdown(grace).await {
+        tracing::warn!(
+            ?grace,
+            "scoring and submission did not finish within server.shutdown_grace_sec"
+        );
+    }
+    match r.store.stats().await {
+        Ok(st) => tracing::info!(
+            last_seq = st.last_seq,
+            committed = st.committed,
+            store = %r.store.describe(),
+            "closing the sample store"
+        ),
+        Err(e) => tracing::warn!(error = %e, "sample store counters unavailable at shutdown"),
+    }
+    // Stops the embedded store's writer now, so the database is closed when the last handle goes
+    // (a restarted server can open it at once).
+    if let Err(e) = r.store.close().await {
+        tracing::error!(error = %e, "closing the sample store failed");
+    }
 }
 
 /// Binds `server.host:server.port`.
@@ -457,7 +496,7 @@ pub async fn run(
             }
         );
     }
-    ps_server::serve_with(listener, app.state, app.routes, shutdown)
+    serve(listener, app, shutdown)
         .await
         .map_err(|source| StartupError::Bind {
             addr: format!("{}:{}", settings.server.host, settings.server.port),

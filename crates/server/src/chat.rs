@@ -14,10 +14,11 @@ use ps_sglang_client::{Answer, synthesize_chunks};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::admission;
+use crate::client_shape::ClientShape;
 use crate::error::ApiError;
 use crate::metrics as m;
 use crate::plumbing::{TurnContext, read_body};
-use crate::proxy_stream::{ClientShape, ProxyStream, sse_bytes};
+use crate::proxy_stream::{ProxyStream, sse_bytes};
 use crate::request::{self, ChatRequest, ForwardOptions, Forwarded};
 use crate::state::AppState;
 use ps_core::modes::TokenIdsMode;

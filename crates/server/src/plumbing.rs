@@ -6,8 +6,8 @@ use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use bytes::Bytes;
 
-use crate::capture::{CaptureJob, CaptureQueue, RequestJson};
 use crate::error::ApiError;
+use ps_capture::{CaptureJob, CaptureQueue, RequestJson};
 
 /// What a main turn needs captured, taken from the request before it is forwarded.
 pub(crate) struct TurnContext {

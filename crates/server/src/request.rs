@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 use ps_core::session::{SessionHeaders, TurnType, is_truthy};
-use ps_sglang_client::raw::{self, Edit, Kind, RawObject};
+use ps_json::{self as raw, Edit, Kind, RawObject};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 

@@ -15,7 +15,7 @@ use ps_sglang_client::PolicyClient;
 
 use ps_core::SampleLog;
 
-use crate::capture::CaptureQueue;
+use ps_capture::CaptureQueue;
 
 /// Defaults, named.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;

@@ -12,8 +12,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::SglangError;
-use crate::raw::{self, Edit, Kind, Lax, RawObject};
-use crate::scan;
+use ps_json::scan;
+use ps_json::{self as raw, Edit, Kind, Lax, RawObject};
 
 /// How much of an unparsable body an error message quotes.
 const SNIPPET_BYTES: usize = 80;
@@ -1444,7 +1444,7 @@ mod equivalence {
         /// Text a `Value` never writes (repeated and escaped keys, whitespace, numbers out of
         /// range, surrogates, deep nesting): refused alike, and read alike when accepted.
         #[test]
-        fn any_answer_text_reads_alike(text in crate::raw::text_gen::object(ANSWER_KEYS)) {
+        fn any_answer_text_reads_alike(text in ps_json::text_gen::object(ANSWER_KEYS)) {
             // Also as choice 0's parts, so that the readers' paths are reached.
             for text in [text.clone(), in_choice(&text)] {
                 let tree = serde_json::from_str::<Value>(&text);
@@ -1461,7 +1461,7 @@ mod equivalence {
         /// when a tree parse refuses them, with its error.
         #[test]
         fn damaged_answer_text_is_refused_alike(
-            text in crate::raw::text_gen::object(ANSWER_KEYS),
+            text in ps_json::text_gen::object(ANSWER_KEYS),
             at in any::<prop::sample::Index>(),
             byte in prop::sample::select(&b"{}[],:\"\\0-.eE+ \x01\x1ftnf\xff9u"[..]),
             cut in any::<bool>(),
@@ -1527,7 +1527,7 @@ mod equivalence {
 
         #[test]
         fn any_chunk_text_assembles_alike(
-            chunks in prop::collection::vec(crate::raw::text_gen::object(ANSWER_KEYS), 0..6)
+            chunks in prop::collection::vec(ps_json::text_gen::object(ANSWER_KEYS), 0..6)
         ) {
             let mut chunks = chunks;
             chunks.extend(chunks.clone().iter().map(|c| in_choice(c)));

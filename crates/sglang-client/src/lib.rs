@@ -10,8 +10,6 @@ pub mod assemble;
 mod client;
 mod error;
 mod model_info;
-pub mod raw;
-mod scan;
 
 pub use assemble::{
     Answer, Choice, StreamAssembler, choices_of, engine_ids, rollout_from_response,

@@ -4,9 +4,14 @@
 //! bytes back, so an answer is passed on with some fields removed or replaced without parsing the
 //! rest of it (one object per sampled token) into a tree.
 //!
+//! One reader for the whole workspace: the server reads a client's request with it, the upstream
+//! client the engine's answer ([`scan`]: one pass over a non-streamed answer).
+//!
 //! The semantics follow `serde_json::Map` with `preserve_order`, as the tree code did: a repeated
 //! key keeps its first position and its last value; lookups of a key that is absent give `None`,
 //! and a key whose value is `null` is present (its value is the raw `null`).
+
+pub mod scan;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -212,7 +217,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
 }
 
 /// An object key, borrowed unless it had escapes.
-pub(crate) struct Key<'a>(pub(crate) Cow<'a, str>);
+pub struct Key<'a>(pub Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -593,8 +598,8 @@ impl<'de> Deserialize<'de> for Lax<String> {
 /// JSON text with what a `Value` never writes: repeated and escaped keys, whitespace (newlines
 /// too), numbers out of range, surrogate escapes, nesting over the limits. For property tests
 /// that require the raw and the tree readers to accept, refuse and read the same inputs alike.
-#[cfg(test)]
-pub(crate) mod text_gen {
+#[cfg(any(test, feature = "test-support"))]
+pub mod text_gen {
     use proptest::prelude::*;
 
     fn ws() -> impl Strategy<Value = &'static str> {
@@ -660,7 +665,7 @@ pub(crate) mod text_gen {
     }
 
     /// Any value as text, keys drawn from `keys`.
-    pub(crate) fn value(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+    pub fn value(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
         let v = leaf().prop_recursive(4, 48, 5, move |inner| {
             prop_oneof![
                 (prop::collection::vec((inner.clone(), ws()), 0..5), ws()).prop_map(
@@ -683,7 +688,7 @@ pub(crate) mod text_gen {
     }
 
     /// An object of `values`, keys drawn from `keys` (often repeated).
-    pub(crate) fn object_of(
+    pub fn object_of(
         keys: &'static [&'static str],
         values: impl Strategy<Value = String>,
     ) -> impl Strategy<Value = String> {
@@ -701,7 +706,7 @@ pub(crate) mod text_gen {
     }
 
     /// An object as text, the top of a body.
-    pub(crate) fn object(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+    pub fn object(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
         object_of(keys, value(keys))
     }
 }

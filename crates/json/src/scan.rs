@@ -4,31 +4,31 @@
 //! Every other value is skipped in the same pass (validated, not built).
 //!
 //! What the pass cannot decide alone it flags instead of guessing (the answer then goes through a
-//! tree parse, as [`crate::raw::needs_tree_check`] sends other text): a `\u` escape of a UTF-16
+//! tree parse, as [`crate::needs_tree_check`] sends other text): a `\u` escape of a UTF-16
 //! surrogate that is not a valid pair, and a number that may be out of an `f64`'s range (an
 //! exponent of three digits or more, or more than 200 characters). Nesting deeper than
 //! [`DEPTH`] stops the pass (serde_json refuses from 128 levels on).
 //!
-//! The recorded entries follow `serde_json::Map` with `preserve_order`, as [`crate::raw::RawObject`]
+//! The recorded entries follow `serde_json::Map` with `preserve_order`, as [`crate::RawObject`]
 //! does: a repeated key keeps its first position and its last value.
 
 use std::ops::Range;
 
-use crate::raw::Keyed;
+use crate::Keyed;
 
 /// Nesting the pass follows before it leaves the text to a tree parse.
-pub(crate) const DEPTH: usize = 100;
+pub const DEPTH: usize = 100;
 
 /// A value of the answer: where its text is, and what the pass recorded inside it.
 #[derive(Debug, Clone)]
-pub(crate) struct Node {
+pub struct Node {
     pub span: Range<usize>,
     pub sub: Sub,
 }
 
 /// What the pass recorded inside a value.
 #[derive(Debug, Clone)]
-pub(crate) enum Sub {
+pub enum Sub {
     /// Nothing (a value it only skipped).
     Leaf,
     Object(Obj),
@@ -37,10 +37,10 @@ pub(crate) enum Sub {
 
 /// An object's entries in order, their values as [`Node`]s.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Obj(Keyed<Box<str>, Node>);
+pub struct Obj(Keyed<Box<str>, Node>);
 
 /// An object without entries (a choice that is not an object reads as one).
-pub(crate) static EMPTY: Obj = Obj(Keyed::new());
+pub static EMPTY: Obj = Obj(Keyed::new());
 
 impl Obj {
     fn insert(&mut self, key: Box<str>, value: Node) {
@@ -58,7 +58,7 @@ impl Obj {
 
 /// Why the pass stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fail {
+pub enum Fail {
     /// Not JSON a tree parse accepts, or JSON whose top is not an object.
     Refused,
     /// Nested deeper than the pass follows.
@@ -66,7 +66,7 @@ pub(crate) enum Fail {
 }
 
 /// The answer's top-level object, and whether a tree parse must confirm it (see the module).
-pub(crate) fn answer(bytes: &[u8], depth: usize) -> Result<(Obj, bool), Fail> {
+pub fn answer(bytes: &[u8], depth: usize) -> Result<(Obj, bool), Fail> {
     let mut s = Scanner {
         b: bytes,
         i: 0,

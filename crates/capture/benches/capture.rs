@@ -4,18 +4,18 @@
 //! prefix cache. The re-tokenized path renders, encodes incrementally and aligns; the engine path
 //! renders (the judges read the text) and takes the ids as they are. Uses the Qwen3 tokenizer of
 //! `../shared/fixtures/qwen3` when present, else the embedded mini model.
-//! Run: `cargo bench -p ps-server --bench capture -- [--turns N] [--rounds R]`.
+//! Run: `cargo bench -p ps-capture --bench capture -- [--turns N] [--rounds R]`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ps_chat_template::{ChatTokenizer, TurnInput};
-use ps_core::{AlignPolicy, EngineIds, FinishReason, RolloutResponse, SampledToken, TurnGuard};
-use ps_server::TokenIdsMode;
-use ps_server::capture::{
+use ps_capture::{
     CaptureJob, CaptureStats, DriftCheck, PrefixCache, RequestTexts, capture_turn_with,
 };
+use ps_chat_template::{ChatTokenizer, TurnInput};
+use ps_core::TokenIdsMode;
+use ps_core::{AlignPolicy, EngineIds, FinishReason, RolloutResponse, SampledToken, TurnGuard};
 use serde_json::{Value, json};
 
 /// Options, after `--` (`--bench` and a filter, as cargo passes them, are accepted and ignored).

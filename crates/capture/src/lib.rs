@@ -1,6 +1,13 @@
-//! Capture workers: render, tokenize and align each main turn on dedicated threads, fed by a bounded
-//! queue, so that the chat path never waits for this work and a long conversation cannot stall other
-//! clients. A full queue drops the turn (counted and logged), it never blocks a request.
+//! Capture: from a finished answer and the request it answered to a captured turn handed to a
+//! `TurnSink` — the engine's own ids taken as they are (checked), or the turn rendered with the
+//! policy's chat template and tokenized exactly as `transformers` would and the log-probs aligned
+//! to those tokens; the session's prefix cache; the sampled drift check of engine ids against
+//! our render. The server hands it the request's parts and the answer ([`CaptureQueue::submit`])
+//! and knows nothing else of it.
+//!
+//! The work runs on dedicated threads fed by a bounded queue, so that the chat path never waits
+//! for it and a long conversation cannot stall other clients. A full queue drops the turn
+//! (counted and logged), it never blocks a request.
 //!
 //! Longer than the ~600 lines we aim for: about 300 are the unit tests at the end, which drive
 //! the private steps (engine ids, re-tokenization, the drift check, the prefix cache) directly;
@@ -24,7 +31,7 @@ use ps_core::{
 };
 use serde_json::{Map, Value};
 
-use crate::metrics as m;
+use ps_core::metric_names as m;
 
 /// The parts of a request that capture needs, as the client sent them: parsed into a job's
 /// `messages`, `tools` and `template_kwargs` on the capture thread that takes the job, so that the
