@@ -6,7 +6,7 @@ A top-level module `a` depends on `b` when code in `src/a.rs` (or under `src/a/`
 `b` (`pub use b::Item`). Unit-test modules (`#[cfg(test)] mod tests`) are left out: a test may use
 anything. Exits 1 and prints each cycle when one exists; `--graph` prints every edge.
 
-Usage: scripts/module_cycles.py [--graph] [crate_dir ...]   (default: crates/* and bins/*)
+Usage: scripts/module_cycles.py [--graph] [crate_dir ...]   (default: crates/*, bins/* and the tools/ crates)
 """
 
 import pathlib
@@ -165,6 +165,8 @@ def main(argv):
     if not dirs:
         here = pathlib.Path(__file__).resolve().parent.parent
         dirs = sorted(here.glob("crates/*")) + sorted(here.glob("bins/*"))
+        dirs += sorted(d for d in here.glob("tools/*") if (d / "Cargo.toml").is_file())
+        dirs += sorted(here.glob("tools/bins/*"))
     found = False
     for crate in dirs:
         edges = crate_graph(crate)

@@ -17,7 +17,7 @@ mod harness;
 use std::time::Duration;
 
 use harness::{Demo, KillOnDrop, free_port};
-use ps_inspect::testing::Browser;
+use ps_test_support::browser::Browser;
 use serde_json::{Value, json};
 
 const HOSTILE: &str =

@@ -233,13 +233,13 @@ async fn images_come_back_byte_identical_from_the_rollout_api_and_go_after_commi
 /// The same over the Redis store (a server of its own, or CI's shared one).
 #[tokio::test]
 async fn images_come_back_byte_identical_over_redis_too() {
-    let Some(redis) = ps_redis_store::testing::TestRedis::shared_or_start() else {
+    let Some(redis) = ps_test_support::redis::TestRedis::shared_or_start() else {
         return;
     };
     images_through_the_rollout_api(Some(&redis)).await;
 }
 
-async fn images_through_the_rollout_api(redis: Option<&ps_redis_store::testing::TestRedis>) {
+async fn images_through_the_rollout_api(redis: Option<&ps_test_support::redis::TestRedis>) {
     let fake = vl_fake(None).await;
     let dir = tempfile::tempdir().unwrap();
     let mut s = vl_settings(&fake, dir.path());

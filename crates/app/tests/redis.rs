@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ps_config::{Settings, StoreKind};
 use ps_fake_sglang::{FakeHandle, FakeSglang};
-use ps_redis_store::testing::{RedisServer, TestRedis};
+use ps_test_support::redis::{RedisServer, TestRedis};
 use serde_json::{Value, json};
 
 struct Replica {
@@ -298,7 +298,7 @@ async fn a_redis_outage_never_blocks_the_chat_path_and_loses_no_sample() {
 #[tokio::test]
 async fn redis_unreachable_at_start_names_the_url_and_the_setting() {
     let fake = FakeSglang::builder().spawn().await.unwrap();
-    let port = ps_redis_store::testing::free_port();
+    let port = ps_test_support::redis::free_port();
     let url = format!("redis://:topsecret@127.0.0.1:{port}");
     let (settings, _dir) = settings(&fake, &url, "unreachable", "a");
     let Err(e) = ps_app::build_app(&settings, &|_| None, None).await else {

@@ -5,31 +5,10 @@
 //! `POLICY_SERVING_REQUIRE_FIXTURES=1` (CI), in which case they fail.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
-
 use ps_chat_template::{ChatTokenizer, SharedPrefixCache, TurnInput, TurnTokens};
 use serde_json::Value;
 
-fn qwen3_dir() -> Option<PathBuf> {
-    let shared = std::env::var_os("POLICY_SERVING_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/qwen3");
-    if dir.join("tokenizer.json").is_file() {
-        return Some(dir);
-    }
-    let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "POLICY_SERVING_REQUIRE_FIXTURES=1 but the Qwen3 fixtures are missing at {}",
-        dir.display()
-    );
-    eprintln!(
-        "SKIPPED: Qwen3 fixtures not found at {}; set POLICY_SERVING_SHARED to the shared directory",
-        dir.display()
-    );
-    None
-}
+use ps_test_support::fixtures::qwen3_dir;
 
 /// Runs every golden line of `golden` with `config` and panics with a list of the mismatching
 /// fields of every case that differs.

@@ -110,19 +110,9 @@ fn the_mini_vl_model_expands_images_as_transformers_does() {
 
 #[test]
 fn the_real_qwen3_tokenizer_with_a_vl_template_expands_images_as_transformers_does() {
-    let shared = std::env::var_os("POLICY_SERVING_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let qwen3 = shared.join("fixtures/qwen3");
-    if !qwen3.join("tokenizer.json").is_file() {
-        assert!(
-            std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").as_deref() != Ok("1"),
-            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
-            qwen3.display()
-        );
-        eprintln!("SKIPPED: no Qwen3 fixtures at {}", qwen3.display());
+    let Some(qwen3) = ps_test_support::fixtures::qwen3_dir() else {
         return;
-    }
+    };
     let Some(python) = python() else { return };
     // The Qwen3 tokenizer with its template taught image parts, as the real VL engine test's
     // model has it (scripts/make_tiny_vl.py, the one place that writes it).

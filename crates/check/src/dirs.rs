@@ -161,7 +161,7 @@ mod tests {
         s.store.kind = StoreKind::Redis;
         s.store.path = PathBuf::from("/proc/not-writable");
         s.store.redis.timeout_sec = 2;
-        s.store.redis.url = format!("redis://127.0.0.1:{}", ps_redis_store::testing::free_port());
+        s.store.redis.url = format!("redis://127.0.0.1:{}", ps_test_support::redis::free_port());
         match check(&s).await {
             Outcome::Fail { cause, fix } => {
                 assert!(cause.contains("store.redis.url"), "{cause}");
@@ -170,7 +170,7 @@ mod tests {
             }
             other => panic!("expected a failure, got {other:?}"),
         }
-        let Some(redis) = ps_redis_store::testing::TestRedis::shared_or_start() else {
+        let Some(redis) = ps_test_support::redis::TestRedis::shared_or_start() else {
             return;
         };
         s.store.redis.url = redis.url();
@@ -189,7 +189,7 @@ mod tests {
             other => panic!("expected ok, got {other:?}"),
         }
         // A Redis that would lose accepted samples fails the check, naming what to set.
-        let Some(server) = ps_redis_store::testing::RedisServer::start() else {
+        let Some(server) = ps_test_support::redis::RedisServer::start() else {
             return;
         };
         let client = redis::Client::open(server.url()).unwrap();

@@ -154,7 +154,7 @@ const fn spec(name: &'static str, kind: MetricKind, labels: &'static [&'static s
 }
 
 /// Every metric above with its kind and labels, for the checks of the operators' dashboard and
-/// alerts (`deploy/`, checked by `crates/deploy`). A test there reads every `counter!`, `gauge!`
+/// alerts (`deploy/`, checked by `tools/deploy`). A test there reads every `counter!`, `gauge!`
 /// and `histogram!` of the workspace and fails when one records a name or label missing here.
 pub const CATALOGUE: &[MetricSpec] = {
     use MetricKind::{Counter, Gauge, Histogram};

@@ -15,8 +15,6 @@ pub mod api;
 pub mod history;
 mod routes;
 pub mod sample_view;
-#[cfg(feature = "test-support")]
-pub mod testing;
 
 pub use history::{HistoryLimits, InspectHistory};
 pub use routes::{Inspect, InspectError, api_router, ui_router};

@@ -11,9 +11,9 @@ use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use fantoccini::Locator;
-use ps_inspect::testing::Browser;
 use ps_inspect::{api_router, ui_router};
+use ps_test_support::browser::Browser;
+use ps_test_support::browser::Locator;
 use serde_json::json;
 
 /// Serves `app` on a loopback port; returns its base URL.

@@ -22,23 +22,9 @@ fn tokenizers() -> &'static [ChatTokenizer] {
 
 fn load() -> Vec<ChatTokenizer> {
     let mut all = vec![ChatTokenizer::mini()];
-    let shared = std::env::var_os("POLICY_SERVING_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/qwen3");
-    if !dir.join("tokenizer.json").is_file() {
-        let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
-            dir.display()
-        );
-        eprintln!(
-            "SKIPPED (Qwen3 part): fixtures not found at {}",
-            dir.display()
-        );
+    let Some(dir) = ps_test_support::fixtures::qwen3_dir() else {
         return all;
-    }
+    };
     for config in [
         "tokenizer_config.json",
         "tokenizer_config.qwen3-4b-thinking-2507.json",

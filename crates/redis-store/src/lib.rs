@@ -32,8 +32,6 @@ mod config;
 mod error;
 mod scripts;
 mod store;
-#[cfg(feature = "test-support")]
-pub mod testing;
 
 pub use config::{RedisConfig, redact_url};
 pub use error::RedisStoreError;

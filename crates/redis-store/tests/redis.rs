@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use ps_core::sample::{Reward, Sample, SampleStatus};
 use ps_core::{PendingStore, StoreStats};
-use ps_redis_store::testing::{RedisServer, TestRedis};
 use ps_redis_store::{Durability, RedisConfig, RedisStore, RedisStoreError};
+use ps_test_support::redis::{RedisServer, TestRedis};
 
 fn sample(tag: &str) -> Sample {
     Sample {
@@ -506,7 +506,7 @@ async fn pending_turns_are_kept_per_replica_and_taken_once() {
 
 #[tokio::test]
 async fn unreachable_redis_at_start_is_a_clear_error_naming_the_url_without_its_password() {
-    let port = ps_redis_store::testing::free_port();
+    let port = ps_test_support::redis::free_port();
     let mut cfg = RedisConfig::new(format!("redis://user:hunter2@127.0.0.1:{port}"));
     cfg.timeout = Duration::from_secs(2);
     let e = RedisStore::open(cfg).await.unwrap_err();

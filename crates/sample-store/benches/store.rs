@@ -452,7 +452,7 @@ async fn main() {
     if !options.redis {
         return;
     }
-    let Some(server) = ps_redis_store::testing::RedisServer::start() else {
+    let Some(server) = ps_test_support::redis::RedisServer::start() else {
         println!("Redis: redis-server not installed, skipped");
         return;
     };

@@ -1,7 +1,6 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use ps_chat_template::{ChatTemplateError, ChatTokenizer};
@@ -37,23 +36,9 @@ pub fn qwen3() -> &'static [ChatTokenizer] {
 }
 
 fn load_qwen3() -> Vec<ChatTokenizer> {
-    let shared = std::env::var_os("POLICY_SERVING_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/qwen3");
-    if !dir.join("tokenizer.json").is_file() {
-        let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {} is missing",
-            dir.display()
-        );
-        eprintln!(
-            "SKIPPED (Qwen3 part): fixtures not found at {}",
-            dir.display()
-        );
+    let Some(dir) = ps_test_support::fixtures::qwen3_dir() else {
         return Vec::new();
-    }
+    };
     [
         "tokenizer_config.json",
         "tokenizer_config.qwen3-4b-thinking-2507.json",

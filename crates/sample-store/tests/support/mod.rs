@@ -3,8 +3,6 @@
 // Test helpers: a failed setup should panic, as in the tests themselves.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-pub mod crash_sample;
-
 use std::path::Path;
 
 use ps_core::sample::{Reward, Sample, SampleStatus};

@@ -10,7 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder, Locator};
+pub use fantoccini::Locator;
+use fantoccini::{Client, ClientBuilder};
 use serde_json::{Value, json};
 
 /// How long a page may take to show what a test waits for. A bound, not a measurement.

@@ -5,7 +5,7 @@
 //! reuses the shared system prompt and that a judge's concurrent votes encode once.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::{path::PathBuf, sync::Arc};
+use std::sync::Arc;
 
 use ps_chat_template::ChatTokenizer;
 use ps_fake_sglang::{FakeHandle, FakeSglang};
@@ -16,20 +16,10 @@ use serde_json::{Value, json};
 /// `POLICY_SERVING_REQUIRE_FIXTURES=1`.
 fn tokenizers() -> Vec<(&'static str, Arc<ChatTokenizer>)> {
     let mut out = vec![("mini", Arc::new(ChatTokenizer::mini()))];
-    let shared = std::env::var_os("POLICY_SERVING_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/qwen3");
-    if dir.join("tokenizer.json").is_file() {
+    if let Some(dir) = ps_test_support::fixtures::qwen3_dir() {
         let tok = ChatTokenizer::from_dir(&dir).expect("qwen3 loads");
         assert!(tok.splices(), "Qwen3 splices at added tokens");
         out.push(("qwen3", Arc::new(tok)));
-    } else {
-        let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "POLICY_SERVING_REQUIRE_FIXTURES=1 but {dir:?} is missing"
-        );
     }
     out
 }

@@ -1,4 +1,4 @@
-//! Test-only child process of `tests/crash.rs`: opens the store at `argv[1]` and appends samples
+//! Test-only child process of `tests/store_crash.rs`: opens the store at `argv[1]` and appends samples
 //! forever from several tasks, printing `<seq> <n>` (the seq the store returned and the number
 //! the sample was generated from) only after `append` returned. The test kills it with SIGKILL.
 
@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ps_sample_store::{SampleStore, StoreConfig};
 
-#[path = "../../tests/support/crash_sample.rs"]
-mod crash_sample;
+use ps_test_support::crash_sample;
 
 const WRITERS: u64 = 8;
 

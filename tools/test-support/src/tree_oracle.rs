@@ -1,6 +1,6 @@
-//! The tree-based reading of answers and chunks as it was before the raw reading replaced it:
-//! kept for the tests only, to check that both read every input alike.
-#![allow(dead_code, clippy::pedantic)]
+//! The tree-based reading of answers and chunks as it was before the raw reading replaced it
+//! (`ps_sglang_client::assemble`): kept for the tests only, to check that both read every input
+//! alike (`crates/sglang-client/tests/tree_equivalence.rs`).
 
 use ps_core::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 use serde_json::{Map, Value, json};

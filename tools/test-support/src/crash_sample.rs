@@ -1,5 +1,5 @@
-//! The deterministic sample number `n` of the crash test, shared by the test and its child
-//! process (`src/bin/store-crash-writer.rs`).
+//! The deterministic sample number `n` of the crash test, shared by the test (`tests/store_crash.rs`) and its
+//! child process (`src/bin/store-crash-writer.rs`).
 
 use ps_core::sample::{Reward, Sample, SampleImage, SampleStatus};
 use serde_json::json;

@@ -1,9 +1,7 @@
 //! A sample survives `kill -9` once `append` returned: a real child process appends and prints
 //! each seq after `append` returned, is killed with SIGKILL, and the reopened store must hold every
 //! printed seq with its content.
-#![cfg(feature = "crash-test")]
-
-mod support;
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -11,8 +9,25 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ps_sample_store::SampleStore;
-use support::{crash_sample, open, stored};
+use ps_core::sample::Sample;
+use ps_sample_store::{SampleStore, StoreConfig};
+use ps_test_support::crash_sample;
+
+fn open(dir: &std::path::Path) -> SampleStore {
+    SampleStore::open(StoreConfig {
+        retain_committed: 0,
+        max_batch: 64,
+        ..StoreConfig::new(dir)
+    })
+    .expect("open store")
+}
+
+/// `sample` as the store returns it under `seq`.
+fn stored(mut sample: Sample, seq: u64) -> Sample {
+    sample.index = seq;
+    sample.group_index = seq;
+    sample
+}
 
 /// Seqs to see printed before the kill.
 const BEFORE_KILL: usize = 300;
