@@ -10,7 +10,6 @@ use serde_json::Value;
 
 use ps_core::metric_names as m;
 
-use crate::turn::turn_input;
 use crate::{CaptureError, CaptureJob, PrefixCache};
 
 /// Engine-id turns re-tokenized to check that our template and tokenizer agree with the engine:
@@ -65,7 +64,7 @@ pub(crate) fn check_drift(
     let session_id = job.guard.session_id();
     let prev = cache.and_then(|c| c.get(session_id));
     let shared = cache.map(|c| &c.shared);
-    let (mut ours, next) = tok.split_turn_cached(&turn_input(job), prev.as_deref(), shared)?;
+    let (mut ours, next) = tok.split_turn_cached(&job.turn_input(), prev.as_deref(), shared)?;
     if !pads.is_empty() {
         ours.prompt_ids = tok.expand_image_pads(&ours.prompt_ids, pads)?;
     }

@@ -2,6 +2,7 @@
 //! ([`RequestJson`], parsed on the capture thread) and the job itself ([`CaptureJob`]).
 
 use bytes::Bytes;
+use ps_chat_template::TurnInput;
 use ps_core::modes::TokenIdsMode;
 use ps_core::{JsonText, RolloutResponse, TurnGuard};
 use serde_json::{Map, Value};
@@ -111,5 +112,17 @@ where
     match text.map(|t| std::str::from_utf8(t)) {
         Some(Ok(t)) if !t.contains("\\u") && !t.contains('\n') => JsonText::from_parsed_text(t),
         _ => JsonText::new(tree),
+    }
+}
+
+impl CaptureJob {
+    /// What the chat template renders of this turn: its messages, tools, answer and kwargs.
+    pub fn turn_input(&self) -> TurnInput<'_> {
+        TurnInput {
+            messages: &self.messages,
+            tools: self.tools.as_ref(),
+            response_message: &self.rollout.message,
+            template_kwargs: self.template_kwargs.as_ref(),
+        }
     }
 }

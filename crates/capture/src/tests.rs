@@ -213,7 +213,7 @@ fn true_ids(tok: &ChatTokenizer) -> (Vec<u32>, Vec<u32>) {
         &[json!({"role": "user", "content": "First question"})],
         false,
     );
-    let t = tok.split_turn(&turn_input(&j)).unwrap();
+    let t = tok.split_turn(&j.turn_input()).unwrap();
     // The engine samples the answer and stops on the end-of-turn token; the template's newline
     // after it is never sampled.
     let eos = tok.eos_token_id().unwrap();

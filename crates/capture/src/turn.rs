@@ -29,7 +29,7 @@ pub fn capture_turn(
 /// [`capture_turn`], encoding the prompt incrementally from the session's previous prompt, and
 /// counting in `stats`. A turn whose engine returned its own ids takes them (no re-tokenization,
 /// every position its own log-prob); otherwise it is re-rendered and re-tokenized
-/// (docs/architecture.md, "Where a turn's ids come from").
+/// (docs/internals.md, "Where a turn's ids come from").
 pub fn capture_turn_with(
     tok: &ChatTokenizer,
     job: &CaptureJob,
@@ -215,15 +215,6 @@ pub(crate) fn stream_logprobs_incomplete(rollout: &RolloutResponse) -> bool {
         || (has_text && rollout.tokens.is_empty())
 }
 
-pub(crate) fn turn_input(job: &CaptureJob) -> TurnInput<'_> {
-    TurnInput {
-        messages: &job.messages,
-        tools: job.tools.as_ref(),
-        response_message: &job.rollout.message,
-        template_kwargs: job.template_kwargs.as_ref(),
-    }
-}
-
 /// A turn from the engine's own ids: tokens = engine prompt + response ids, one engine log-prob per
 /// response id. The texts are still rendered with the template (what the judges read).
 pub(crate) fn engine_turn(
@@ -243,7 +234,7 @@ pub(crate) fn engine_turn(
             ),
         });
     }
-    let texts = tok.render_turn(&turn_input(job))?;
+    let texts = tok.render_turn(&job.turn_input())?;
     let n = ids.response.len();
     let alignment = Alignment {
         logprobs: rollout.tokens.iter().map(|t| Some(t.logprob)).collect(),

@@ -9,7 +9,7 @@
 //! runtimes (callers run it on blocking threads). Its only project dependency is `ps-core`, for
 //! message normalisation.
 //!
-//! About 800 lines: the whole `ChatTokenizer` API (loading, rendering, encoding, the
+//! About 1,080 lines: the whole `ChatTokenizer` API (loading, rendering, encoding, the
 //! prompt/response split) stays in one place; the Python emulation, JSONL, the shared prefix
 //! cache, the request's tools kept converted with what `tojson` printed of them
 //! (`tools_cache.rs`) and the encoding of a text from an encoded one that differs in its middle

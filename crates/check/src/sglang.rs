@@ -206,7 +206,7 @@ pub(crate) async fn chat(s: &Settings, env: EnvLookup<'_>, policy: &Policy) -> O
         );
     };
     let mut detail = format!("{} tokens with log-probs", content.len());
-    // Which id source this deployment will use (docs/architecture.md, "Where a turn's ids come from").
+    // Which id source this deployment will use (docs/internals.md, "Where a turn's ids come from").
     let mode = s.sglang.token_ids_mode();
     match (mode, ps_sglang_client::engine_ids(&answer)) {
         (TokenIdsMode::Retokenize, _) => detail.push_str(

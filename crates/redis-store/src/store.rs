@@ -17,7 +17,7 @@
 //!
 //! The Lua scripts are in `scripts.rs`. This file stays above 600 lines on purpose: every
 //! operation is a method of [`RedisStore`] over the same keys, scripts, connection manager and
-//! retry policy, and about 100 lines are the unit tests of its reply parsing.
+//! retry policy (~985 lines of code), and about 80 lines are the unit tests of its reply parsing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

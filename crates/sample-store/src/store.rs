@@ -13,9 +13,10 @@
 //!   that sample (written in the sample's transaction; a compacted sample releases its
 //!   references, and a blob no kept sample references goes with it).
 //!
-//! Why one file of about 900 lines: the handle, the group-commit writer thread, the read paths and
-//! the pending-turn table share these table definitions, the chunking and the counters that keep
-//! seqs, the commit point and retention consistent; the byte format is core's codec
+//! Why one file of ~1,140 lines of code (and ~180 of unit tests at the end): the handle, the
+//! group-commit writer thread, the read paths and the pending-turn table share these table
+//! definitions, the chunking and the counters that keep seqs, the commit point and retention
+//! consistent; the byte format is core's codec
 //! ([`crate::codec`] maps its errors). The writer (`Writer`) would be the next cut.
 
 use std::io::Write as _;

@@ -1,7 +1,7 @@
 //! The live conversations we answered, keyed by the fingerprint of "their messages + our reply",
 //! and the decision for each request without a session key: continue, fork, or start anew.
 //!
-//! Rules (docs/architecture.md, "Sessions without headers"):
+//! Rules (docs/internals.md, "Sessions without headers"):
 //! - the longest prefix of the request that ends with an assistant message is looked up; if it is
 //!   the end of a conversation we answered and nobody continued it yet, the request continues that
 //!   session (and claims the end);

@@ -14,9 +14,11 @@
 //! trainer included: measured from idle to idle, after every turn is judged, stored and
 //! committed), per 1,000 captured tokens, its added latency and its memory.
 //!
-//! Over ~600 lines: about 400 of them are the scenario's fixed texts (the system prompt's rule
-//! tables, the 20 tool schemas, the user asks), kept beside the generator that draws from them;
-//! about 80 at the end are unit tests.
+//! Over ~700 lines (1,550 of code, 200 of unit tests at the end): about 400 of them are the
+//! scenario's fixed texts (the system prompt's rule tables, the 20 tool schemas, the user asks),
+//! kept beside the generator that draws from them; the rest are the two phases (direct and
+//! proxied), the trainer beside them and the report of one run. A tool of the workbench, not the
+//! product.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -885,6 +887,11 @@ pub struct AgentReport {
     pub proxy_cpu_ms_per_request: Option<f64>,
     pub proxy_cpu_ms_per_main_turn: Option<f64>,
     pub proxy_cpu_ms_per_1000_captured_tokens: Option<f64>,
+    /// The proxied phase's sessions again with every request a side turn (`proxy-side`:
+    /// forwarded, never captured), and a main turn's own proxy CPU beside a side turn's: the
+    /// proxied phase's total less its side turns at the side phase's cost, per main turn.
+    pub proxy_side: Option<PhaseReport>,
+    pub main_side: Option<crate::MainSide>,
     /// The fake's CPU per request in the direct phase and the proxied one: the yardstick of the
     /// same run.
     pub fake_cpu: FakeCpu,
@@ -1096,6 +1103,7 @@ async fn run_to_end(
     )
     .await?
     .with_trainer(cfg.trainer_page, cfg.trainer_wait, cfg.trainer_format)?;
+    let mut side = Phase::new("proxy-side", &rig.proxy.base_url(), true, false).side_only();
 
     // Warm-up, both kinds, unmeasured (other seeds than the measured sessions).
     let warm_turns = Turns::Seeded {
@@ -1208,6 +1216,15 @@ async fn run_to_end(
             proxy.run.errors,
             trainer.committed()
         ));
+        // Phase S: the same sessions, every request a side turn (idle to idle).
+        let spec = agent_spec(&side, &prefix, cfg.sessions, turns, cfg.ramp);
+        crate::measure_round(&rig.client, &spec, deadline, &procs, &mut side).await?;
+        progress(&format!(
+            "round {round}/{} proxy-side: {} requests, {} errors so far",
+            cfg.rounds,
+            side.run.samples.len(),
+            side.run.errors
+        ));
     }
     let end = procs.proxy.rss_kib()?;
     let tally = trainer.finish().await;
@@ -1238,6 +1255,7 @@ async fn run_to_end(
     let memory = MemoryReport::new(start_kib, baseline, end, series);
     let direct = phase_report(direct, &procs);
     let proxy = phase_report(proxy, &procs);
+    let side = (side.rounds > 0).then(|| phase_report(side, &procs));
     let config = AgentConfigReport {
         sessions: cfg.sessions,
         min_turns: cfg.min_turns,
@@ -1274,6 +1292,7 @@ async fn run_to_end(
         proxy_process,
     );
     report.capture_queue_peak_mib = capture_queue_peak_mib;
+    report.with_side_phase(side);
     Ok(report)
 }
 
@@ -1353,6 +1372,8 @@ impl AgentReport {
             proxy_cpu_ms_per_request: cpu,
             proxy_cpu_ms_per_main_turn: per_main,
             proxy_cpu_ms_per_1000_captured_tokens: per_1000,
+            proxy_side: None,
+            main_side: None,
             fake_cpu,
             throughput_ratio,
             trainer,
@@ -1363,6 +1384,32 @@ impl AgentReport {
             proxy_process,
             targets,
         }
+    }
+
+    /// Adds the side-only phase: a main turn's proxy CPU is the proxied phase's total less its
+    /// side turns at that phase's cost per request, and the target compares it with a side turn's.
+    fn with_side_phase(&mut self, side: Option<PhaseReport>) {
+        let w = &self.workload;
+        let main_side = side.as_ref().and_then(|s| {
+            let side_ms = s.cpu_ms_per_request.proxy?;
+            let total_ms = self.proxy_cpu_ms_per_request? * self.proxy.requests as f64;
+            let main_ms = (total_ms - side_ms * w.side_turns as f64) / w.main_turns.max(1) as f64;
+            (side_ms > 0.0 && w.main_turns > 0).then(|| crate::MainSide {
+                main_ms,
+                side_ms,
+                ratio: main_ms / side_ms,
+            })
+        });
+        self.targets.push(TargetCheck {
+            name: "proxy CPU per request, main turn / side turn".to_owned(),
+            goal: format!("<= {}", crate::report::TARGET_MAIN_OVER_SIDE),
+            value: main_side.as_ref().map(|m| m.ratio),
+            pass: main_side
+                .as_ref()
+                .map(|m| m.ratio <= crate::report::TARGET_MAIN_OVER_SIDE),
+        });
+        self.proxy_side = side;
+        self.main_side = main_side;
     }
 
     /// The SVG plots of the run: latency percentiles of both phases, the added latency and the
@@ -1484,6 +1531,14 @@ impl AgentReport {
             opt(self.proxy.cpu_ms_per_request.fake),
             opt(self.throughput_ratio),
         );
+        if let Some(m) = &self.main_side {
+            let _ = writeln!(
+                out,
+                "proxy CPU per request: main turn {:.3} ms, side turn {:.3} ms ({:.2} x; the side \
+                 turn from the same sessions sent as side turns only)",
+                m.main_ms, m.side_ms, m.ratio
+            );
+        }
         let _ = writeln!(
             out,
             "proxy RSS, MiB: start {:.1}, after warm-up {:.1}, max sampled {:.1}, VmHWM {:.1}, end {:.1}; \

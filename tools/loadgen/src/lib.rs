@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 pub use children::{FakeOptions, ProxyMode, ProxyOptions};
 pub use report::{
-    Config, CpuPerRequest, Machine, MemoryReport, PhaseReport, ProxyReport, Report, RssPoint,
-    SoakReport, TargetCheck,
+    Config, CpuPerRequest, Machine, MainSide, MemoryReport, PhaseReport, ProxyReport, Report,
+    RssPoint, SoakReport, TargetCheck,
 };
 pub use soak::{SessionClose, SoakConfig};
 
@@ -165,6 +165,8 @@ pub(crate) struct Phase {
     base_url: String,
     via_proxy: bool,
     stream: bool,
+    /// Every request a side turn (`proxy-side`): the proxy forwards it and captures nothing.
+    side_only: bool,
     run: PhaseRun,
     fake_ticks: u64,
     me_ticks: u64,
@@ -184,6 +186,7 @@ impl Phase {
             base_url: base_url.to_owned(),
             via_proxy,
             stream,
+            side_only: false,
             run: PhaseRun::default(),
             fake_ticks: 0,
             me_ticks: 0,
@@ -192,6 +195,14 @@ impl Phase {
             rounds: 0,
             pages: 0,
             page: page::PageTally::default(),
+        }
+    }
+
+    /// The same phase with every request sent as a side turn.
+    fn side_only(self) -> Self {
+        Self {
+            side_only: true,
+            ..self
         }
     }
 
@@ -215,6 +226,7 @@ impl Phase {
             ramp,
             answered: Default::default(),
             shape: workload::Shape::Chat,
+            side_only: self.side_only,
         }
     }
 
@@ -452,6 +464,9 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
     let mut phases = vec![
         Phase::new("direct", &fake_url, false, false),
         Phase::new("proxy", &proxy_url, true, false),
+        // The same requests as side turns: what forwarding alone costs, beside what a main turn
+        // (forwarded, captured, judged, stored) costs in `proxy`.
+        Phase::new("proxy-side", &proxy_url, true, false).side_only(),
     ];
     if cfg.open_pages > 0 {
         phases.push(Phase::new("proxy-page", &proxy_url, true, false).with_pages(cfg.open_pages));

@@ -144,6 +144,9 @@ pub struct PhaseSpec {
     pub answered: Arc<AtomicUsize>,
     /// What a session's conversation looks like.
     pub shape: Shape,
+    /// Every request sent as a side turn (`X-Turn-Type: side`): forwarded, never captured nor
+    /// judged. The yardstick a main turn's proxy CPU is compared with (`proxy-side`).
+    pub side_only: bool,
 }
 
 /// The kind of conversation a phase's sessions hold.
@@ -365,6 +368,7 @@ pub(crate) async fn send(
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body);
     if spec.via_proxy {
+        let main = main && !spec.side_only;
         req = req
             .header("x-session-id", session_id)
             .header("x-turn-type", if main { "main" } else { "side" });
