@@ -7,7 +7,7 @@ demo:
 # Screenshots of the inspection page (overview, timeline, sample view) into docs/img: the demo's
 # conversation in headless chromium (apt-get install chromium chromium-driver).
 screenshots:
-    POLICY_SERVING_SCREENSHOTS={{justfile_directory()}}/docs/img POLICY_SERVING_REQUIRE_BROWSER=1 cargo test -p policy-serving --test inspect
+    POLICY_SERVING_SCREENSHOTS={{justfile_directory()}}/docs/img POLICY_SERVING_REQUIRE_BROWSER=1 cargo test -p policy-serving --test e2e inspect::
 
 # The tests (the golden tokenizer tests read ../shared/fixtures/qwen3 when present).
 test:

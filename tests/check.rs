@@ -3,8 +3,7 @@
 //! included), 1 with a FAIL line and its cause when one fails, 2 on a configuration error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -5,8 +5,7 @@
 //! a graceful stop does not.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};

@@ -11,8 +11,7 @@
 //! `inspect-timeline.png` and `inspect-sample.png` there (`just screenshots`: `docs/img`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

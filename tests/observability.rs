@@ -1,8 +1,7 @@
 //! The real binary: its Prometheus catalogue after a conversation, and no secret in its logs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -2,8 +2,7 @@
 //! `SGLANG_API_KEY=EMPTY` of their `env.sh`. What `serve` says at start is what they read.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

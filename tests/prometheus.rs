@@ -6,8 +6,7 @@
 //! `POLICY_SERVING_REQUIRE_PROMTOOL=1` (CI).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "harness.rs"]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

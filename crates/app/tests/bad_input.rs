@@ -7,7 +7,7 @@
 //! Long because it is the one catalogue of hostile input: one test per endpoint and kind of bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

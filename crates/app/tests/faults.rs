@@ -5,7 +5,7 @@
 //! main request ends as a sample, an abandoned turn or a dropped turn, and nothing stays pending.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

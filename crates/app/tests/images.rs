@@ -6,7 +6,7 @@
 //! that cannot be captured exactly gives its counted drop reason and never a sample.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! and a sample stays inspectable by seq after a restart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

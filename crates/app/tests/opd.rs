@@ -1,7 +1,7 @@
 //! OPD and Combine through the real server: hint votes and teacher log-probs from the fake SGLang.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
@@ -36,11 +36,6 @@ impl Server {
             .header("x-session-id", session)
             .header("x-session-done", if done { "1" } else { "0" })
             .json(&body)
-    }
-
-    async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
-        let r = self.turn(session, json!({"messages": messages}), done);
-        r.send().await.unwrap().json().await.unwrap()
     }
 
     /// The assistant message of a turn asked for streamed (`stream`) or not.

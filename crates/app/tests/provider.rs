@@ -3,7 +3,7 @@
 //! fake SGLang).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
@@ -32,21 +32,6 @@ async fn start(settings: &Settings, key: &str) -> Server {
     let key = key.to_owned();
     let env = move |name: &str| (name == KEY_VAR).then(|| key.clone());
     Server::start(settings, &env).await
-}
-
-impl Server {
-    async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
-        let r = common::http()
-            .post(format!("{}/v1/chat/completions", self.url))
-            .header("x-session-id", session)
-            .header("x-session-done", if done { "1" } else { "0" })
-            .json(&json!({"messages": messages}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        r.json().await.unwrap()
-    }
 }
 
 /// Turn 1, then turn 2 carrying `next` as turn 1's next state; turn 2 ends the session.

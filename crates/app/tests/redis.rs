@@ -3,7 +3,7 @@
 //! Redis outage that the chat path never notices, and Redis unreachable at start.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

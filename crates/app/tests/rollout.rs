@@ -5,7 +5,7 @@
 //! own end-to-end case over the same harness.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 use common::qwen3;
 
 /// Plays a conversation turn by turn (each turn: `user[i]`, then the assistant's answer) and checks

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInput};
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 use common::qwen3;
 
 /// Loaded once for every test and property case of this file.

@@ -1,7 +1,7 @@
 //! `split_turn`, loading errors, template behaviour and the `tokenize` JSONL tool.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{MINI_TOKENIZER_JSON, config_with, render_kwargs, with_template};
 use ps_chat_template::{ChatTemplateError, ChatTokenizer, TurnInput, tokenize_jsonl};

@@ -2,7 +2,7 @@
 //! CPython 3.11's `json.dumps`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::render_kwargs;
 use serde_json::{Value, json};

@@ -11,7 +11,7 @@ use ps_chat_template::{ChatTokenizer, EncodedPrefix, SharedPrefixCache, TurnInpu
 
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 const CONFIG: &str = include_str!("../../../config/mini-model/tokenizer_config.json");
 

@@ -4,7 +4,7 @@
 //! same page on the demo conversation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use axum::Router;
 use axum::extract::Request;

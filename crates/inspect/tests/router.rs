@@ -2,7 +2,7 @@
 //! history and an in-memory store.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};

@@ -1,6 +1,6 @@
 //! The in-process channel sink.
 
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -3,7 +3,7 @@
 //! are written in the transaction of the first sample that references them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

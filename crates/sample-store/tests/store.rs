@@ -1,6 +1,6 @@
 //! The durable store's contract, against real database files in temporary directories.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

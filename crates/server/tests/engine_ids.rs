@@ -3,7 +3,7 @@
 //! the client, and each streaming behaviour giving a correct sample or a counted drop.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

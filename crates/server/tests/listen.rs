@@ -2,7 +2,7 @@
 //! whole, a request head larger than it is a 431, and shutdown lets a request in flight finish.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! Long because it is the serving path's whole contract: one case per answer shape and bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

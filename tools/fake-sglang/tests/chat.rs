@@ -1,7 +1,7 @@
 //! `/v1/chat/completions` against a spawned fake.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{chat, spawn, sse_events, user};
 use ps_fake_sglang::{FakeSglang, Quirks, StreamLogprobs, policy_logprob};

@@ -1,7 +1,7 @@
 //! Faults and the hold/release gate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! `/generate` against a spawned fake: judge votes and teacher prompt logprobs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{generate, spawn};
 use ps_fake_sglang::{teacher_logprob, teacher_top_logprobs};

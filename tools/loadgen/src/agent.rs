@@ -1169,6 +1169,7 @@ async fn run_to_end(
         )
         .await?;
         let (proxy_before, _) = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?;
+        let threads_before = procs.proxy.thread_ticks()?;
         let fake_before = procs.fake.cpu_ticks()?;
         let me_before = procs.me.cpu_ticks()?;
         let sampler = series_sampler
@@ -1204,6 +1205,11 @@ async fn run_to_end(
             .map(|b| b as f64 / (1u64 << 20) as f64);
         let (proxy_after, settle) = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?;
         proxy.proxy_ticks += proxy_after.saturating_sub(proxy_before);
+        proxy.add_threads(
+            &threads_before,
+            &procs.proxy.thread_ticks()?,
+            proxy_after.saturating_sub(proxy_before),
+        );
         proxy.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
         proxy.me_ticks += procs.me.cpu_ticks()?.saturating_sub(me_before);
         proxy.settle = proxy.settle.max(settle);
@@ -1538,6 +1544,21 @@ impl AgentReport {
                  turn from the same sessions sent as side turns only)",
                 m.main_ms, m.side_ms, m.ratio
             );
+        }
+        for p in std::iter::once(&self.proxy).chain(self.proxy_side.as_ref()) {
+            if !p.proxy_cpu_ms_by_thread.is_empty() {
+                let by: Vec<String> = p
+                    .proxy_cpu_ms_by_thread
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.3}"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "{}: proxy CPU ms per request by thread: {}",
+                    p.name,
+                    by.join(", ")
+                );
+            }
         }
         let _ = writeln!(
             out,

@@ -171,6 +171,8 @@ pub(crate) struct Phase {
     fake_ticks: u64,
     me_ticks: u64,
     proxy_ticks: u64,
+    /// The proxy's ticks by thread kind (`procfs::thread_growth`), idle to idle.
+    proxy_threads: std::collections::BTreeMap<String, u64>,
     /// Longest wait for the proxy to go idle after a round.
     settle: Duration,
     rounds: usize,
@@ -191,6 +193,7 @@ impl Phase {
             fake_ticks: 0,
             me_ticks: 0,
             proxy_ticks: 0,
+            proxy_threads: Default::default(),
             settle: Duration::ZERO,
             rounds: 0,
             pages: 0,
@@ -227,6 +230,18 @@ impl Phase {
             answered: Default::default(),
             shape: workload::Shape::Chat,
             side_only: self.side_only,
+        }
+    }
+
+    /// Adds the proxy's CPU by thread kind between two readings (`ticks`: the process's growth).
+    pub(crate) fn add_threads(
+        &mut self,
+        before: &std::collections::BTreeMap<u32, (String, u64)>,
+        after: &std::collections::BTreeMap<u32, (String, u64)>,
+        ticks: u64,
+    ) {
+        for (kind, t) in procfs::thread_growth(before, after, ticks) {
+            *self.proxy_threads.entry(kind).or_default() += t;
         }
     }
 
@@ -556,7 +571,8 @@ async fn measure_round(
     into: &mut Phase,
 ) -> Result<(), LoadgenError> {
     let proxy_before = if spec.via_proxy {
-        Some(procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?.0)
+        let ticks = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?.0;
+        Some((ticks, procs.proxy.thread_ticks()?))
     } else {
         None
     };
@@ -569,9 +585,11 @@ async fn measure_round(
     }
     into.fake_ticks += procs.fake.cpu_ticks()?.saturating_sub(fake_before);
     into.me_ticks += procs.me.cpu_ticks()?.saturating_sub(me_before);
-    if let Some(before) = proxy_before {
+    if let Some((before, threads_before)) = proxy_before {
         let (after, settle) = procs.proxy.wait_idle(IDLE_POLL, IDLE_BOUND).await?;
-        into.proxy_ticks += after.saturating_sub(before);
+        let ticks = after.saturating_sub(before);
+        into.proxy_ticks += ticks;
+        into.add_threads(&threads_before, &procs.proxy.thread_ticks()?, ticks);
         into.settle = into.settle.max(settle);
     }
     into.absorb(run);
@@ -628,6 +646,11 @@ pub(crate) fn phase_report(phase: Phase, procs: &Procs) -> PhaseReport {
             resolution: per_request(&procs.me, 1),
         },
         proxy_settle_s: phase.via_proxy.then_some(phase.settle.as_secs_f64()),
+        proxy_cpu_ms_by_thread: phase
+            .proxy_threads
+            .iter()
+            .filter_map(|(kind, t)| Some((kind.clone(), per_request(&procs.proxy, *t)?)))
+            .collect(),
         page: (phase.pages > 0).then(|| phase.page.report(phase.pages)),
     }
 }

@@ -1,5 +1,6 @@
 //! What `/proc` tells about a process: CPU time (all threads) and resident memory. Linux only.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::LoadgenError;
@@ -37,6 +38,38 @@ pub fn parse_status_kib(status: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The thread name of a `/proc/<pid>/task/<tid>/stat` line (its `comm`, between parentheses).
+pub fn parse_comm(stat: &str) -> Option<&str> {
+    let start = stat.find('(')? + 1;
+    let end = stat.rfind(')')?;
+    stat.get(start..end)
+}
+
+/// A thread name without its index (`capture-1` → `capture`), so that a pool's threads add up.
+pub fn thread_kind(name: &str) -> String {
+    name.trim_end_matches(|c: char| c.is_ascii_digit())
+        .trim_end_matches('-')
+        .to_owned()
+}
+
+/// Per thread kind, the CPU ticks between two [`Proc::thread_ticks`] readings: a thread in both
+/// counts its growth, a new one all it has; `exited` is what the process spent beyond that (threads
+/// that ended between the readings, such as idle blocking-pool threads).
+pub fn thread_growth(
+    before: &BTreeMap<u32, (String, u64)>,
+    after: &BTreeMap<u32, (String, u64)>,
+    process_ticks: u64,
+) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for (tid, (kind, ticks)) in after {
+        let was = before.get(tid).map_or(0, |(_, t)| *t);
+        *out.entry(kind.clone()).or_default() += ticks.saturating_sub(was);
+    }
+    let seen: u64 = out.values().sum();
+    out.insert("exited".to_owned(), process_ticks.saturating_sub(seen));
+    out
+}
+
 /// CPU time and memory readings of one process.
 #[derive(Debug, Clone, Copy)]
 pub struct Proc {
@@ -68,6 +101,34 @@ impl Proc {
             pid: self.pid,
             detail: "cannot read utime/stime from /proc/<pid>/stat".into(),
         })
+    }
+
+    /// User + system CPU time of each live thread, in clock ticks, by thread id, with the thread's
+    /// name (`comm`). A thread that exits between two readings is missing from the second.
+    pub fn thread_ticks(&self) -> Result<BTreeMap<u32, (String, u64)>, LoadgenError> {
+        let dir = format!("/proc/{}/task", self.pid);
+        let entries = std::fs::read_dir(&dir).map_err(|source| LoadgenError::Io {
+            context: format!("reading {dir}"),
+            source,
+        })?;
+        let mut out = BTreeMap::new();
+        for entry in entries.flatten() {
+            let Some(tid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|t| t.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // A thread may exit between the listing and the read: skipped.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            if let (Some(name), Some(ticks)) = (parse_comm(&stat), parse_stat_ticks(&stat)) {
+                out.insert(tid, (thread_kind(name), ticks));
+            }
+        }
+        Ok(out)
     }
 
     /// `ticks` as seconds.
@@ -111,6 +172,27 @@ impl Proc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_add_up_by_kind_and_exited_threads_are_the_rest() {
+        let stat = "42 (capture-1) S 1 2 3 4 5 6 7 8 9 10 30 12 0 0";
+        assert_eq!(parse_comm(stat), Some("capture-1"));
+        assert_eq!(thread_kind("capture-1"), "capture");
+        assert_eq!(thread_kind("tokio-runtime-w"), "tokio-runtime-w");
+        let t = |v: &[(u32, &str, u64)]| {
+            v.iter()
+                .map(|(tid, k, n)| (*tid, ((*k).to_owned(), *n)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let before = t(&[(1, "capture", 10), (2, "capture", 5), (3, "tokio", 7)]);
+        // Thread 3 exited; thread 4 is new.
+        let after = t(&[(1, "capture", 14), (2, "capture", 6), (4, "tokio", 2)]);
+        let g = thread_growth(&before, &after, 12);
+        assert_eq!(g["capture"], 5);
+        assert_eq!(g["tokio"], 2);
+        assert_eq!(g["exited"], 5);
+        assert_eq!(g.values().sum::<u64>(), 12);
+    }
 
     #[test]
     fn stat_fields_after_the_command_name() {

@@ -56,6 +56,10 @@ pub struct CpuPerRequest {
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseReport {
     pub name: String,
+    /// Proxy CPU per request by thread kind (`capture`, `sample-store-writer`, `records-…`, the
+    /// tokio workers and blocking pool `tokio-runtime-w`, `exited`: threads that ended meanwhile).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub proxy_cpu_ms_by_thread: std::collections::BTreeMap<String, f64>,
     pub via_proxy: bool,
     pub stream: bool,
     pub rounds: usize,
@@ -454,6 +458,23 @@ impl Report {
                 out,
                 "proxy CPU per request: main turn {:.3} ms, side turn {:.3} ms ({:.2} x)",
                 m.main_ms, m.side_ms, m.ratio
+            );
+        }
+        for p in self
+            .phases
+            .iter()
+            .filter(|p| !p.proxy_cpu_ms_by_thread.is_empty())
+        {
+            let by: Vec<String> = p
+                .proxy_cpu_ms_by_thread
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.3}"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "{}: proxy CPU ms per request by thread: {}",
+                p.name,
+                by.join(", ")
             );
         }
         write_targets_and_notes(&mut out, &self.targets, &self.notes);

@@ -77,6 +77,21 @@ impl Server {
         self.running.take().unwrap().stop().await.unwrap();
     }
 
+    /// A non-streamed turn of `session` (`done` ends it) with `messages`; its answer, which must
+    /// be a 200.
+    pub async fn chat(&self, session: &str, messages: Value, done: bool) -> Value {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", self.url))
+            .header("x-session-id", session)
+            .header("x-session-done", if done { "1" } else { "0" })
+            .json(&serde_json::json!({"messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+
     pub async fn status(&self) -> Value {
         status(&self.url).await
     }

@@ -1,0 +1,10 @@
+//! The integration tests of `ps-server` in one binary: each file beside this one is a module of it,
+//! so that the tests link once and share one instance of their dependencies' generic code (CI
+//! time, issue 32); they run in parallel as before.
+
+mod common;
+
+mod engine_ids;
+mod error_log;
+mod listen;
+mod proxy;
