@@ -75,7 +75,11 @@ async fn main() {
     let listener = ps_app::bind(&settings).await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ps_server::serve(listener, app, async {
+    let app = ps_app::App {
+        state: app,
+        routes: Default::default(),
+    };
+    let server = tokio::spawn(ps_app::serve(listener, app, async {
         let _ = stopped.await;
     }));
 

@@ -1,6 +1,6 @@
 //! The integration tests of `ps-check` in one binary: each file beside this one is a module of it,
-//! so that the tests link once and share one instance of their dependencies' generic code (CI
-//! time, issue 32); they run in parallel as before.
+//! so that the tests link once and share one instance of their dependencies' generic code (CI time,
+//! issue 32); they run in parallel as before.
 
 mod checks;
 mod keys_never_printed;

@@ -607,7 +607,11 @@ async fn the_submission_state_of_a_running_proxy_is_reported() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     s.server.port = listener.local_addr().unwrap().port();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ps_server::serve(listener, app, async {
+    let app = ps_app::App {
+        state: app,
+        routes: Default::default(),
+    };
+    let server = tokio::spawn(ps_app::serve(listener, app, async {
         let _ = stopped.await;
     }));
     let r = run_checks(&s, &no_env).await;

@@ -112,14 +112,14 @@ impl SglangJudge {
             .map_err(|e| render_error(error_chain(&e)))
     }
 
-    /// The `/generate` body for `messages` as JSON bytes: [`SglangJudge::render`], then
-    /// [`SglangJudge::request_body`].
     /// One completion of `messages` ([`JudgeBackend::complete`] with this crate's own error).
     pub async fn complete(&self, messages: &[Value]) -> Result<String, JudgeError> {
         let body = self.encoded_body(messages).await?;
         self.send_body(body).await
     }
 
+    /// The `/generate` body for `messages` as JSON bytes: [`SglangJudge::render`], then
+    /// [`SglangJudge::request_body`].
     async fn encoded_body(&self, messages: &[Value]) -> Result<bytes::Bytes, JudgeError> {
         let text = self.render(messages).await?;
         let body =

@@ -15,7 +15,8 @@
 //! [`ps_core::ports::HintJudge`], teacher log-probs through [`ps_core::ports::TeacherScorer`],
 //! records through [`ps_core::ports::RecordSink`]), storage through [`ps_core::SampleSink`]; of
 //! the OPD crate it uses only the hint's injection into the teacher prompt. It must not depend on
-//! the server, on any judge or teacher client, or on any HTTP crate.
+//! the server or the teacher, provider or store clients, and names no judge: the OPD crate brings
+//! the judge crate's vote machinery (and with it the judge's HTTP client) along, unused here.
 //!
 //! Modules, each depending only on those listed before it (no cycles; checked with
 //! `grep -o 'crate::[a-z_]*'` per file): `config` (settings), `records` (a judged turn's records, through the

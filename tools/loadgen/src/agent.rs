@@ -1392,15 +1392,19 @@ impl AgentReport {
         }
     }
 
-    /// Adds the side-only phase: a main turn's proxy CPU is the proxied phase's total less its
-    /// side turns at that phase's cost per request, and the target compares it with a side turn's.
+    /// Adds the side-only phase, which sent the proxied phase's very requests, all as side turns:
+    /// the two totals differ only by what being main turns added to the main-turn requests, so a
+    /// main turn costs a side turn's CPU (the side phase's per request) plus that difference per
+    /// main turn. The side phase's mean includes the short title requests, so it understates a
+    /// main-shaped body's side cost and the ratio errs high (against the target, not for it).
     fn with_side_phase(&mut self, side: Option<PhaseReport>) {
         let w = &self.workload;
         let main_side = side.as_ref().and_then(|s| {
             let side_ms = s.cpu_ms_per_request.proxy?;
-            let total_ms = self.proxy_cpu_ms_per_request? * self.proxy.requests as f64;
-            let main_ms = (total_ms - side_ms * w.side_turns as f64) / w.main_turns.max(1) as f64;
-            (side_ms > 0.0 && w.main_turns > 0).then(|| crate::MainSide {
+            let proxied_total = self.proxy_cpu_ms_per_request? * self.proxy.requests as f64;
+            let side_total = side_ms * s.requests as f64;
+            let main_ms = side_ms + (proxied_total - side_total) / w.main_turns.max(1) as f64;
+            (side_ms > 0.0 && main_ms > 0.0 && w.main_turns > 0).then(|| crate::MainSide {
                 main_ms,
                 side_ms,
                 ratio: main_ms / side_ms,

@@ -367,8 +367,9 @@ pub(crate) async fn send(
         .post(&spec.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body);
+    // A side-only phase sends (and records) every request as a side turn.
+    let main = main && !spec.side_only;
     if spec.via_proxy {
-        let main = main && !spec.side_only;
         req = req
             .header("x-session-id", session_id)
             .header("x-turn-type", if main { "main" } else { "side" });
