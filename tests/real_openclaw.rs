@@ -169,8 +169,6 @@ async fn the_real_openclaw_agent_trains_with_the_defaults() {
     )
     .unwrap();
     let (_server, base) = harness::serve(&config, port).await;
-    let home = dir.path().join("home");
-    write_openclaw_config(&home, &base);
 
     let conversations: [(&str, &[&str]); 3] = [
         (
@@ -194,14 +192,22 @@ async fn the_real_openclaw_agent_trains_with_the_defaults() {
             &["Write a two-line poem about rain.", "Make it rhyme."],
         ),
     ];
-    // Interleaved: the first message of each, then the second of each, …
-    for k in 0..3 {
-        for (session, messages) in &conversations {
-            if let Some(m) = messages.get(k) {
+    // The three conversations at once, each turn after the one before it in its conversation, so
+    // that the proxy sees them interleaved (each agent start takes ~15 s of Node on this machine:
+    // one after the other the eight turns took ~2 minutes of CI). Each conversation has a home of
+    // its own, as three users would: OpenClaw keeps its sessions' state there.
+    let conversation = |(session, messages): (&'static str, &'static [&'static str])| {
+        let home = dir.path().join(format!("home-{session}"));
+        write_openclaw_config(&home, &base);
+        let openclaw = openclaw.clone();
+        async move {
+            for m in messages {
                 turn(&openclaw, &home, session, m).await;
             }
         }
-    }
+    };
+    let [a, b, c] = conversations;
+    tokio::join!(conversation(a), conversation(b), conversation(c));
     let turns: usize = conversations.iter().map(|(_, m)| m.len()).sum();
     let samples = turns - conversations.len();
 
