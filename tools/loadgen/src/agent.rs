@@ -1400,24 +1400,17 @@ impl AgentReport {
     fn with_side_phase(&mut self, side: Option<PhaseReport>) {
         let w = &self.workload;
         let main_side = side.as_ref().and_then(|s| {
+            if w.main_turns == 0 {
+                return None;
+            }
             let side_ms = s.cpu_ms_per_request.proxy?;
             let proxied_total = self.proxy_cpu_ms_per_request? * self.proxy.requests as f64;
             let side_total = side_ms * s.requests as f64;
-            let main_ms = side_ms + (proxied_total - side_total) / w.main_turns.max(1) as f64;
-            (side_ms > 0.0 && main_ms > 0.0 && w.main_turns > 0).then(|| crate::MainSide {
-                main_ms,
-                side_ms,
-                ratio: main_ms / side_ms,
-            })
+            let main_ms = side_ms + (proxied_total - side_total) / w.main_turns as f64;
+            crate::MainSide::new(main_ms, side_ms)
         });
-        self.targets.push(TargetCheck {
-            name: "proxy CPU per request, main turn / side turn".to_owned(),
-            goal: format!("<= {}", crate::report::TARGET_MAIN_OVER_SIDE),
-            value: main_side.as_ref().map(|m| m.ratio),
-            pass: main_side
-                .as_ref()
-                .map(|m| m.ratio <= crate::report::TARGET_MAIN_OVER_SIDE),
-        });
+        self.targets
+            .push(crate::MainSide::target(main_side.as_ref()));
         self.proxy_side = side;
         self.main_side = main_side;
     }
@@ -1549,21 +1542,10 @@ impl AgentReport {
                 m.main_ms, m.side_ms, m.ratio
             );
         }
-        for p in std::iter::once(&self.proxy).chain(self.proxy_side.as_ref()) {
-            if !p.proxy_cpu_ms_by_thread.is_empty() {
-                let by: Vec<String> = p
-                    .proxy_cpu_ms_by_thread
-                    .iter()
-                    .map(|(k, v)| format!("{k} {v:.3}"))
-                    .collect();
-                let _ = writeln!(
-                    out,
-                    "{}: proxy CPU ms per request by thread: {}",
-                    p.name,
-                    by.join(", ")
-                );
-            }
-        }
+        crate::report::write_threads(
+            &mut out,
+            std::iter::once(&self.proxy).chain(self.proxy_side.as_ref()),
+        );
         let _ = writeln!(
             out,
             "proxy RSS, MiB: start {:.1}, after warm-up {:.1}, max sampled {:.1}, VmHWM {:.1}, end {:.1}; \

@@ -141,16 +141,32 @@ pub struct MainSide {
 }
 
 impl MainSide {
-    fn of(main: &PhaseReport, side: &PhaseReport) -> Option<Self> {
-        let (main_ms, side_ms) = (
-            main.cpu_ms_per_request.proxy?,
-            side.cpu_ms_per_request.proxy?,
-        );
-        (side_ms > 0.0).then(|| Self {
+    /// Both costs in ms per request; none unless both are positive.
+    pub(crate) fn new(main_ms: f64, side_ms: f64) -> Option<Self> {
+        (main_ms > 0.0 && side_ms > 0.0).then(|| Self {
             main_ms,
             side_ms,
             ratio: main_ms / side_ms,
         })
+    }
+
+    /// The same requests as main turns (`main`) and as side turns (`side`).
+    fn of(main: &PhaseReport, side: &PhaseReport) -> Option<Self> {
+        Self::new(
+            main.cpu_ms_per_request.proxy?,
+            side.cpu_ms_per_request.proxy?,
+        )
+    }
+
+    /// The target: a main turn at most [`TARGET_MAIN_OVER_SIDE`] times a side turn.
+    pub(crate) fn target(main_side: Option<&Self>) -> TargetCheck {
+        let value = main_side.map(|m| m.ratio);
+        TargetCheck {
+            name: "proxy CPU per request, main turn / side turn".to_owned(),
+            goal: format!("<= {TARGET_MAIN_OVER_SIDE}"),
+            value,
+            pass: value.map(|v| v <= TARGET_MAIN_OVER_SIDE),
+        }
     }
 }
 
@@ -252,12 +268,7 @@ impl Report {
                 throughput_ratio,
                 |v| v >= TARGET_THROUGHPUT_RATIO,
             ),
-            check(
-                "proxy CPU per request, main turn / side turn".into(),
-                format!("<= {TARGET_MAIN_OVER_SIDE}"),
-                main_side.as_ref().map(|m| m.ratio),
-                |v| v <= TARGET_MAIN_OVER_SIDE,
-            ),
+            MainSide::target(main_side.as_ref()),
         ];
         let mut notes = Vec::new();
         if config.sessions != TARGET_ADDED_AT_SESSIONS {
@@ -460,25 +471,32 @@ impl Report {
                 m.main_ms, m.side_ms, m.ratio
             );
         }
-        for p in self
-            .phases
-            .iter()
-            .filter(|p| !p.proxy_cpu_ms_by_thread.is_empty())
-        {
-            let by: Vec<String> = p
-                .proxy_cpu_ms_by_thread
-                .iter()
-                .map(|(k, v)| format!("{k} {v:.3}"))
-                .collect();
-            let _ = writeln!(
-                out,
-                "{}: proxy CPU ms per request by thread: {}",
-                p.name,
-                by.join(", ")
-            );
-        }
+        write_threads(&mut out, &self.phases);
         write_targets_and_notes(&mut out, &self.targets, &self.notes);
         out
+    }
+}
+
+/// One line per proxied phase: its proxy CPU per request by thread kind.
+pub(crate) fn write_threads<'a>(
+    out: &mut String,
+    phases: impl IntoIterator<Item = &'a PhaseReport>,
+) {
+    for p in phases {
+        if p.proxy_cpu_ms_by_thread.is_empty() {
+            continue;
+        }
+        let by: Vec<String> = p
+            .proxy_cpu_ms_by_thread
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.3}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "{}: proxy CPU ms per request by thread: {}",
+            p.name,
+            by.join(", ")
+        );
     }
 }
 
