@@ -330,22 +330,14 @@ mod tests {
         assert_eq!(ours, theirs);
     }
 
-    /// The real Qwen3 file (`$POLICY_SERVING_SHARED/fixtures/qwen3`, as the golden tests find it;
+    /// The real Qwen3 file (`ps_test_support::fixtures::qwen3_dir`, as the golden tests find it;
     /// skipped without it unless `POLICY_SERVING_REQUIRE_FIXTURES=1`).
     #[test]
     fn qwen3_streamed_is_the_librarys() {
-        let shared = std::env::var_os("POLICY_SERVING_SHARED").map_or_else(
-            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-            std::path::PathBuf::from,
-        );
-        let file = shared.join("fixtures/qwen3/tokenizer.json");
-        if !file.is_file() {
-            let required = std::env::var("POLICY_SERVING_REQUIRE_FIXTURES").is_ok_and(|v| v == "1");
-            assert!(!required, "Qwen3 fixtures missing at {}", file.display());
-            eprintln!("SKIPPED: no Qwen3 fixtures at {}", file.display());
+        let Some(dir) = ps_test_support::fixtures::qwen3_dir() else {
             return;
-        }
-        let (ours, theirs) = both(&std::fs::read_to_string(file).unwrap());
+        };
+        let (ours, theirs) = both(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap());
         assert_eq!(ours, theirs);
     }
 
