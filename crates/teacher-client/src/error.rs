@@ -18,11 +18,6 @@ pub const BACKEND_KEY: &str = "teacher.backend";
 /// operator would look at; none carries the API key.
 #[derive(Debug, thiserror::Error)]
 pub enum TeacherError {
-    #[error(
-        "the teacher ({teacher}) scores token ids only, not a prompt with images (use an SGLang \
-         teacher, `teacher.backend = \"sglang\"`, which takes image_data)"
-    )]
-    ImagesUnsupported { teacher: String },
     #[error("cannot connect to the teacher at {url} (check `{config_key}`): {detail}")]
     Connect {
         url: String,
@@ -154,7 +149,6 @@ impl TeacherError {
             Self::InvalidUrl { .. } => "teacher_invalid_url",
             Self::InvalidConfig { .. } => "teacher_invalid_config",
             Self::ChatEndpoint { .. } => "teacher_chat_endpoint",
-            Self::ImagesUnsupported { .. } => "teacher_without_images",
         }
     }
 }
