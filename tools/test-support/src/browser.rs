@@ -33,7 +33,8 @@ fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// How many times a test tries to get a browser session, each from a fresh chromedriver: one
-/// failed start of a program we do not own must not fail a test about the page.
+/// failed start of a program we do not own (its port taken, its session refused) must not fail a
+/// test about the page.
 const SESSION_ATTEMPTS: u32 = 3;
 
 /// What a chromedriver printed (stdout and stderr), kept for the message of a failed start.
@@ -86,8 +87,11 @@ impl DriverOutput {
     }
 }
 
-/// Starts chromedriver on a port of its choosing and waits until it says which.
-fn spawn_driver(driver: &Path) -> (Child, SocketAddr, DriverOutput) {
+/// Starts chromedriver on a port of its choosing and waits until it says which, or says why it
+/// did not start. With `--port=0` chromedriver takes a free IPv6 port and then binds the same
+/// number on IPv4, which another process may hold ("IPv4 port not available. Exiting..."), seen
+/// in CI with two browser tests starting at once: the caller starts a fresh one.
+fn spawn_driver(driver: &Path) -> Result<(Child, SocketAddr, DriverOutput), String> {
     let mut child = Command::new(driver)
         .arg("--port=0")
         .stdout(Stdio::piped())
@@ -103,7 +107,7 @@ fn spawn_driver(driver: &Path) -> (Child, SocketAddr, DriverOutput) {
         output.drain(err, None);
     }
     match rx.recv_timeout(WAIT) {
-        Ok(port) => (child, SocketAddr::from(([127, 0, 0, 1], port)), output),
+        Ok(port) => Ok((child, SocketAddr::from(([127, 0, 0, 1], port)), output)),
         Err(e) => {
             let exited = child.try_wait().ok().flatten();
             let _ = child.kill();
@@ -123,7 +127,10 @@ fn spawn_driver(driver: &Path) -> (Child, SocketAddr, DriverOutput) {
                     "closed its output without saying its port".to_owned()
                 }
             };
-            panic!("chromedriver {why}; its output:\n{}", output.text());
+            Err(format!(
+                "chromedriver {why}; its output:\n{}",
+                output.text()
+            ))
         }
     }
 }
@@ -181,12 +188,19 @@ impl Browser {
         for attempt in 1..=SESSION_ATTEMPTS {
             let profile = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary profile: {e}"));
             let path = driver.clone();
-            let (mut driver, addr, output) =
-                match tokio::task::spawn_blocking(move || spawn_driver(&path)).await {
-                    Ok(started) => started,
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    Err(e) => panic!("starting chromedriver: {e}"),
-                };
+            let started = match tokio::task::spawn_blocking(move || spawn_driver(&path)).await {
+                Ok(started) => started,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => panic!("starting chromedriver: {e}"),
+            };
+            let (mut driver, addr, output) = match started {
+                Ok(started) => started,
+                Err(e) => {
+                    last_error = format!("attempt {attempt}: {e}");
+                    eprintln!("no chromedriver yet, {last_error}");
+                    continue;
+                }
+            };
             let session = tokio::time::timeout(WAIT * 2, connect(addr, &chromium, &profile));
             let session = match session.await {
                 Ok(started) => started.map_err(|e| e.to_string()),
