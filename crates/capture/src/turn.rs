@@ -89,7 +89,7 @@ pub fn capture_turn_with(
     };
     let use_engine = job.token_ids != TokenIdsMode::Retokenize;
     let engine = match (use_engine, &rollout.engine_ids) {
-        (true, Some(ids)) => match engine_turn(tok, job, ids) {
+        (true, Some(ids)) => match engine_turn(tok, job, ids, !pads.is_empty()) {
             // A stream without parsers loses the end-of-turn token's log-prob while its sglext ids
             // include the token: under `auto` such a turn is re-tokenized (its placeholder marked
             // and counted) rather than lost; `engine` refuses it.
@@ -216,11 +216,15 @@ pub(crate) fn stream_logprobs_incomplete(rollout: &RolloutResponse) -> bool {
 }
 
 /// A turn from the engine's own ids: tokens = engine prompt + response ids, one engine log-prob per
-/// response id. The texts are still rendered with the template (what the judges read).
+/// response id. The response text is still rendered with the template (what the judges read: the
+/// rendered conversation after the prompt), in one render of the whole conversation that starts
+/// with the engine's prompt decoded; only where it does not (a template or tokenizer that differs
+/// from the engine's, a prompt whose image pads the engine expanded) is the prompt rendered too.
 pub(crate) fn engine_turn(
     tok: &ChatTokenizer,
     job: &CaptureJob,
     ids: &ps_core::EngineIds,
+    has_images: bool,
 ) -> Result<CapturedTurn, CaptureError> {
     let rollout = &job.rollout;
     if ids.response.len() != rollout.tokens.len() {
@@ -234,7 +238,8 @@ pub(crate) fn engine_turn(
             ),
         });
     }
-    let texts = tok.render_turn(&job.turn_input())?;
+    let known_prompt = (!has_images).then(|| tok.decode(&ids.prompt, false));
+    let texts = tok.render_turn_after(&job.turn_input(), known_prompt)?;
     let n = ids.response.len();
     let alignment = Alignment {
         logprobs: rollout.tokens.iter().map(|t| Some(t.logprob)).collect(),

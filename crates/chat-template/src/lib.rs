@@ -15,6 +15,7 @@
 //! (`tools_cache.rs`) and the encoding of a text from an encoded one that differs in its middle
 //! (`splice.rs`: the OPD teacher's hinted prompt from the turn's prompt) are modules of their own.
 
+mod decode;
 mod dump_options;
 mod error;
 mod jsonl;
@@ -105,6 +106,8 @@ pub struct ChatTokenizer {
     splice: splice::AddedTokenFacts,
     /// The last tool lists rendered, converted (`tools_cache.rs`).
     tools: tools_cache::ToolsCache,
+    /// Each id's bytes, for [`ChatTokenizer::decode`] of a byte-level tokenizer (`decode.rs`).
+    byte_table: decode::LazyByteTable,
     /// A vision-language model's image handling, when the directory has a
     /// `preprocessor_config.json`: messages keep their image parts for the template, and
     /// [`ChatTokenizer::expand_image_pads`] repeats each pad to its image's count.
@@ -463,6 +466,7 @@ impl ChatTokenizer {
             added_matcher,
             splice,
             tools: tools_cache::ToolsCache::default(),
+            byte_table: decode::LazyByteTable::default(),
             vision,
         })
     }
@@ -725,7 +729,17 @@ impl ChatTokenizer {
     /// the `token` of a log-prob entry). Unknown ids give an empty string; a token that is only part
     /// of a UTF-8 character gives U+FFFD, as in Python.
     pub fn token_text(&self, id: u32) -> String {
-        let text = self.tokenizer.decode(&[id], false).unwrap_or_default();
+        self.decode(&[id], false)
+    }
+
+    /// The text of `ids` decoded together (`tokenizer.decode(ids, skip_special_tokens=...)`):
+    /// bytes split across tokens are joined before they are read. Engines write their answers'
+    /// text with special tokens skipped (SGLang's and vLLM's default).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        let text = match self.byte_table.get(&self.tokenizer) {
+            Some(table) => table.decode(ids, skip_special_tokens),
+            None => self.decode_slow(ids, skip_special_tokens),
+        };
         if self.clean_up_tokenization_spaces {
             clean_up_tokenization(&text)
         } else {
@@ -733,19 +747,12 @@ impl ChatTokenizer {
         }
     }
 
-    /// The text of `ids` decoded together (`tokenizer.decode(ids, skip_special_tokens=...)`):
-    /// bytes split across tokens are joined before they are read. Engines write their answers'
-    /// text with special tokens skipped (SGLang's and vLLM's default).
-    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
-        let text = self
-            .tokenizer
+    /// `tokenizers`' own decoding (what [`ChatTokenizer::decode`] gives, by another road).
+    #[doc(hidden)]
+    pub fn decode_slow(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        self.tokenizer
             .decode(ids, skip_special_tokens)
-            .unwrap_or_default();
-        if self.clean_up_tokenization_spaces {
-            clean_up_tokenization(&text)
-        } else {
-            text
-        }
+            .unwrap_or_default()
     }
 
     /// The end-of-sequence token of the config (`eos_token`), if any.
@@ -880,18 +887,49 @@ impl ChatTokenizer {
     /// Renders a turn as [`ChatTokenizer::split_turn`] does, without tokenizing: for turns whose
     /// ids come from the engine, the texts are what the judges read.
     pub fn render_turn(&self, input: &TurnInput<'_>) -> Result<TurnTexts, ChatTemplateError> {
+        self.render_turn_after(input, None)
+    }
+
+    /// [`ChatTokenizer::render_turn`] with the prompt's text already known (an engine-id turn's
+    /// prompt ids decoded): the whole conversation is rendered once, and where that render starts
+    /// with `known_prompt` the prompt is taken as it is and the response is the rest. Otherwise
+    /// (the engine's template or tokenizer differs from ours, a normalizer changed a character, a
+    /// vision prompt's pads were expanded) the prompt is rendered too, as `render_turn` does: the
+    /// texts are then the same as without `known_prompt`.
+    pub fn render_turn_after(
+        &self,
+        input: &TurnInput<'_>,
+        known_prompt: Option<String>,
+    ) -> Result<TurnTexts, ChatTemplateError> {
         let prepared = self.prepare(input.tools, input.template_kwargs);
-        let mut messages: Vec<MjValue> = self
+        let messages: Vec<MjValue> = self
             .normalize(input.messages)
             .iter()
             .map(json_to_value)
             .collect();
-        let prompt_text = self.render_prepared(messages.clone(), &prepared, true)?;
-        messages.push(json_to_value(&normalize_response_message(
-            input.response_message,
-        )));
-        let full_text = self.render_prepared(messages, &prepared, false)?;
-
+        // Values of minijinja share their maps: a copy of the list costs one count per message.
+        let with_response = |mut m: Vec<MjValue>| {
+            m.push(json_to_value(&normalize_response_message(
+                input.response_message,
+            )));
+            m
+        };
+        let (prompt_text, full_text) = match known_prompt {
+            None => {
+                let prompt_text = self.render_prepared(messages.clone(), &prepared, true)?;
+                let full = self.render_prepared(with_response(messages), &prepared, false)?;
+                (prompt_text, full)
+            }
+            Some(known) => {
+                let full =
+                    self.render_prepared(with_response(messages.clone()), &prepared, false)?;
+                if full.starts_with(known.as_str()) {
+                    (known, full)
+                } else {
+                    (self.render_prepared(messages, &prepared, true)?, full)
+                }
+            }
+        };
         let (prompt_is_prefix, response_text) = match full_text.strip_prefix(prompt_text.as_str()) {
             Some(rest) => (true, rest.to_owned()),
             None => (false, full_text.clone()),

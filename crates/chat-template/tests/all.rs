@@ -4,6 +4,7 @@
 
 mod common;
 
+mod decode;
 mod fingerprint;
 mod golden;
 mod incremental;

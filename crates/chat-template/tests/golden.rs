@@ -24,6 +24,8 @@ fn run_golden(config: &str, golden: &str) {
     // split.
     let large = SharedPrefixCache::default();
     let mut split = Vec::new();
+    // Whether some case took the one-render path (its decoded prompt starts the whole render).
+    let mut one_render = false;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         total += 1;
         let case: Value = serde_json::from_str(line).unwrap();
@@ -49,6 +51,37 @@ fn run_golden(config: &str, golden: &str) {
                 Ok(_) => failures.push(format!("{id}: {pass} cache gives other tokens")),
                 Err(e) => failures.push(format!("{id}: {pass} cache: error {e}")),
             }
+        }
+        // An engine-id turn: its prompt text is the golden prompt ids decoded (what an engine
+        // with this template sent), and one render of the conversation must give every text
+        // exactly as transformers does.
+        let known = tok.decode(&want.prompt_ids, false);
+        one_render |= got.prompt_is_prefix && known == got.prompt_text;
+        match tok.render_turn_after(&input, Some(known)) {
+            Ok(t)
+                if (
+                    &t.prompt_text,
+                    &t.full_text,
+                    &t.response_text,
+                    t.prompt_is_prefix,
+                ) == (
+                    &want.prompt_text,
+                    &want.full_text,
+                    &want.response_text,
+                    want.prompt_is_prefix,
+                ) => {}
+            Ok(t) => failures.push(format!(
+                "{id}: rendered after the decoded prompt: {:?}, want {:?}",
+                (&t.prompt_text, &t.response_text, t.prompt_is_prefix),
+                (
+                    &want.prompt_text,
+                    &want.response_text,
+                    want.prompt_is_prefix
+                )
+            )),
+            Err(e) => failures.push(format!(
+                "{id}: rendered after the decoded prompt: error {e}"
+            )),
         }
         split.push((id.clone(), case.clone(), got.clone()));
         let mut bad = Vec::new();
@@ -108,6 +141,10 @@ fn run_golden(config: &str, golden: &str) {
         "the shared cache was used: {large:?}"
     );
     assert!(small.evictions > 0, "the small cache evicted: {small:?}");
+    assert!(
+        one_render,
+        "no case's decoded prompt starts its whole render"
+    );
     assert!(total > 0, "{golden} has no cases");
     assert!(
         failures.is_empty(),

@@ -336,3 +336,43 @@ fn tokenize_jsonl_template_errors_become_error_lines() {
         "{line}"
     );
 }
+
+#[test]
+fn render_turn_after_a_known_prompt_renders_once_where_it_can_and_as_render_turn_otherwise() {
+    let tok = ChatTokenizer::mini();
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let response = json!({"role": "assistant", "content": "Hello"});
+    let input = TurnInput {
+        messages: messages.as_array().unwrap(),
+        tools: None,
+        response_message: &response,
+        template_kwargs: None,
+    };
+    let rendered = tok.render_turn(&input).unwrap();
+    assert!(rendered.prompt_is_prefix);
+    // The engine's prompt is ours: the same texts.
+    let same = tok
+        .render_turn_after(&input, Some(rendered.prompt_text.clone()))
+        .unwrap();
+    assert_eq!(same, rendered);
+    // A prompt the whole render does not start with (another template's, a changed character):
+    // the prompt is rendered, and the texts are render_turn's.
+    let other = tok
+        .render_turn_after(&input, Some("<|im_start|>system\nx<|im_end|>\n".into()))
+        .unwrap();
+    assert_eq!(other, rendered);
+    // An engine whose prompt stops short of ours (a generation prompt without what ours adds):
+    // the prompt is the engine's, and the response is the rest of the same whole render.
+    let short = rendered
+        .prompt_text
+        .strip_suffix("assistant\n")
+        .unwrap()
+        .to_owned();
+    let after_short = tok.render_turn_after(&input, Some(short.clone())).unwrap();
+    assert_eq!(after_short.prompt_text, short);
+    assert_eq!(after_short.full_text, rendered.full_text);
+    assert_eq!(
+        after_short.response_text,
+        format!("assistant\n{}", rendered.response_text)
+    );
+}
