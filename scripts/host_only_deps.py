@@ -47,13 +47,14 @@ def workspace_packages():
 
 def listed():
     text = (ROOT / "Cargo.toml").read_text()
-    m = re.search(r"^\[profile\.dev\.package\]\n((?:[^\[\n].*\n?)*)", text, re.M)
+    # The table's lines up to the next header, blank lines and comments included.
+    m = re.search(r"^\[profile\.dev\.package\]\n((?:(?!\[).*\n?)*)", text, re.M)
     if not m:
         return set()
     return {
-        line.split("=")[0].strip()
+        line.split("=")[0].strip().strip('"')
         for line in m.group(1).splitlines()
-        if "opt-level = 0" in line
+        if re.search(r"opt-level\s*=\s*0\b", line)
     }
 
 

@@ -238,7 +238,8 @@ pub(crate) fn engine_turn(
             ),
         });
     }
-    let known_prompt = (!has_images).then(|| tok.decode(&ids.prompt, false));
+    let known_prompt =
+        (!has_images && !ids.prompt.is_empty()).then(|| tok.decode_verbatim(&ids.prompt, false));
     let texts = tok.render_turn_after(&job.turn_input(), known_prompt)?;
     let n = ids.response.len();
     let alignment = Alignment {

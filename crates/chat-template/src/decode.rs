@@ -47,18 +47,15 @@ impl ByteTable {
             return None;
         }
         let map = char_bytes();
-        let added = tokenizer.get_added_tokens_decoder();
-        // Added tokens may sit past the model's ids with gaps between them.
-        let n = added
-            .keys()
-            .map(|&id| id as usize + 1)
-            .fold(tokenizer.get_vocab_size(true), usize::max);
-        // `tokenizers` skips a token whose text is a special added token's, whatever its id.
-        let special: std::collections::HashSet<&str> = added
+        // Ids may have gaps (a vocabulary's, added tokens past the model's): the table runs to
+        // the highest id.
+        let n = tokenizer
+            .get_vocab(true)
             .values()
-            .filter(|t| t.special)
-            .map(|t| t.content.as_str())
-            .collect();
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let added = tokenizer.get_added_vocabulary();
         let mut table = ByteTable {
             offsets: Vec::with_capacity(n + 1),
             bytes: Vec::new(),
@@ -75,7 +72,8 @@ impl ByteTable {
                     Some(b) => table.bytes.extend_from_slice(&b),
                     None => table.bytes.extend_from_slice(token.as_bytes()),
                 }
-                table.special[id] = special.contains(token.as_str());
+                // `tokenizers` skips a token whose text is a special added token's, whatever its id.
+                table.special[id] = added.is_special_token(&token);
             }
             table.offsets.push(u32::try_from(table.bytes.len()).ok()?);
         }

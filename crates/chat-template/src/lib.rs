@@ -736,10 +736,7 @@ impl ChatTokenizer {
     /// bytes split across tokens are joined before they are read. Engines write their answers'
     /// text with special tokens skipped (SGLang's and vLLM's default).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
-        let text = match self.byte_table.get(&self.tokenizer) {
-            Some(table) => table.decode(ids, skip_special_tokens),
-            None => self.decode_slow(ids, skip_special_tokens),
-        };
+        let text = self.decode_verbatim(ids, skip_special_tokens);
         if self.clean_up_tokenization_spaces {
             clean_up_tokenization(&text)
         } else {
@@ -747,7 +744,24 @@ impl ChatTokenizer {
         }
     }
 
-    /// `tokenizers`' own decoding (what [`ChatTokenizer::decode`] gives, by another road).
+    /// [`ChatTokenizer::decode`] without the config's `clean_up_tokenization_spaces` (which
+    /// `transformers` applies to decoded text, never to a rendered prompt): the text the ids were
+    /// encoded from, when they were encoded from a text.
+    pub fn decode_verbatim(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        match self.byte_table.get(&self.tokenizer) {
+            Some(table) => table.decode(ids, skip_special_tokens),
+            None => self.decode_slow(ids, skip_special_tokens),
+        }
+    }
+
+    /// Whether [`ChatTokenizer::decode`] reads a table of each id's bytes (a byte-level
+    /// tokenizer's) rather than asking `tokenizers`.
+    #[doc(hidden)]
+    pub fn decodes_from_table(&self) -> bool {
+        self.byte_table.get(&self.tokenizer).is_some()
+    }
+
+    /// `tokenizers`' own decoding (what [`ChatTokenizer::decode_verbatim`] gives, by another road).
     #[doc(hidden)]
     pub fn decode_slow(&self, ids: &[u32], skip_special_tokens: bool) -> String {
         self.tokenizer

@@ -1,5 +1,5 @@
-//! `ChatTokenizer::decode` (a table of each id's bytes for byte-level tokenizers) gives what
-//! `tokenizers`' own decoding gives, for the real Qwen3 tokenizer and the mini one.
+//! `ChatTokenizer::decode_verbatim` (a table of each id's bytes for byte-level tokenizers) gives
+//! what `tokenizers`' own decoding gives, for the real Qwen3 tokenizer and the mini one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
@@ -17,11 +17,12 @@ fn tokenizers() -> Vec<&'static ChatTokenizer> {
 #[test]
 fn every_id_alone_decodes_as_tokenizers_does() {
     for tok in tokenizers() {
+        assert!(tok.decodes_from_table(), "both are byte-level tokenizers");
         // Past the vocabulary too: unknown ids are left out by both.
         for id in 0..tok.vocab_size() as u32 + 3 {
             for skip in [false, true] {
                 assert_eq!(
-                    tok.decode(&[id], skip),
+                    tok.decode_verbatim(&[id], skip),
                     tok.decode_slow(&[id], skip),
                     "id {id}, skip_special_tokens {skip}"
                 );
@@ -38,8 +39,15 @@ fn a_real_prompt_decodes_as_tokenizers_does_and_encodes_back() {
     let text =
         "<|im_start|>user\nCafé ☕, 日本語 and 🤖 emoji\tTabs<|im_end|>\n<|im_start|>assistant\n";
     let ids = tok.encode(text).unwrap();
+    assert!(
+        tok.decodes_from_table(),
+        "Qwen3's is a byte-level tokenizer"
+    );
     assert_eq!(tok.decode(&ids, false), text);
-    assert_eq!(tok.decode(&ids, false), tok.decode_slow(&ids, false));
+    assert_eq!(
+        tok.decode_verbatim(&ids, false),
+        tok.decode_slow(&ids, false)
+    );
     assert_eq!(
         tok.decode(&ids, true),
         "user\nCafé ☕, 日本語 and 🤖 emoji\tTabs\nassistant\n"
@@ -61,6 +69,6 @@ proptest! {
         // Mostly ids the tokenizer has (the added tokens at its end included), a few past it.
         let n = tok.vocab_size() as u32;
         let ids: Vec<u32> = ids.iter().map(|&x| if x % 16 == 0 { x } else { x % (n + 2) }).collect();
-        prop_assert_eq!(tok.decode(&ids, skip), tok.decode_slow(&ids, skip));
+        prop_assert_eq!(tok.decode_verbatim(&ids, skip), tok.decode_slow(&ids, skip));
     }
 }

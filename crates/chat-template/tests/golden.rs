@@ -55,7 +55,7 @@ fn run_golden(config: &str, golden: &str) {
         // An engine-id turn: its prompt text is the golden prompt ids decoded (what an engine
         // with this template sent), and one render of the conversation must give every text
         // exactly as transformers does.
-        let known = tok.decode(&want.prompt_ids, false);
+        let known = tok.decode_verbatim(&want.prompt_ids, false);
         one_render |= got.prompt_is_prefix && known == got.prompt_text;
         match tok.render_turn_after(&input, Some(known)) {
             Ok(t)
