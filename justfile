@@ -18,6 +18,7 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     python3 scripts/module_cycles.py
+    python3 scripts/host_only_deps.py --check
 
 # The benchmarks (see docs/benchmarks.md): the proxy against the fake SGLang (the chat workload,
 # its proxied phase also with the inspection page open; 1,000 concurrent sessions with a 200 ms
