@@ -195,6 +195,7 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
                     last_user_prefix: r.last_user_prefix.clone(),
                     without_tools: r.without_tools.then_some(true),
                     max_tokens_at_most: r.max_tokens_at_most,
+                    model: r.model.clone(),
                 })
                 .collect(),
             ephemeral_rules: s

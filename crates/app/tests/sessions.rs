@@ -541,6 +541,50 @@ async fn a_side_turn_rule_keeps_helper_requests_out_of_the_conversation() {
     s.stop().await;
 }
 
+/// An agent's helper requests to its "small fast model" (Claude Code's title requests, which carry
+/// the conversation's own session key): side turns by the model they name, no sample and no turn
+/// of the conversation, whose next state stays the next main turn's.
+#[tokio::test]
+async fn a_side_turn_rule_on_the_model_keeps_a_keyed_helper_request_out_of_its_session() {
+    let (s, _dir) = fresh(|c| {
+        c.server.side_turn_rules = vec![SideTurnRule {
+            name: "small_fast_model".into(),
+            model: Some("small-fast".into()),
+            ..SideTurnRule::default()
+        }];
+    })
+    .await;
+    let key = [("x-session-id", "conv7")];
+    let h = vec![user("conv7 write a parser")];
+    let a1 = s.send(json!({"messages": h}), &key).await;
+    let title = s
+        .send(
+            json!({"model": "small-fast", "messages": [user("Write a title for: conv7 write a parser")]}),
+            &key,
+        )
+        .await;
+    assert_eq!(title.status, 200);
+    let mut h2 = h.clone();
+    h2.push(a1.message.clone());
+    h2.push(user("conv7 now test it"));
+    let a2 = s
+        .send(json!({"messages": h2, "session_done": true}), &key)
+        .await;
+    assert_eq!(
+        (a1.session.as_str(), a2.session.as_str()),
+        ("conv7", "conv7")
+    );
+    s.wait_submitted(2).await;
+    let samples = s.samples().await;
+    assert_eq!(samples.len(), 2, "the helper request is no sample");
+    let texts: Vec<String> = samples.iter().map(|x| x["prompt"].to_string()).collect();
+    assert!(
+        texts.iter().all(|t| !t.contains("Write a title")),
+        "no sample holds the helper request: {texts:?}"
+    );
+    s.stop().await;
+}
+
 /// While the trainer has paused submission (`pause_mode = "serve"`) turns are answered but not
 /// captured; the conversation must still be recognised after the resume, streamed or not.
 #[tokio::test]

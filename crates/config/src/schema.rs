@@ -188,6 +188,8 @@ pub struct SideTurnRule {
     pub without_tools: bool,
     /// `max_tokens` or `max_completion_tokens` is set and at most this.
     pub max_tokens_at_most: Option<u64>,
+    /// The request's `model` is exactly this (an agent's helper model name).
+    pub model: Option<String>,
 }
 
 impl SideTurnRule {

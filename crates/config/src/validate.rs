@@ -129,15 +129,19 @@ impl Settings {
                     v.fail(&format!("{key}.{field}"), value, "a non-empty prefix");
                 }
             }
+            if r.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+                v.fail(&format!("{key}.model"), &r.model, "a model name");
+            }
             if r.system_prefix.is_none()
                 && r.last_user_prefix.is_none()
                 && !r.without_tools
                 && r.max_tokens_at_most.is_none()
+                && r.model.is_none()
             {
                 v.fail(
                     &key,
                     &r.name,
-                    "at least one condition (system_prefix, last_user_prefix, without_tools = true, max_tokens_at_most): a rule without one would make every request a side turn",
+                    "at least one condition (system_prefix, last_user_prefix, without_tools = true, max_tokens_at_most, model): a rule without one would make every request a side turn",
                 );
             }
         }

@@ -380,9 +380,11 @@ fn session_inference_and_side_turn_rules_name_the_key() {
     let (e, text, _) = load_error(
         "settings.toml",
         "[[server.side_turn_rules]]\nname = \"everything\"\n\n\
-         [[server.side_turn_rules]]\nname = \"\"\nsystem_prefix = \" \"\n",
+         [[server.side_turn_rules]]\nname = \"\"\nsystem_prefix = \" \"\n\n\
+         [[server.side_turn_rules]]\nname = \"small\"\nmodel = \" \"\n",
     );
-    assert_eq!(e.errors().len(), 3, "{text}");
+    assert_eq!(e.errors().len(), 4, "{text}");
+    assert!(text.contains("server.side_turn_rules[2].model"), "{text}");
     assert!(text.contains("server.side_turn_rules[0]"), "{text}");
     assert!(text.contains("at least one condition"), "{text}");
     assert!(text.contains("server.side_turn_rules[1].name"), "{text}");
@@ -404,7 +406,7 @@ fn session_inference_defaults_to_when_missing_and_rules_load() {
         jail.clear_env();
         jail.create_file(
             "settings.toml",
-            "[server]\nsession_inference = \"always\"\n\n[[server.side_turn_rules]]\nname = \"title\"\nlast_user_prefix = \"### Task:\"\nwithout_tools = true\n",
+            "[server]\nsession_inference = \"always\"\n\n[[server.side_turn_rules]]\nname = \"title\"\nlast_user_prefix = \"### Task:\"\nwithout_tools = true\n\n[[server.side_turn_rules]]\nname = \"small_fast_model\"\nmodel = \"claude-haiku-4-5\"\n",
         )?;
         let s = load(
             Some(&jail.directory().join("settings.toml")),
@@ -415,8 +417,13 @@ fn session_inference_defaults_to_when_missing_and_rules_load() {
             s.server.session_inference,
             ps_config::SessionInference::Always
         );
-        assert_eq!(s.server.side_turn_rules.len(), 1);
+        assert_eq!(s.server.side_turn_rules.len(), 2);
         assert!(s.server.side_turn_rules[0].without_tools);
+        assert_eq!(
+            s.server.side_turn_rules[1].model.as_deref(),
+            Some("claude-haiku-4-5"),
+            "a rule on the model alone loads"
+        );
         Ok(())
     });
     assert_eq!(

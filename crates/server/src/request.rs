@@ -347,7 +347,8 @@ impl<'a> ChatRequest<'a> {
 
     /// What the side-turn shape rules read, as a small tree: `messages` as its first message and
     /// its last user message (the only ones the rules look at, in their order), `tools` as an
-    /// empty or one-element stand-in of the same kind, `max_tokens` and `max_completion_tokens`.
+    /// empty or one-element stand-in of the same kind, `max_tokens`, `max_completion_tokens` and
+    /// `model`.
     /// The other messages are scanned for their role, never built. The last user message is the
     /// last one `ephemeral` does not name (a client's context block sent once is not what the
     /// user asked). An error as for [`Self::messages`].
@@ -390,7 +391,7 @@ impl<'a> ChatRequest<'a> {
             };
             view.insert("tools".into(), stand_in);
         }
-        for key in ["max_tokens", "max_completion_tokens"] {
+        for key in ["max_tokens", "max_completion_tokens", "model"] {
             if let Some(v) = self.get(key) {
                 view.insert(key.into(), serde_json::from_str(v.get())?);
             }

@@ -20,6 +20,9 @@ pub struct ShapeRule {
     pub without_tools: Option<bool>,
     /// `max_tokens` or `max_completion_tokens` is set and at most this.
     pub max_tokens_at_most: Option<u64>,
+    /// The request's `model` is exactly this (an agent's "small fast model" name for its helper
+    /// requests, such as Claude Code's title requests).
+    pub model: Option<String>,
 }
 
 impl ShapeRule {
@@ -30,6 +33,7 @@ impl ShapeRule {
             || self.last_user_prefix.is_some()
             || self.without_tools == Some(true)
             || self.max_tokens_at_most.is_some()
+            || self.model.is_some()
     }
 
     /// Whether `body` (a chat request) has this shape.
@@ -74,6 +78,11 @@ impl ShapeRule {
                 return false;
             }
         }
+        if let Some(model) = &self.model
+            && body.get("model").and_then(Value::as_str) != Some(model.as_str())
+        {
+            return false;
+        }
         if let Some(cap) = self.max_tokens_at_most {
             let asked = ["max_tokens", "max_completion_tokens"]
                 .iter()
@@ -100,6 +109,9 @@ impl ShapeRule {
         }
         if let Some(n) = self.max_tokens_at_most {
             parts.push(format!("max_tokens <= {n}"));
+        }
+        if let Some(m) = &self.model {
+            parts.push(format!("model is {m:?}"));
         }
         format!("{}: {}", self.name, parts.join(" and "))
     }
@@ -160,6 +172,34 @@ mod tests {
         let not_first = body(json!({"max_tokens": 10, "messages": [
             {"role": "user", "content": "a"}, {"role": "system", "content": "Summarize"}]}));
         assert!(!r.matches(&not_first));
+    }
+
+    /// An agent's helper requests to its "small fast model" (Claude Code's title requests): the
+    /// model named exactly, nothing else about the request checked.
+    #[test]
+    fn the_model_is_matched_exactly() {
+        let r = ShapeRule {
+            name: "small_fast_model".into(),
+            model: Some("claude-haiku-4-5".into()),
+            ..ShapeRule::default()
+        };
+        assert!(r.has_conditions());
+        let msgs = json!([{"role": "user", "content": "Write a title"}]);
+        let ask = |model: Value| body(json!({"model": model, "messages": msgs}));
+        assert!(r.matches(&ask(json!("claude-haiku-4-5"))));
+        for other in [
+            json!("claude-haiku-4-5-20251001"),
+            json!("Claude-Haiku-4-5"),
+            json!("qwen3-4b"),
+            Value::Null,
+        ] {
+            assert!(!r.matches(&ask(other.clone())), "{other}");
+        }
+        assert!(!r.matches(&body(json!({"messages": msgs}))), "no model");
+        assert_eq!(
+            r.describe(),
+            "small_fast_model: model is \"claude-haiku-4-5\""
+        );
     }
 
     #[test]

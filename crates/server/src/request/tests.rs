@@ -217,6 +217,7 @@ mod typed_tests {
             rule(|r| r.last_user_prefix = Some(">> Task".into())),
             rule(|r| r.without_tools = Some(true)),
             rule(|r| r.max_tokens_at_most = Some(64)),
+            rule(|r| r.model = Some("haiku".into())),
             rule(|r| {
                 r.last_user_prefix = Some(">> Task".into());
                 r.without_tools = Some(true);
@@ -238,6 +239,9 @@ mod typed_tests {
             r#","max_tokens":64"#,
             r#","max_tokens":65,"max_completion_tokens":10"#,
             r#","max_tokens":"64""#,
+            r#","model":"haiku""#,
+            r#","model":"haiku-2""#,
+            r#","model":null"#,
         ];
         for m in msgs {
             for extra in extras {
