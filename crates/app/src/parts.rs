@@ -169,6 +169,7 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
     Ok(ServerOptions {
         default_turn_type: s.default_turn_type,
         served_model_name: s.served_model_name.clone(),
+        model_names: s.model_names.clone(),
         max_body_bytes: usize::try_from(s.max_body_bytes).unwrap_or(usize::MAX),
         client_api_key: settings.client_api_key(env)?,
         submission_enabled: s.submission_enabled,

@@ -585,6 +585,66 @@ async fn a_side_turn_rule_on_the_model_keeps_a_keyed_helper_request_out_of_its_s
     s.stop().await;
 }
 
+/// `server.model_names`: an agent's own model names are served under the policy's (listed by
+/// `/v1/models`, renamed upstream, trained as any turn); any other name is a 404 in OpenAI's shape
+/// that names the settings, and leaves no turn behind.
+#[tokio::test]
+async fn model_names_serve_an_agents_names_and_refuse_others_with_a_404() {
+    let (s, _dir) = fresh(|c| {
+        c.server.model_names = [("claude-sonnet-4-5".to_owned(), "default".to_owned())].into();
+    })
+    .await;
+    let models: Value = s
+        .http
+        .get(format!("{}/v1/models", s.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["default", "claude-sonnet-4-5"]);
+    let refused = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.url))
+        .header("x-session-id", "conv8")
+        .json(&json!({"model": "gpt-5", "messages": [user("conv8 hello")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 404);
+    let err: Value = refused.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "model_not_found", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("server.model_names"), "{message}");
+    let key = [("x-session-id", "conv9"), ("x-turn-type", "main")];
+    let h = vec![user("conv9 write a parser")];
+    let a1 = s
+        .send(json!({"model": "claude-sonnet-4-5", "messages": h}), &key)
+        .await;
+    assert_eq!(a1.status, 200);
+    let mut h2 = h.clone();
+    h2.push(a1.message.clone());
+    h2.push(user("conv9 now test it"));
+    let a2 = s
+        .send(
+            json!({"model": "claude-sonnet-4-5", "messages": h2, "session_done": true}),
+            &key,
+        )
+        .await;
+    assert_eq!(a2.status, 200);
+    s.wait_submitted(2).await;
+    let samples = s.samples().await;
+    assert_eq!(samples.len(), 2, "the refused request left no turn behind");
+    s.stop().await;
+}
+
 /// While the trainer has paused submission (`pause_mode = "serve"`) turns are answered but not
 /// captured; the conversation must still be recognised after the resume, streamed or not.
 #[tokio::test]

@@ -110,6 +110,12 @@ pub struct ServerSettings {
     pub default_turn_type: DefaultTurnType,
     /// Model name filled into `model` when a request lacks it. Default `default`.
     pub served_model_name: String,
+    /// Model names a client may ask for besides `served_model_name`, each with the name sent to
+    /// the policy server in its place (`[server.model_names]`, e.g. `"claude-haiku-4-5" =
+    /// "qwen3-4b"`: an agent's own model names). Empty (the default): a request's `model` is
+    /// forwarded as sent. Set: a request naming another model is refused with 404
+    /// `model_not_found`.
+    pub model_names: std::collections::BTreeMap<String, String>,
     /// The policy's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`). When absent the
     /// server uses the directory the policy server reports (SGLang `/get_model_info`, vLLM
     /// `/v1/models` `root`) when it exists on this machine, and otherwise refuses to start.
@@ -223,6 +229,7 @@ impl Default for ServerSettings {
             mode: Mode::default(),
             default_turn_type: DefaultTurnType::Auto,
             served_model_name: d::SERVER_SERVED_MODEL_NAME.to_owned(),
+            model_names: std::collections::BTreeMap::new(),
             model_dir: None,
             api_key_env: None,
             max_body_bytes: d::SERVER_MAX_BODY_BYTES,

@@ -116,6 +116,14 @@ impl Settings {
                 );
             }
         }
+        for (name, upstream) in &s.model_names {
+            let key = format!("server.model_names.{name}");
+            if name.trim().is_empty() {
+                v.fail("server.model_names", name, "a model name a client asks for");
+            } else if upstream.trim().is_empty() {
+                v.fail(&key, upstream, "the model name the policy server serves");
+            }
+        }
         for (i, r) in s.side_turn_rules.iter().enumerate() {
             let key = format!("server.side_turn_rules[{i}]");
             if r.name.trim().is_empty() {

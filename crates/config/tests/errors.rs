@@ -401,6 +401,20 @@ fn session_inference_and_side_turn_rules_name_the_key() {
 }
 
 #[test]
+fn model_names_need_both_names() {
+    let (e, text, _) = load_error(
+        "settings.toml",
+        "[server.model_names]\n\"\" = \"qwen3-4b\"\n\"claude-haiku-4-5\" = \" \"\n",
+    );
+    assert_eq!(e.errors().len(), 2, "{text}");
+    assert!(text.contains("server.model_names"), "{text}");
+    assert!(
+        text.contains("server.model_names.claude-haiku-4-5"),
+        "{text}"
+    );
+}
+
+#[test]
 fn session_inference_defaults_to_when_missing_and_rules_load() {
     Jail::expect_with(|jail| {
         jail.clear_env();

@@ -67,6 +67,8 @@ async fn handle(
     let opts = app.options();
     let bytes = read_body(headers, body, opts.max_body_bytes).await?;
     let req = request::parse_limited(&bytes, headers, opts.max_messages)?;
+    // A model not served here is refused before anything else is done for the request.
+    request::upstream_model(&req, &opts.served_model_name, &opts.model_names)?;
     let collect = admission::pause_gate(app).await?;
     let opened = open_turn(app, headers, &bytes, &req, collect);
     let (turn_type, session_header) = (
@@ -265,6 +267,10 @@ fn open_turn(
         && (!upstream_stream || app.engine().is_some_and(ps_core::Engine::streams_token_ids));
     let forward_opts = ForwardOptions {
         served_model_name: &opts.served_model_name,
+        // Checked by the handler: a name not served here never reaches this.
+        model: request::upstream_model(req, &opts.served_model_name, &opts.model_names)
+            .ok()
+            .flatten(),
         stream: upstream_stream,
         return_token_ids: asks_for_ids,
     };

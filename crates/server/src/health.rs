@@ -24,11 +24,18 @@ pub async fn health(State(app): State<AppState>) -> Json<Value> {
     }))
 }
 
+/// The served model and the other names a client may ask for (`server.model_names`).
 pub async fn models(State(app): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": app.options().served_model_name, "object": "model", "owned_by": "policy-serving"}],
-    }))
+    let opts = app.options();
+    let names = std::iter::once(&opts.served_model_name).chain(
+        opts.model_names
+            .keys()
+            .filter(|n| **n != opts.served_model_name),
+    );
+    let data: Vec<Value> = names
+        .map(|id| json!({"id": id, "object": "model", "owned_by": "policy-serving"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// The process's resident memory (`VmRSS` of `/proc/self/status`; `None` where there is none).

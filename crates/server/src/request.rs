@@ -421,10 +421,46 @@ impl<'a> ChatRequest<'a> {
     }
 }
 
+/// The model name sent upstream in place of the client's (`server.model_names`), or the refusal
+/// of a name that is not served here. `None`: forwarded as sent (no map configured, the served
+/// name, or no name: [`forward_body`] fills in the served one).
+pub fn upstream_model<'m>(
+    req: &ChatRequest<'_>,
+    served: &str,
+    names: &'m std::collections::BTreeMap<String, String>,
+) -> Result<Option<&'m str>, ApiError> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let Some(asked) = req.get("model").and_then(raw::as_str) else {
+        return Ok(None);
+    };
+    if asked.is_empty() || asked == served {
+        return Ok(None);
+    }
+    match names.get(asked.as_ref()) {
+        Some(upstream) => Ok(Some(upstream.as_str())),
+        None => Err(ApiError::NotFound {
+            code: "model_not_found",
+            message: format!(
+                "the model {asked:?} is not served here: ask for {served:?} \
+                 (server.served_model_name) or one of server.model_names ({})",
+                names
+                    .keys()
+                    .map(|n| format!("{n:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+    }
+}
+
 /// Options that shape the forwarded body.
 #[derive(Debug, Clone)]
 pub struct ForwardOptions<'a> {
     pub served_model_name: &'a str,
+    /// The name sent in place of the client's `model` ([`upstream_model`]).
+    pub model: Option<&'a str>,
     pub stream: bool,
     /// Ask the engine for its ids (`return_token_ids: true`) unless the client set the flag. The
     /// caller decides: never on a streamed call to SGLang, which refuses it (vLLM streams them).
@@ -468,6 +504,9 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
         .and_then(raw::as_str)
         .is_some_and(|m| !m.is_empty());
     let model = serde_json::to_string(opts.served_model_name).unwrap_or_else(|_| "\"\"".into());
+    let renamed = opts
+        .model
+        .map(|m| serde_json::to_string(m).unwrap_or_else(|_| "\"\"".into()));
     let stream: &[u8] = if opts.stream { b"true" } else { b"false" };
     let add_ids = opts.return_token_ids && !req.contains_key("return_token_ids");
     let return_token_ids = add_ids || req.is_true("return_token_ids");
@@ -505,6 +544,9 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
         |k, _| match k {
             "logprobs" => Edit::Replace(b"true".as_slice().into()),
             "top_logprobs" => Edit::Replace(top.as_bytes().into()),
+            "model" if renamed.is_some() => {
+                Edit::Replace(renamed.as_deref().unwrap_or_default().as_bytes().into())
+            }
             "model" if !model_ok => Edit::Replace(model.as_bytes().into()),
             "stream" => Edit::Replace(stream.into()),
             "stream_options" if !opts.stream => Edit::Drop,

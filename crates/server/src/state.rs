@@ -30,6 +30,9 @@ pub struct ServerOptions {
     pub default_turn_type: ps_core::DefaultTurnType,
     /// Filled into `model` when a request has none (`server.served_model_name`).
     pub served_model_name: String,
+    /// Other names a client may ask for, each with the name sent upstream in its place
+    /// (`server.model_names`; empty: every name forwarded as sent).
+    pub model_names: std::collections::BTreeMap<String, String>,
     /// Largest accepted request body (`server.max_body_bytes`).
     pub max_body_bytes: usize,
     /// Bearer key clients must send, when set.
@@ -69,6 +72,7 @@ impl Default for ServerOptions {
         Self {
             default_turn_type: ps_core::DefaultTurnType::Auto,
             served_model_name: DEFAULT_SERVED_MODEL_NAME.into(),
+            model_names: std::collections::BTreeMap::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             client_api_key: None,
             submission_enabled: true,

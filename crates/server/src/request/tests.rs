@@ -111,6 +111,7 @@ fn forward_body_forces_logprobs_and_keeps_unknown_fields() {
     .expect("valid");
     let opts = ForwardOptions {
         served_model_name: "qwen3-4b",
+        model: None,
         stream: false,
         return_token_ids: true,
     };
@@ -175,6 +176,7 @@ fn model_kept_when_given() {
         &r,
         &ForwardOptions {
             served_model_name: "x",
+            model: None,
             stream: false,
             return_token_ids: false,
         },
@@ -199,6 +201,65 @@ mod limit_tests {
 mod typed_tests {
     use super::super::*;
     use serde_json::json;
+
+    /// `server.model_names`: the served name and the mapped names pass (a mapped one renamed
+    /// upstream, every other byte as sent); any other name is a 404 naming both settings; no map
+    /// forwards every name as sent.
+    #[test]
+    fn model_names_rename_what_they_map_and_refuse_the_rest() {
+        let names: std::collections::BTreeMap<String, String> =
+            [("claude-haiku-4-5".to_owned(), "qwen3-4b".to_owned())].into();
+        let body = |model: &str| {
+            format!(
+                r#"{{"model":{model},"messages":[{{"role":"user","content":"hi"}}],"temperature":0.5}}"#
+            )
+        };
+        fn parsed(b: &str) -> ChatRequest<'_> {
+            parse(b.as_bytes(), &HeaderMap::new()).expect("valid")
+        }
+        let mapped = body(r#""claude-haiku-4-5""#);
+        let req = parsed(&mapped);
+        let upstream = upstream_model(&req, "qwen3-4b", &names).expect("mapped");
+        assert_eq!(upstream, Some("qwen3-4b"));
+        let fwd = forward_body(
+            &req,
+            &ForwardOptions {
+                served_model_name: "qwen3-4b",
+                model: upstream,
+                stream: false,
+                return_token_ids: false,
+            },
+        );
+        let sent: Value = serde_json::from_slice(&fwd.body).unwrap();
+        assert_eq!(sent["model"], "qwen3-4b");
+        assert_eq!(sent["temperature"], 0.5);
+        for ok in [r#""qwen3-4b""#, r#""""#, "null"] {
+            let b = body(ok);
+            assert_eq!(
+                upstream_model(&parsed(&b), "qwen3-4b", &names).unwrap(),
+                None,
+                "{ok}"
+            );
+        }
+        let other = body(r#""gpt-5""#);
+        let err = upstream_model(&parsed(&other), "qwen3-4b", &names).unwrap_err();
+        assert_eq!(err.status_code(), axum::http::StatusCode::NOT_FOUND);
+        assert_eq!(err.code(), "model_not_found");
+        let text = err.to_string();
+        for part in [
+            "\"gpt-5\"",
+            "server.served_model_name",
+            "server.model_names",
+            "\"claude-haiku-4-5\"",
+        ] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+        let none = std::collections::BTreeMap::new();
+        assert_eq!(
+            upstream_model(&parsed(&other), "qwen3-4b", &none).unwrap(),
+            None
+        );
+    }
 
     /// The shape rules decide on the small view as on the whole body.
     #[test]
@@ -430,6 +491,7 @@ mod typed_tests {
         let r = parse(body, &HeaderMap::new()).expect("valid");
         let opts = ForwardOptions {
             served_model_name: "q\"3",
+            model: None,
             stream: false,
             return_token_ids: true,
         };
