@@ -610,6 +610,15 @@ async fn model_names_serve_an_agents_names_and_refuse_others_with_a_404() {
         .filter_map(|m| m["id"].as_str())
         .collect();
     assert_eq!(ids, ["default", "claude-sonnet-4-5"]);
+    // Refused before anything else: while submission is paused (a 503 for any request served
+    // here), an unknown model is still a 404.
+    let pause = s
+        .http
+        .post(format!("{}/v1/rollout/pause", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pause.status().as_u16(), 200);
     let refused = s
         .http
         .post(format!("{}/v1/chat/completions", s.url))
@@ -623,6 +632,26 @@ async fn model_names_serve_an_agents_names_and_refuse_others_with_a_404() {
     assert_eq!(err["error"]["code"], "model_not_found", "{err}");
     let message = err["error"]["message"].as_str().unwrap();
     assert!(message.contains("server.model_names"), "{message}");
+    let resume = s
+        .http
+        .post(format!("{}/v1/rollout/resume", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resume.status().as_u16(), 200);
+    // The engine is asked for the policy's name (the fake answers with the name it was asked for).
+    let probe: Value = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.url))
+        .header("x-turn-type", "side")
+        .json(&json!({"model": "claude-sonnet-4-5", "messages": [user("probe")]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(probe["model"], "default", "{probe}");
     let key = [("x-session-id", "conv9"), ("x-turn-type", "main")];
     let h = vec![user("conv9 write a parser")];
     let a1 = s

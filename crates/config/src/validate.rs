@@ -120,6 +120,12 @@ impl Settings {
             let key = format!("server.model_names.{name}");
             if name.trim().is_empty() {
                 v.fail("server.model_names", name, "a model name a client asks for");
+            } else if *name == s.served_model_name {
+                v.fail(
+                    &key,
+                    name,
+                    "another name than server.served_model_name, which is always served as it is",
+                );
             } else if upstream.trim().is_empty() {
                 v.fail(&key, upstream, "the model name the policy server serves");
             }

@@ -404,9 +404,10 @@ fn session_inference_and_side_turn_rules_name_the_key() {
 fn model_names_need_both_names() {
     let (e, text, _) = load_error(
         "settings.toml",
-        "[server.model_names]\n\"\" = \"qwen3-4b\"\n\"claude-haiku-4-5\" = \" \"\n",
+        "[server]\nserved_model_name = \"qwen3-4b\"\n\n[server.model_names]\n\"\" = \"qwen3-4b\"\n\"claude-haiku-4-5\" = \" \"\n\"qwen3-4b\" = \"other\"\n",
     );
-    assert_eq!(e.errors().len(), 2, "{text}");
+    assert_eq!(e.errors().len(), 3, "{text}");
+    assert!(text.contains("server.model_names.qwen3-4b"), "{text}");
     assert!(text.contains("server.model_names"), "{text}");
     assert!(
         text.contains("server.model_names.claude-haiku-4-5"),

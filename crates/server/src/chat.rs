@@ -68,9 +68,9 @@ async fn handle(
     let bytes = read_body(headers, body, opts.max_body_bytes).await?;
     let req = request::parse_limited(&bytes, headers, opts.max_messages)?;
     // A model not served here is refused before anything else is done for the request.
-    request::upstream_model(&req, &opts.served_model_name, &opts.model_names)?;
+    let model = request::upstream_model(&req, &opts.served_model_name, &opts.model_names)?;
     let collect = admission::pause_gate(app).await?;
-    let opened = open_turn(app, headers, &bytes, &req, collect);
+    let opened = open_turn(app, headers, &bytes, &req, collect, model);
     let (turn_type, session_header) = (
         opened.turn_type,
         HeaderValue::from_str(&opened.session_id).ok(),
@@ -116,6 +116,8 @@ fn open_turn(
     body: &Bytes,
     req: &ChatRequest<'_>,
     collect: bool,
+    // The name sent upstream in place of the client's (`request::upstream_model`).
+    model: Option<&str>,
 ) -> OpenedTurn {
     let opts = app.options();
     let inference = &opts.inference;
@@ -267,10 +269,7 @@ fn open_turn(
         && (!upstream_stream || app.engine().is_some_and(ps_core::Engine::streams_token_ids));
     let forward_opts = ForwardOptions {
         served_model_name: &opts.served_model_name,
-        // Checked by the handler: a name not served here never reaches this.
-        model: request::upstream_model(req, &opts.served_model_name, &opts.model_names)
-            .ok()
-            .flatten(),
+        model,
         stream: upstream_stream,
         return_token_ids: asks_for_ids,
     };

@@ -254,6 +254,21 @@ mod typed_tests {
         ] {
             assert!(text.contains(part), "{part} in {text}");
         }
+        // An escaped name is the name it spells; a name that is not a string is the engine's to
+        // refuse, never renamed.
+        let escaped = body(r#""claude-hai\u006bu-4-5""#);
+        assert_eq!(
+            upstream_model(&parsed(&escaped), "qwen3-4b", &names).unwrap(),
+            Some("qwen3-4b")
+        );
+        for odd in ["5", "{}"] {
+            let b = body(odd);
+            assert_eq!(
+                upstream_model(&parsed(&b), "qwen3-4b", &names).unwrap(),
+                None,
+                "{odd}"
+            );
+        }
         let none = std::collections::BTreeMap::new();
         assert_eq!(
             upstream_model(&parsed(&other), "qwen3-4b", &none).unwrap(),
