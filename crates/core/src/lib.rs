@@ -44,5 +44,5 @@ pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 pub use rollout_control::{BufferStatus, PendingCounts, RolloutControl};
 pub use secret::Secret;
-pub use session::{DefaultTurnType, SessionHeaders, SessionOrigin, SessionSource, TurnType};
+pub use session::{DefaultTurnType, Door, SessionHeaders, SessionOrigin, SessionSource, TurnType};
 pub use sink::{SampleSink, SinkError};

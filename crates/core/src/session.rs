@@ -113,10 +113,40 @@ impl SessionSource {
     }
 }
 
-/// How a session was found, and how it relates to other sessions.
+/// Which API a turn came through. Every door becomes the same chat-completions turn: the door is
+/// recorded so that a sample can be traced to the client that sent it. Written to every sample as
+/// `metadata.door`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Door {
+    /// `POST /v1/chat/completions` (also turns recorded before this field existed).
+    #[default]
+    ChatCompletions,
+    /// `POST /v1/messages`, the Anthropic Messages API.
+    Messages,
+}
+
+impl Door {
+    fn is_chat(&self) -> bool {
+        *self == Self::ChatCompletions
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chat_completions",
+            Self::Messages => "messages",
+        }
+    }
+}
+
+/// Where a turn came from: the API it came through, how its session was found, and how that
+/// session relates to other sessions.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SessionOrigin {
     pub source: SessionSource,
+    /// The API the turn came through.
+    #[serde(default, skip_serializing_if = "Door::is_chat")]
+    pub door: Door,
     /// A fork: the session whose prefix this one continued a second time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_session: Option<String>,
@@ -134,10 +164,11 @@ impl SessionOrigin {
         }
     }
 
-    /// Writes `session_source`, and `parent_session` / `continued_from` when set, into a sample's
-    /// metadata.
+    /// Writes `session_source` and `door`, and `parent_session` / `continued_from` when set, into
+    /// a sample's metadata.
     pub fn write_metadata(&self, metadata: &mut serde_json::Map<String, serde_json::Value>) {
         use serde_json::Value;
+        metadata.insert("door".into(), Value::String(self.door.as_str().into()));
         metadata.insert(
             "session_source".into(),
             Value::String(self.source.as_str().into()),

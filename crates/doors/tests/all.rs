@@ -1,0 +1,5 @@
+//! The Messages door's translations, request and answer, whole and streamed.
+
+mod messages_answer;
+mod messages_request;
+mod messages_stream;
