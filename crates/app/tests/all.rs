@@ -6,6 +6,7 @@
 mod common;
 
 mod bad_input;
+mod doors;
 mod faults;
 mod images;
 mod inspect;

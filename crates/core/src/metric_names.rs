@@ -117,6 +117,14 @@ pub const SESSION_INFERENCE_TOTAL: &str = "policy_serving_session_inference_tota
 /// not see): the previous turn gets no next state (`no_next_state`) instead of a judgement of
 /// what is left of it.
 pub const NEXT_STATE_UNUSABLE_TOTAL: &str = "policy_serving_next_state_unusable_total";
+/// Requests through a door other than chat completions, labelled `door` (`messages`) and
+/// `outcome` (`ok`|`client_error`|`upstream_error`); they are also counted in
+/// [`REQUESTS_TOTAL`] once translated.
+pub const DOOR_REQUESTS_TOTAL: &str = "policy_serving_door_requests_total";
+/// What a door's translation left out because the engine cannot honour it, labelled `door` and
+/// `what` (`hosted_tool`: a tool the engine cannot run, left out of its tool list;
+/// `redacted_thinking`: another model's encrypted reasoning in the history).
+pub const DOOR_DROPPED_TOTAL: &str = "policy_serving_door_dropped_total";
 /// Gauge: conversations held for session inference, refreshed when `/metrics` is scraped.
 pub const INFERRED_SESSIONS_LIVE: &str = "policy_serving_inferred_sessions_live";
 /// Hint-judge votes, labelled `outcome` (`1`|`-1`|`failed`).
@@ -205,6 +213,8 @@ pub const CATALOGUE: &[MetricSpec] = {
         spec(PROXY_OVERHEAD_SECONDS, Histogram, &[]),
         spec(SESSION_INFERENCE_TOTAL, Counter, &["outcome"]),
         spec(NEXT_STATE_UNUSABLE_TOTAL, Counter, &["reason"]),
+        spec(DOOR_REQUESTS_TOTAL, Counter, &["door", "outcome"]),
+        spec(DOOR_DROPPED_TOTAL, Counter, &["door", "what"]),
         spec(INFERRED_SESSIONS_LIVE, Gauge, &[]),
         spec(HINT_VOTES_TOTAL, Counter, &["outcome"]),
         spec(RESIDENT_MEMORY_BYTES, Gauge, &[]),

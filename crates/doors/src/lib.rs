@@ -30,3 +30,13 @@ impl Dropped {
         self.hosted_tools.is_empty() && self.redacted_thinking == 0
     }
 }
+
+/// A field that engines send as `null` when empty (`tool_calls: null`): read as its default.
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    use serde::Deserialize as _;
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}

@@ -53,7 +53,8 @@ fn reasoning_text_and_tool_calls_become_blocks_with_the_stop_reason_and_usage() 
 #[test]
 fn each_finish_reason_has_its_stop_reason() {
     let answer = |finish: &str, extra: Value| {
-        let mut choice = json!({"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "hi"}});
+        // SGLang writes `tool_calls: null` when there are none.
+        let mut choice = json!({"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "hi", "tool_calls": null}});
         if let (Some(c), Some(e)) = (choice.as_object_mut(), extra.as_object()) {
             c.extend(e.clone());
         }

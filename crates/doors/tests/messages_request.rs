@@ -87,12 +87,14 @@ fn a_claude_code_request_becomes_the_same_conversation() {
 }
 
 /// A tool round trip: the assistant's thinking, text and `tool_use` become `reasoning_content`,
-/// `content` and a tool call whose arguments are the input exactly as written (key order and
-/// spacing, which a chat template may render); the user's `tool_result` blocks become tool
-/// messages (string or blocks, an error result's text kept), ahead of the user's own text.
+/// `content` and a tool call whose arguments are the input as the engines' parsers write them
+/// (Python's separators, key order kept, whatever spacing the client used: a template may render
+/// the text as it is); the user's `tool_result` blocks become tool messages (string or blocks, an
+/// error result's text kept), ahead of the user's own text.
 #[test]
 fn tool_use_and_tool_results_become_tool_calls_and_tool_messages() {
-    let input = r#"{"path": "b.txt",  "a": 1}"#;
+    let input = r#"{"path":"b.txt","a":[1,{"é":null}]}"#;
+    let as_the_engine_wrote_it = r#"{"path": "b.txt", "a": [1, {"é": null}]}"#;
     let body = format!(
         r#"{{"model": "m", "max_tokens": 100, "messages": [
             {{"role": "user", "content": "read b.txt"}},
@@ -116,7 +118,7 @@ fn tool_use_and_tool_results_become_tool_calls_and_tool_messages() {
         json!([
             {"role": "user", "content": "read b.txt"},
             {"role": "assistant", "content": "Reading.", "reasoning_content": "I should read it.", "tool_calls": [
-                {"id": "toolu_1", "type": "function", "function": {"name": "Read", "arguments": input}},
+                {"id": "toolu_1", "type": "function", "function": {"name": "Read", "arguments": as_the_engine_wrote_it}},
                 {"id": "toolu_2", "type": "function", "function": {"name": "Stat", "arguments": "{}"}}
             ]},
             {"role": "tool", "content": "hello", "tool_call_id": "toolu_1"},

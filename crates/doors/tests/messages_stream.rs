@@ -200,7 +200,8 @@ fn a_streamed_answer_with_thinking_text_and_tool_calls_gives_the_events_in_order
 fn omitted_thinking_streams_only_its_signature() {
     let bytes = sse(&[
         chunk(json!({"reasoning_content": "secret plan"}), None),
-        chunk(json!({"content": "ok"}), Some("stop")),
+        // SGLang writes `tool_calls: null` in its deltas.
+        chunk(json!({"content": "ok", "tool_calls": null}), Some("stop")),
     ]);
     let ev = events(&translate_in_pieces(&bytes, 5, true));
     assert!(

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use ps_core::TurnType;
+use ps_core::{Door, TurnType};
 use ps_session_infer::PendingReply;
 use ps_sglang_client::{Answer, synthesize_chunks};
 use tokio::sync::OwnedSemaphorePermit;
@@ -64,13 +64,26 @@ async fn handle(
     body: Body,
 ) -> Result<(Response, TurnType), ApiError> {
     let handler_started = Instant::now();
+    let bytes = read_body(headers, body, app.options().max_body_bytes).await?;
+    serve(app, headers, bytes, Door::ChatCompletions, handler_started).await
+}
+
+/// Serves a chat-completions body that came through `door` (another API's request arrives here
+/// translated): validate, admit, open the turn, forward, answer in chat completions' shape.
+/// `handler_started`: when the request arrived, for the proxy-overhead histogram.
+pub(crate) async fn serve(
+    app: &AppState,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    door: Door,
+    handler_started: Instant,
+) -> Result<(Response, TurnType), ApiError> {
     let opts = app.options();
-    let bytes = read_body(headers, body, opts.max_body_bytes).await?;
     let req = request::parse_limited(&bytes, headers, opts.max_messages)?;
     // A model not served here is refused before anything else is done for the request.
     let model = request::upstream_model(&req, &opts.served_model_name, &opts.model_names)?;
     let collect = admission::pause_gate(app).await?;
-    let opened = open_turn(app, headers, &bytes, &req, collect, model);
+    let opened = open_turn(app, headers, &bytes, &req, collect, model, door);
     let (turn_type, session_header) = (
         opened.turn_type,
         HeaderValue::from_str(&opened.session_id).ok(),
@@ -118,6 +131,7 @@ fn open_turn(
     collect: bool,
     // The name sent upstream in place of the client's (`request::upstream_model`).
     model: Option<&str>,
+    door: Door,
 ) -> OpenedTurn {
     let opts = app.options();
     let inference = &opts.inference;
@@ -134,7 +148,8 @@ fn open_turn(
     });
     let found =
         crate::infer::find_session(app.0.matcher.as_ref(), inference, headers, req, turn_type);
-    let (session_id, origin, reply) = (found.session_id, found.origin, found.reply);
+    let (session_id, mut origin, reply) = (found.session_id, found.origin, found.reply);
+    origin.door = door;
     if origin.source == ps_core::SessionSource::Unknown && app.first_warning("\0no-session-id") {
         tracing::warn!(
             "a chat request carries no session id (`X-Session-Id` header or `session_id` key); such requests share the session \"unknown\""

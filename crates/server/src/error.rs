@@ -1,7 +1,9 @@
 //! The one place where errors become HTTP responses, in the OpenAI shape
-//! `{"error": {"message", "type", "code"}}`. One exhaustive match ([`ApiError::answer`]) decides
-//! status, type, code and headers; `into_response` stays pure and attaches an [`ErrorReport`],
-//! which the router's edge logs once per request, in the request span (`crate::router`).
+//! `{"error": {"message", "type", "code"}}` (or, through the Messages door, Anthropic's
+//! `{"type": "error", "error": {"type", "message"}}`: [`ApiError::into_messages_response`]). One
+//! exhaustive match ([`ApiError::answer`]) decides status, type, code and headers; `into_response`
+//! stays pure and attaches an [`ErrorReport`], which the router's edge logs once per request, in
+//! the request span (`crate::router`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -23,7 +25,9 @@ pub enum ApiError {
         /// The rest of the body, read and discarded after the answer ([`crate::linger`]).
         unread: crate::linger::Unread,
     },
-    #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
+    #[error(
+        "missing or invalid API key: send `Authorization: Bearer <key>` (the chat routes also take `x-api-key: <key>`)"
+    )]
     Unauthorized,
     #[error(transparent)]
     Upstream(#[from] SglangError),
@@ -222,6 +226,85 @@ impl ErrorReport {
                 tracing::error!(%method, path, status, code, error, "request failed");
             }
         }
+    }
+}
+
+/// The Anthropic error `type` of a status (the Messages API's table of them).
+fn anthropic_kind(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// The message of an upstream error body: its `error.message`, `message` or `detail` when it is
+/// JSON (OpenAI's, SGLang's and vLLM's shapes), else its text (at most 2,000 bytes).
+fn upstream_message(body: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let found = [
+        v.pointer("/error/message"),
+        v.get("message"),
+        v.get("detail"),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(|m| m.as_str().map(str::to_owned));
+    found.unwrap_or_else(|| {
+        let text = String::from_utf8_lossy(body);
+        let mut end = text.len().min(2000);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text[..end].to_owned()
+    })
+}
+
+impl ApiError {
+    /// This error as the Messages door answers it: the same status and headers, Anthropic's body
+    /// (`{"type": "error", "error": {"type", "message"}}`); an upstream error's message is read
+    /// out of its body.
+    pub fn into_messages_response(self) -> Response {
+        let answer = self.answer();
+        let message = match &self {
+            Self::Upstream(SglangError::Status { status, body, .. }) => {
+                format!(
+                    "the policy engine answered {status}: {}",
+                    upstream_message(body)
+                )
+            }
+            other => other.to_string(),
+        };
+        let report = ErrorReport {
+            class: answer.class,
+            status: answer.status,
+            code: answer.code,
+            message: message.clone(),
+        };
+        let body = ps_doors::messages::error_body(anthropic_kind(answer.status), &message);
+        let unread = match &self {
+            Self::PayloadTooLarge { unread, .. } => unread.take(),
+            _ => None,
+        };
+        let mut resp = match unread {
+            Some(rest) => crate::linger::respond(answer.status, body, rest),
+            None => (answer.status, body).into_response(),
+        };
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(v) = answer.retry_after {
+            headers.insert(header::RETRY_AFTER, v);
+        }
+        resp.extensions_mut().insert(report);
+        resp
     }
 }
 

@@ -1,14 +1,15 @@
 //! The policy-serving HTTP server.
 //!
 //! This crate owns the HTTP surface: the OpenAI-compatible `POST /v1/chat/completions` proxy (streamed
-//! and not), the session keys of each request, the hand-off of every main turn to capture (`ps-capture`:
+//! and not), the Anthropic Messages door (`POST /v1/messages`, translated by `ps-doors` into the same
+//! chat path), the session keys of each request, the hand-off of every main turn to capture (`ps-capture`:
 //! the request's parts and the answer go in, a captured turn comes out on its own threads, never on
 //! the executor),
 //! the trainer-facing rollout API ([`rollout`]: pull, commit, pause/resume with the chat path's pause
 //! modes, status, eval scores), health, model and metrics routes, client and admin authentication,
 //! request limits, and the one place where errors become HTTP responses ([`error::ApiError`]).
-//! It depends only on core (its types and ports), the chat template, the SGLang client, capture and
-//! session inference; the concrete stores, judges, teacher and records are built by `ps-app` (the
+//! It depends only on core (its types and ports), the chat template, the SGLang client, capture,
+//! session inference and the doors' translations; the concrete stores, judges, teacher and records are built by `ps-app` (the
 //! composition root) and handed in as trait objects.
 
 mod admission;
@@ -19,6 +20,7 @@ mod health;
 pub mod infer;
 pub mod linger;
 pub mod listen;
+mod messages;
 pub mod metrics;
 mod plumbing;
 mod proxy_stream;

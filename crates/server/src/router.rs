@@ -2,7 +2,7 @@
 //! `health`, `rollout`) and the state; nothing below names it.
 //!
 //! Two layers of its own: the client and admin keys (`server.api_key_env`, `server.admin_key_env`)
-//! guard `/v1/*` and `/v1/rollout/*`, and [`edge`] runs every request in one span and logs an
+//! guard `/v1/*` (as a Bearer token, or Anthropic's `x-api-key`) and `/v1/rollout/*` (Bearer only), and [`edge`] runs every request in one span and logs an
 //! error answer there, once, whichever route gave it.
 
 use axum::Router;
@@ -15,23 +15,29 @@ use tracing::Instrument;
 
 use crate::error::{ApiError, ErrorReport};
 use crate::state::AppState;
-use crate::{chat, health, rollout};
+use crate::{chat, health, messages, rollout};
 
-/// Whether the request carries `Authorization: Bearer <key>` (constant-time comparison).
-fn bearer_matches(req: &Request, key: &str) -> bool {
-    let given = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+/// Whether the request carries `Authorization: Bearer <key>` (constant-time comparison), or, where
+/// `x_api_key` allows it (the client routes: Anthropic's clients send it), `x-api-key: <key>`.
+fn key_matches(req: &Request, key: &str, x_api_key: bool) -> bool {
+    let header = |name| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let bearer = header(http::header::AUTHORIZATION.as_str())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .map(str::trim);
+    let given = bearer
+        .or_else(|| header("x-api-key").filter(|_| x_api_key))
         .unwrap_or_default();
     bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
-async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
+async fn check_key(key: Option<&str>, x_api_key: bool, req: Request, next: Next) -> Response {
     if let Some(key) = key
-        && !bearer_matches(&req, key)
+        && !key_matches(&req, key, x_api_key)
     {
         metrics::counter!(
             ps_core::metric_names::REQUESTS_TOTAL,
@@ -40,6 +46,9 @@ async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
             "status" => "401"
         )
         .increment(1);
+        if req.uri().path().starts_with(MESSAGES_PATH) {
+            return ApiError::Unauthorized.into_messages_response();
+        }
         return ApiError::Unauthorized.into_response();
     }
     next.run(req).await
@@ -52,6 +61,7 @@ async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> R
             .client_api_key
             .as_ref()
             .map(ps_core::Secret::expose),
+        true,
         req,
         next,
     )
@@ -65,6 +75,7 @@ async fn require_admin_key(State(app): State<AppState>, req: Request, next: Next
             .admin_api_key
             .as_ref()
             .map(ps_core::Secret::expose),
+        false,
         req,
         next,
     )
@@ -95,6 +106,7 @@ pub fn build_router(app: AppState) -> Router {
 pub fn build_router_with(app: AppState, extra: ExtraRoutes) -> Router {
     let v1 = Router::new()
         .route(CHAT_PATH, post(chat::chat_completions))
+        .route(MESSAGES_PATH, post(messages::messages))
         .route("/v1/models", get(health::models))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
     let rollout = Router::new()
@@ -130,13 +142,15 @@ pub fn build_router_with(app: AppState, extra: ExtraRoutes) -> Router {
 
 /// The chat completions route.
 const CHAT_PATH: &str = "/v1/chat/completions";
+/// The Anthropic Messages route (its clients add `?beta=true`, which routing ignores).
+const MESSAGES_PATH: &str = "/v1/messages";
 
 /// Runs the request in its span (the chat path records the session id, turn type, turn and
 /// arrival sequence into it) and logs an error answer ([`ErrorReport`]) there, once. The chat
 /// route keeps the span name and messages it has always had (`chat`, "rejected chat request",
 /// "chat request failed upstream"), so operators' filters keep matching.
 async fn edge(req: Request, next: Next) -> Response {
-    let chat = req.uri().path() == CHAT_PATH;
+    let chat = matches!(req.uri().path(), CHAT_PATH | MESSAGES_PATH);
     let span = if chat {
         tracing::info_span!(
             "chat",

@@ -215,7 +215,7 @@ impl SessionMatcher {
                 let origin = SessionOrigin {
                     source: SessionSource::Fork,
                     parent_session: Some(parent),
-                    continued_from: None,
+                    ..SessionOrigin::default()
                 };
                 st.stats.forks += 1;
                 (id, origin, Outcome::Fork, None, true)

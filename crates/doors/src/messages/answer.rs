@@ -13,7 +13,7 @@ use crate::DoorError;
 pub(crate) struct ChatAnswer<'a> {
     #[serde(borrow)]
     pub id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
     pub choices: Vec<Choice<'a>>,
     pub usage: Option<Usage>,
 }
@@ -41,7 +41,7 @@ pub(crate) struct ChatMessage<'a> {
     /// vLLM's newer name for the reasoning.
     #[serde(borrow)]
     pub reasoning: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
     pub tool_calls: Vec<ToolCall<'a>>,
 }
 

@@ -76,8 +76,9 @@ struct Block<'a> {
     kind: Cow<'a, str>,
     #[serde(borrow)]
     text: Option<Cow<'a, str>>,
+    /// An image's source, read when the block is an image.
     #[serde(borrow)]
-    source: Option<Source<'a>>,
+    source: Option<&'a RawValue>,
     #[serde(borrow)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -229,8 +230,9 @@ struct ChatToolCall<'a> {
 #[derive(Serialize)]
 struct ChatFunctionCall<'a> {
     name: Cow<'a, str>,
-    /// The block's `input` as the client wrote it (key order and spacing kept).
-    arguments: &'a str,
+    /// The block's `input` written as the engines' tool-call parsers write arguments
+    /// ([`python_json`]), whatever spacing the client re-serialised it with.
+    arguments: String,
 }
 
 #[derive(Serialize)]
@@ -524,6 +526,8 @@ fn image_part<'a>(b: Block<'a>, at: &str) -> Result<ChatPart<'a>, DoorError> {
     let source = b
         .source
         .ok_or_else(|| invalid(format!("{at}: an image block needs a `source`")))?;
+    let source: Source<'a> =
+        serde_json::from_str(source.get()).map_err(|e| invalid(format!("{at}.source: {e}")))?;
     let url = match source.kind.as_ref() {
         "base64" => {
             let (Some(media), Some(data)) = (source.media_type, source.data) else {
@@ -684,7 +688,8 @@ fn assistant_message<'a>(
                     kind: "function",
                     function: ChatFunctionCall {
                         name,
-                        arguments: input.get(),
+                        arguments: python_json(input)
+                            .map_err(|e| invalid(format!("{at}.input: {e}")))?,
                     },
                 });
             }
@@ -714,4 +719,55 @@ fn assistant_message<'a>(
         tool_calls: calls,
         tool_call_id: None,
     })
+}
+
+/// A JSON value written as Python's `json.dumps` writes it (`", "` and `": "` between items, key
+/// order kept, non-ASCII as it is): the text SGLang's and vLLM's tool-call parsers give a call's
+/// arguments. A chat client sends that text back as it got it; an Anthropic client sends the
+/// parsed `input` back, re-serialised its own way (often without spaces). Written back in the
+/// engines' form, the arguments are the text the engine produced, so that an engine (or a
+/// template) that renders the string as it is sees the prompt it sampled.
+pub(crate) fn python_json(raw: &RawValue) -> Result<String, serde_json::Error> {
+    let value: serde_json::Value = serde_json::from_str(raw.get())?;
+    let mut out = Vec::with_capacity(raw.get().len() + 16);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+    value.serialize(&mut ser)?;
+    // Serialised from a `Value`, the bytes are UTF-8.
+    Ok(String::from_utf8(out).unwrap_or_default())
+}
+
+/// `json.dumps`'s default separators.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
 }

@@ -16,7 +16,7 @@ use super::answer::{OutUsage, Usage, message_id, stop_reason, thinking_signature
 struct Chunk<'a> {
     #[serde(borrow)]
     id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
     choices: Vec<ChunkChoice<'a>>,
     usage: Option<Usage>,
     #[serde(borrow)]
@@ -49,7 +49,7 @@ struct Delta<'a> {
     reasoning_content: Option<Cow<'a, str>>,
     #[serde(borrow)]
     reasoning: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
     tool_calls: Vec<DeltaCall<'a>>,
 }
 
@@ -69,6 +69,9 @@ struct DeltaFunction<'a> {
     #[serde(borrow)]
     arguments: Option<Cow<'a, str>>,
 }
+
+/// A tool call's id and name, as its first delta gives them.
+type ToolStart<'a> = (Option<Cow<'a, str>>, Option<Cow<'a, str>>);
 
 /// The block being streamed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,12 +193,12 @@ impl EventStream {
                 self.open_block(Open::Thinking, None, out);
                 self.thinking.push_str(&t);
                 if !self.thinking_omitted {
-                    self.delta(&Inner::ThinkingDelta { thinking: &t }, out);
+                    self.delta(&BlockDelta::Thinking { thinking: &t }, out);
                 }
             }
             if let Some(t) = delta.content.filter(|t| !t.is_empty()) {
                 self.open_block(Open::Text, None, out);
-                self.delta(&Inner::TextDelta { text: &t }, out);
+                self.delta(&BlockDelta::Text { text: &t }, out);
             }
             for call in delta.tool_calls {
                 let index = match (call.index, &self.open) {
@@ -211,7 +214,7 @@ impl EventStream {
                 self.called_tools = true;
                 self.open_block(Open::Tool(index), Some((call.id, name)), out);
                 if let Some(a) = args.filter(|a| !a.is_empty()) {
-                    self.delta(&Inner::InputJsonDelta { partial_json: &a }, out);
+                    self.delta(&BlockDelta::InputJson { partial_json: &a }, out);
                 }
             }
         }
@@ -241,12 +244,7 @@ impl EventStream {
     }
 
     /// Makes `want` the open block: closes another, starts it when new.
-    fn open_block(
-        &mut self,
-        want: Open,
-        tool: Option<(Option<Cow<'_, str>>, Option<Cow<'_, str>>)>,
-        out: &mut Vec<u8>,
-    ) {
+    fn open_block(&mut self, want: Open, tool: Option<ToolStart<'_>>, out: &mut Vec<u8>) {
         if self.open.as_ref() == Some(&want) {
             return;
         }
@@ -286,7 +284,7 @@ impl EventStream {
             let signature = thinking_signature(&self.thinking);
             self.open = Some(open);
             self.delta(
-                &Inner::SignatureDelta {
+                &BlockDelta::Signature {
                     signature: &signature,
                 },
                 out,
@@ -303,7 +301,7 @@ impl EventStream {
         self.next_index += 1;
     }
 
-    fn delta(&self, delta: &Inner<'_>, out: &mut Vec<u8>) {
+    fn delta(&self, delta: &BlockDelta<'_>, out: &mut Vec<u8>) {
         write_event(
             "content_block_delta",
             &Event::ContentBlockDelta {
@@ -392,7 +390,7 @@ enum Event<'a> {
     },
     ContentBlockDelta {
         index: usize,
-        delta: &'a Inner<'a>,
+        delta: &'a BlockDelta<'a>,
     },
     ContentBlockStop {
         index: usize,
@@ -441,12 +439,16 @@ enum StartBlock<'a> {
 struct Empty {}
 
 #[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Inner<'a> {
-    ThinkingDelta { thinking: &'a str },
-    SignatureDelta { signature: &'a str },
-    TextDelta { text: &'a str },
-    InputJsonDelta { partial_json: &'a str },
+#[serde(tag = "type")]
+enum BlockDelta<'a> {
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: &'a str },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: &'a str },
+    #[serde(rename = "text_delta")]
+    Text { text: &'a str },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: &'a str },
 }
 
 #[derive(Serialize)]

@@ -1,0 +1,506 @@
+//! The Anthropic Messages door (`POST /v1/messages`) through the real server in front of the fake
+//! SGLang: a conversation through it becomes the samples the same conversation through chat
+//! completions becomes; its answers and events are the Messages API's; its errors Anthropic's.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use common::{ADMIN_VAR, CLIENT_VAR, Server, http, settings};
+use ps_config::Settings;
+use ps_fake_sglang::FakeSglang;
+use serde_json::{Value, json};
+
+fn tools_chat() -> Value {
+    json!([{"type": "function", "function": {"name": "list_files", "description": "List the files of a folder",
+        "parameters": {"type": "object", "properties": {"folder": {"type": "string"}}, "required": ["folder"]}}}])
+}
+
+fn tools_messages() -> Value {
+    json!([{"name": "list_files", "description": "List the files of a folder",
+        "input_schema": {"type": "object", "properties": {"folder": {"type": "string"}}, "required": ["folder"]}}])
+}
+
+const SYSTEM: &str = "You are a careful assistant.";
+const ASK: &str = "what is in the docs folder? [call_tool]";
+const RESULT: &str = "README.md guide.md";
+const THANKS: &str = "thanks, and which is longer?";
+
+async fn start(
+    tune: impl FnOnce(&mut Settings),
+) -> (Server, ps_fake_sglang::FakeHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut s = settings(&fake, dir.path());
+    tune(&mut s);
+    (Server::start(&s, &common::no_env).await, fake, dir)
+}
+
+async fn post(url: &str, path: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = http().post(format!("{url}{path}")).json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+/// A chat answer's message: the whole answer's, or the one its chunks build (tool calls too).
+async fn chat_message(r: reqwest::Response, stream: bool) -> Value {
+    let status = r.status();
+    if status != 200 {
+        panic!("{status}: {}", r.text().await.unwrap());
+    }
+    if !stream {
+        return r.json::<Value>().await.unwrap()["choices"][0]["message"].clone();
+    }
+    let text = r.text().await.unwrap();
+    let mut m = json!({"role": "assistant", "content": ""});
+    let mut calls: Vec<Value> = Vec::new();
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let d = &chunk["choices"][0]["delta"];
+        for (k, v) in [
+            ("content", &d["content"]),
+            ("reasoning_content", &d["reasoning_content"]),
+        ] {
+            if let Some(t) = v.as_str() {
+                m[k] = json!(format!("{}{t}", m[k].as_str().unwrap_or_default()));
+            }
+        }
+        for c in d["tool_calls"].as_array().into_iter().flatten() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if calls.len() <= i {
+                calls.push(json!({"id": c["id"], "type": "function", "function": {"name": c["function"]["name"], "arguments": ""}}));
+            }
+            if let Some(a) = c["function"]["arguments"].as_str() {
+                let f = &mut calls[i]["function"]["arguments"];
+                *f = json!(format!("{}{a}", f.as_str().unwrap()));
+            }
+        }
+    }
+    if !calls.is_empty() {
+        m["tool_calls"] = json!(calls);
+    }
+    m
+}
+
+/// The three turns through chat completions, as an OpenAI client sends them (each answer's message
+/// sent back as it came).
+async fn through_chat(url: &str, session: &str, stream: bool) {
+    let key = [("x-session-id", session), ("x-turn-type", "main")];
+    let mut h = vec![
+        json!({"role": "system", "content": SYSTEM}),
+        json!({"role": "user", "content": ASK}),
+    ];
+    let body = |h: &Vec<Value>, done: bool| json!({"messages": h, "tools": tools_chat(), "max_tokens": 400, "stream": stream, "session_done": done});
+    let m1 = chat_message(
+        post(url, "/v1/chat/completions", &body(&h, false), &key).await,
+        stream,
+    )
+    .await;
+    let call_id = m1["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+    h.push(m1);
+    h.push(json!({"role": "tool", "tool_call_id": call_id, "content": RESULT}));
+    let m2 = chat_message(
+        post(url, "/v1/chat/completions", &body(&h, false), &key).await,
+        stream,
+    )
+    .await;
+    h.push(m2);
+    h.push(json!({"role": "user", "content": THANKS}));
+    chat_message(
+        post(url, "/v1/chat/completions", &body(&h, true), &key).await,
+        stream,
+    )
+    .await;
+}
+
+/// A Messages answer as a client assembles it: the whole message, or the events' blocks.
+async fn messages_answer(r: reqwest::Response, stream: bool) -> Value {
+    let status = r.status();
+    if status != 200 {
+        panic!("{status}: {}", r.text().await.unwrap());
+    }
+    if !stream {
+        let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(ct.starts_with("application/json"), "{ct}");
+        return r.json().await.unwrap();
+    }
+    let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let text = r.text().await.unwrap();
+    assemble_events(&text)
+}
+
+/// The message a Messages event stream builds, checked event by event on the way.
+fn assemble_events(text: &str) -> Value {
+    let mut message = Value::Null;
+    let mut partial: Vec<String> = Vec::new();
+    let mut names = Vec::new();
+    for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
+        let name = event
+            .lines()
+            .find_map(|l| l.strip_prefix("event: "))
+            .unwrap();
+        let data: Value = serde_json::from_str(
+            event
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(data["type"], name);
+        names.push(name.to_owned());
+        match name {
+            "message_start" => message = data["message"].clone(),
+            "content_block_start" => {
+                assert_eq!(data["index"], message["content"].as_array().unwrap().len());
+                message["content"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(data["content_block"].clone());
+                partial.push(String::new());
+            }
+            "content_block_delta" => {
+                let i = data["index"].as_u64().unwrap() as usize;
+                let b = &mut message["content"][i];
+                let d = &data["delta"];
+                let append = |b: &mut Value, k: &str, v: &Value| {
+                    b[k] = json!(format!("{}{}", b[k].as_str().unwrap(), v.as_str().unwrap()));
+                };
+                match d["type"].as_str().unwrap() {
+                    "text_delta" => append(b, "text", &d["text"]),
+                    "thinking_delta" => append(b, "thinking", &d["thinking"]),
+                    "signature_delta" => b["signature"] = d["signature"].clone(),
+                    "input_json_delta" => partial[i].push_str(d["partial_json"].as_str().unwrap()),
+                    other => panic!("unexpected delta {other}"),
+                }
+            }
+            "content_block_stop" => {
+                let i = data["index"].as_u64().unwrap() as usize;
+                if message["content"][i]["type"] == "tool_use" {
+                    message["content"][i]["input"] = serde_json::from_str(&partial[i]).unwrap();
+                }
+            }
+            "message_delta" => {
+                message["stop_reason"] = data["delta"]["stop_reason"].clone();
+                message["stop_sequence"] = data["delta"]["stop_sequence"].clone();
+                message["usage"] = data["usage"].clone();
+            }
+            "message_stop" | "ping" => {}
+            other => panic!("unexpected event {other}: {text}"),
+        }
+    }
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("message_start"),
+        "{names:?}"
+    );
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("message_stop"),
+        "{names:?}"
+    );
+    message
+}
+
+/// The same three turns through the Messages door, as an Anthropic client sends them (each
+/// answer's content blocks sent back as they came).
+async fn through_messages(url: &str, session: &str, stream: bool) -> Vec<Value> {
+    let key = [("x-session-id", session), ("x-turn-type", "main")];
+    let mut h = vec![json!({"role": "user", "content": ASK})];
+    let body = |h: &Vec<Value>, done: bool| {
+        let mut b = json!({"model": "default", "system": SYSTEM, "max_tokens": 400, "messages": h,
+            "tools": tools_messages(), "stream": stream});
+        if done {
+            b["session_done"] = json!(true);
+        }
+        b
+    };
+    let m1 = messages_answer(
+        post(url, "/v1/messages?beta=true", &body(&h, false), &key).await,
+        stream,
+    )
+    .await;
+    assert_eq!(m1["stop_reason"], "tool_use", "{m1}");
+    let tool_use = m1["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap()
+        .clone();
+    assert_eq!(tool_use["name"], "list_files");
+    assert!(tool_use["input"].is_object(), "{tool_use}");
+    h.push(json!({"role": "assistant", "content": m1["content"]}));
+    h.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use["id"], "content": RESULT}]}));
+    let m2 = messages_answer(
+        post(url, "/v1/messages", &body(&h, false), &key).await,
+        stream,
+    )
+    .await;
+    assert_eq!(m2["stop_reason"], "end_turn", "{m2}");
+    h.push(json!({"role": "assistant", "content": m2["content"]}));
+    h.push(json!({"role": "user", "content": THANKS}));
+    let m3 = messages_answer(
+        post(url, "/v1/messages", &body(&h, true), &key).await,
+        stream,
+    )
+    .await;
+    vec![m1, m2, m3]
+}
+
+/// What must be equal between two doors' samples of the same turn.
+fn training_view(x: &Value) -> Value {
+    json!({
+        "turn": x["turn"], "tokens": x["tokens"], "response_length": x["response_length"],
+        "loss_mask": x["loss_mask"], "rollout_log_probs": x["rollout_log_probs"], "reward": x["reward"],
+        "prompt": x["prompt"], "response": x["response"],
+        "token_source": x["metadata"]["token_source"],
+    })
+}
+
+fn by_session(samples: &[Value], session: &str) -> Vec<Value> {
+    let mut v: Vec<Value> = samples
+        .iter()
+        .filter(|x| x["session_id"] == session)
+        .cloned()
+        .collect();
+    v.sort_by_key(|x| x["turn"].as_u64());
+    v
+}
+
+/// The same three-turn conversation with a tool call, through chat completions and through the
+/// Messages door (whole and streamed), gives equal samples: the same tokens, log-probs, masks and
+/// rewards; only the door in the metadata differs.
+#[tokio::test]
+async fn a_conversation_through_the_messages_door_gives_the_samples_chat_completions_gives() {
+    let (s, fake, _dir) = start(|_| {}).await;
+    through_chat(&s.url, "door-chat", false).await;
+    through_chat(&s.url, "door-chat-stream", true).await;
+    let whole = through_messages(&s.url, "door-messages", false).await;
+    let streamed = through_messages(&s.url, "door-messages-stream", true).await;
+    // The streamed answers build what the whole ones are (block ids included). The reasoning is
+    // compared trimmed: the engine's streamed reasoning keeps the newline before `</think>` that
+    // its whole answer strips (as SGLang's parser does), and the signature carries the text.
+    let view = |m: &Value| {
+        let mut content = m["content"].clone();
+        for b in content.as_array_mut().unwrap() {
+            if b["type"] == "thinking" {
+                b["thinking"] = json!(b["thinking"].as_str().unwrap().trim());
+                b.as_object_mut().unwrap().remove("signature");
+            }
+        }
+        json!({"content": content, "stop_reason": m["stop_reason"], "output_tokens": m["usage"]["output_tokens"]})
+    };
+    for (w, st) in whole.iter().zip(&streamed) {
+        assert_eq!(view(w), view(st));
+    }
+    assert!(whole[0]["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    let samples = s.settle(12).await;
+    let chat = by_session(&samples, "door-chat");
+    assert_eq!(chat.len(), 3, "{samples:?}");
+    // A streamed turn is compared with a streamed one: the engine's stream leaves out what its
+    // whole answer carries (the markers' log-probs), in chat completions as through the door.
+    for (session, chat_session) in [
+        ("door-messages", "door-chat"),
+        ("door-messages-stream", "door-chat-stream"),
+    ] {
+        let chat = by_session(&samples, chat_session);
+        let door = by_session(&samples, session);
+        assert_eq!(door.len(), 3, "{session}");
+        for (c, d) in chat.iter().zip(&door) {
+            assert_eq!(
+                training_view(c),
+                training_view(d),
+                "{session} turn {}",
+                c["turn"]
+            );
+            assert_eq!(c["metadata"]["door"], "chat_completions");
+            assert_eq!(d["metadata"]["door"], "messages");
+        }
+    }
+    // Engine ids, not a re-tokenization: the door did not cost exactness.
+    assert!(
+        chat.iter()
+            .all(|x| x["metadata"]["token_source"] == "engine"),
+        "{chat:?}"
+    );
+    // The engine was asked for chat completions with log-probs every time.
+    let chats: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chats.len(), 12);
+    assert!(chats.iter().all(|r| r.body["logprobs"] == true));
+    s.stop().await;
+}
+
+/// Without any session key, a Messages conversation is recognised from its history as a chat
+/// one is: one session, the second turn the next state of the first.
+#[tokio::test]
+async fn messages_sessions_are_recognised_from_the_history() {
+    let (s, _fake, _dir) = start(|c| {
+        c.server.default_turn_type = ps_core::DefaultTurnType::Auto;
+    })
+    .await;
+    let mut h =
+        vec![json!({"role": "user", "content": [{"type": "text", "text": "infer-1 plan a trip"}]})];
+    let body = |h: &Vec<Value>| json!({"model": "default", "max_tokens": 200, "messages": h, "stream": true});
+    let m1 = messages_answer(post(&s.url, "/v1/messages", &body(&h), &[]).await, true).await;
+    h.push(json!({"role": "assistant", "content": m1["content"]}));
+    h.push(json!({"role": "user", "content": "infer-1 and a budget"}));
+    let m2 = messages_answer(post(&s.url, "/v1/messages", &body(&h), &[]).await, true).await;
+    assert_eq!(m2["stop_reason"], "end_turn");
+    h.push(json!({"role": "assistant", "content": m2["content"]}));
+    h.push(json!({"role": "user", "content": "infer-1 thanks"}));
+    let r = post(
+        &s.url,
+        "/v1/messages",
+        &json!({"model": "default", "max_tokens": 200, "messages": h, "session_done": true}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let samples = s.settle(3).await;
+    assert_eq!(samples.len(), 3);
+    let sessions: std::collections::BTreeSet<&str> = samples
+        .iter()
+        .map(|x| x["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sessions.len(),
+        1,
+        "one conversation, one session: {sessions:?}"
+    );
+    assert!(
+        samples
+            .iter()
+            .all(|x| x["metadata"]["session_source"] == "inferred")
+    );
+    assert!(samples.iter().all(|x| x["metadata"]["door"] == "messages"));
+    s.stop().await;
+}
+
+/// Bad input through the Messages door: Anthropic's error shape with the right status, the field
+/// named, and nothing left behind (no turn opened, the server serves the next request).
+#[tokio::test]
+async fn messages_errors_answer_in_anthropics_shape_and_leave_nothing_behind() {
+    let (s, fake, _dir) = start(|c| {
+        c.server.model_names = [("claude-sonnet-4-5".to_owned(), "default".to_owned())].into();
+    })
+    .await;
+    let before = s.status().await;
+    let cases = [
+        (
+            json!({"model": "default", "messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "invalid_request_error",
+            "max_tokens",
+        ),
+        (
+            json!({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}),
+            400,
+            "invalid_request_error",
+            "document",
+        ),
+        (
+            json!({"model": "claude-opus-9", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "not_found_error",
+            "server.model_names",
+        ),
+    ];
+    for (body, status, kind, names) in cases {
+        let r = post(&s.url, "/v1/messages", &body, &[]).await;
+        assert_eq!(r.status().as_u16(), status, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["type"], "error", "{e}");
+        assert_eq!(e["error"]["type"], kind, "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(names),
+            "{e}"
+        );
+    }
+    let r = http()
+        .post(format!("{}/v1/messages", s.url))
+        .header("content-type", "application/json")
+        .body("{\"model\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    // Nothing reached the engine, no turn was opened.
+    assert!(
+        fake.requests()
+            .iter()
+            .all(|r| r.path != "/v1/chat/completions")
+    );
+    let after = s.status().await;
+    assert_eq!(after["turns_abandoned"], before["turns_abandoned"]);
+    assert_eq!(after["turns_dropped"], before["turns_dropped"]);
+    // The agent's own model name is served under the policy's.
+    let ok = post(
+        &s.url,
+        "/v1/messages",
+        &json!({"model": "claude-sonnet-4-5", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "errors-ok hello"}]}),
+        &[],
+    )
+    .await;
+    let m = messages_answer(ok, false).await;
+    assert_eq!(m["model"], "claude-sonnet-4-5");
+    assert_eq!(m["type"], "message");
+    assert_eq!(fake.requests().last().unwrap().body["model"], "default");
+    s.stop().await;
+}
+
+/// The client key is taken as Anthropic's clients send it (`x-api-key`) or as a Bearer token; a
+/// missing or wrong key is a 401 in Anthropic's shape. The rollout routes still take the admin
+/// key as a Bearer token only.
+#[tokio::test]
+async fn the_messages_door_takes_the_key_as_x_api_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let mut c = settings(&fake, dir.path());
+    c.server.api_key_env = Some(CLIENT_VAR.to_owned());
+    c.server.admin_key_env = Some(ADMIN_VAR.to_owned());
+    let s = Server::start(&c, &common::keys_env).await;
+    let body = json!({"model": "default", "max_tokens": 20, "messages": [{"role": "user", "content": "key hello"}]});
+    for (headers, status) in [
+        (vec![("x-api-key", "client-secret")], 200),
+        (vec![("authorization", "Bearer client-secret")], 200),
+        (vec![("x-api-key", "wrong")], 401),
+        (vec![], 401),
+    ] {
+        let r = post(&s.url, "/v1/messages", &body, &headers).await;
+        assert_eq!(r.status().as_u16(), status, "{headers:?}");
+        if status == 401 {
+            let e: Value = r.json().await.unwrap();
+            assert_eq!(e["type"], "error");
+            assert_eq!(e["error"]["type"], "authentication_error", "{e}");
+        }
+    }
+    // `x-api-key` opens the chat route too (the same client key), never the rollout routes.
+    let r = post(
+        &s.url,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "key chat"}]}),
+        &[("x-api-key", "client-secret")],
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 200);
+    let r = http()
+        .get(format!("{}/v1/rollout/status", s.url))
+        .header("x-api-key", "admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    s.stop().await;
+}

@@ -1,0 +1,140 @@
+//! `POST /v1/messages`: the Anthropic Messages API's front door. The request is translated into
+//! the chat-completions body of the same conversation (`ps_doors::messages`) and served by the one
+//! chat path ([`chat::serve`]: the same session keys, admission, upstream call, capture and sample),
+//! then the answer is translated back: a whole chat answer into a Messages answer, a streamed one
+//! event by event into the Messages events. Errors answer in Anthropic's shape.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::Response;
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use ps_core::{Door, TurnType};
+use ps_doors::messages::{EventStream, Translated};
+
+use crate::chat;
+use crate::error::ApiError;
+use crate::metrics as m;
+use crate::plumbing::read_body;
+use crate::state::AppState;
+
+/// The handler: answers in the Messages API's shape, errors included.
+pub async fn messages(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let result = handle(&app, &headers, body).await;
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(e) if e.is_client_error() => "client_error",
+        Err(_) => "upstream_error",
+    };
+    metrics::counter!(m::DOOR_REQUESTS_TOTAL, "door" => Door::Messages.as_str(), "outcome" => outcome)
+        .increment(1);
+    match result {
+        Ok(resp) => resp,
+        Err(e) => e.into_messages_response(),
+    }
+}
+
+async fn handle(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let bytes = read_body(headers, body, app.options().max_body_bytes).await?;
+    let translated = translate(app, &bytes)?;
+    let (model, stream, omitted) = (
+        translated.model,
+        translated.stream,
+        translated.thinking_omitted,
+    );
+    let chat_body = Bytes::from(translated.body);
+    let (resp, _turn): (Response, TurnType) =
+        chat::serve(app, headers, chat_body, Door::Messages, started).await?;
+    let (mut parts, body) = resp.into_parts();
+    if stream {
+        // The chat path answers a streaming client with chat chunks (relayed or synthesised from a
+        // whole answer); each is translated as it comes.
+        let events = EventStream::new(model, omitted);
+        let translated = futures::stream::unfold(
+            (body.into_data_stream(), events, false),
+            |(mut data, mut events, ended)| async move {
+                if ended {
+                    return None;
+                }
+                loop {
+                    let (out, ended) = match data.next().await {
+                        Some(Ok(bytes)) => (events.push(&bytes), false),
+                        // The chat body does not fail (an upstream break is an error chunk in
+                        // it); its end closes the Messages stream (an `error` event when the
+                        // answer was not complete).
+                        Some(Err(_)) | None => (events.finish(), true),
+                    };
+                    if !out.is_empty() {
+                        let item = Ok::<_, std::convert::Infallible>(Bytes::from(out));
+                        return Some((item, (data, events, ended)));
+                    }
+                    if ended {
+                        return None;
+                    }
+                }
+            },
+        );
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        return Ok(Response::from_parts(parts, Body::from_stream(translated)));
+    }
+    let chat_answer = body
+        .collect()
+        .await
+        .map_err(|e| ApiError::Encode(format!("reading the chat answer: {e}")))?
+        .to_bytes();
+    let message =
+        ps_doors::messages::message_from_chat(&chat_answer, &model, omitted).map_err(|e| {
+            ApiError::Upstream(ps_sglang_client::SglangError::InvalidBody {
+                url: app.0.policy.chat_url().to_owned(),
+                detail: e.message,
+            })
+        })?;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(Response::from_parts(parts, Body::from(message)))
+}
+
+/// The request translated, what it left out counted and logged once per kind.
+fn translate(app: &AppState, bytes: &[u8]) -> Result<Translated, ApiError> {
+    let t = ps_doors::messages::to_chat(bytes).map_err(|e| ApiError::InvalidRequest {
+        code: e.code,
+        message: e.message,
+    })?;
+    let door = Door::Messages.as_str();
+    if !t.dropped.hosted_tools.is_empty() {
+        metrics::counter!(m::DOOR_DROPPED_TOTAL, "door" => door, "what" => "hosted_tool")
+            .increment(t.dropped.hosted_tools.len() as u64);
+        if app.first_warning("\0door-hosted-tool") {
+            tracing::warn!(
+                tools = ?t.dropped.hosted_tools,
+                "a Messages request names tools the policy engine cannot run (Anthropic's own \
+                 tools, with a `type`): left out of the engine's tool list (logged once; counted \
+                 as door_dropped_total{{what=\"hosted_tool\"}})"
+            );
+        }
+    }
+    if t.dropped.redacted_thinking > 0 {
+        metrics::counter!(m::DOOR_DROPPED_TOTAL, "door" => door, "what" => "redacted_thinking")
+            .increment(t.dropped.redacted_thinking as u64);
+        if app.first_warning("\0door-redacted-thinking") {
+            tracing::warn!(
+                "a Messages request's history holds redacted_thinking blocks (another model's \
+                 encrypted reasoning): left out of the prompt (logged once; counted as \
+                 door_dropped_total{{what=\"redacted_thinking\"}})"
+            );
+        }
+    }
+    Ok(t)
+}
