@@ -504,3 +504,64 @@ async fn the_messages_door_takes_the_key_as_x_api_key() {
     assert_eq!(r.status().as_u16(), 401);
     s.stop().await;
 }
+
+/// `count_tokens` counts the prompt a turn gets: the engine's own prompt count (`input_tokens` of
+/// the answer) and the sample's prompt ids agree with it; a request that does not render is a
+/// 400 in Anthropic's shape.
+#[tokio::test]
+async fn count_tokens_counts_the_prompt_the_turn_gets() {
+    let (s, _fake, _dir) = start(|_| {}).await;
+    let messages = json!([
+        {"role": "user", "content": "count-1 what is in the docs folder?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, {"type": "tool_use", "id": "t1", "name": "list_files", "input": {"folder": "docs"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": RESULT}, {"type": "text", "text": "go on"}]}
+    ]);
+    let count = json!({"model": "default", "system": [{"type": "text", "text": SYSTEM}], "messages": messages, "tools": tools_messages()});
+    let r = post(&s.url, "/v1/messages/count_tokens", &count, &[]).await;
+    assert_eq!(r.status(), 200);
+    let n = r.json::<Value>().await.unwrap()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(n > 50, "{n}");
+    let mut turn = count.clone();
+    turn["max_tokens"] = json!(100);
+    turn["session_done"] = json!(true);
+    let m = messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &turn,
+            &[("x-session-id", "count-1"), ("x-turn-type", "main")],
+        )
+        .await,
+        false,
+    )
+    .await;
+    assert_eq!(
+        m["usage"]["input_tokens"], n,
+        "the engine counted the same prompt"
+    );
+    let samples = s.settle(1).await;
+    let x = &samples[0];
+    let prompt_len =
+        x["tokens"].as_array().unwrap().len() as u64 - x["response_length"].as_u64().unwrap();
+    assert_eq!(prompt_len, n, "the sample's prompt is what was counted");
+    // Without max_tokens (count_tokens has none) but otherwise checked as a Messages request.
+    for (body, kind) in [
+        (
+            json!({"model": "default", "messages": [{"role": "robot", "content": "x"}]}),
+            "invalid_request_error",
+        ),
+        // An image for a text policy does not render to a prompt it can count.
+        (
+            json!({"model": "default", "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}),
+            "invalid_request_error",
+        ),
+    ] {
+        let r = post(&s.url, "/v1/messages/count_tokens", &body, &[]).await;
+        assert_eq!(r.status().as_u16(), 400, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["type"], kind, "{e}");
+    }
+    s.stop().await;
+}

@@ -138,6 +138,9 @@ pub struct CaptureQueue {
     /// The policy is a vision-language model (its images are captured when the store keeps
     /// them: [`CaptureStats::captures_images`]).
     pub(crate) vision: bool,
+    /// The policy's tokenizer and template, also for counting a request's prompt tokens
+    /// ([`CaptureQueue::count_prompt_tokens`]).
+    pub(crate) tokenizer: Arc<ChatTokenizer>,
     pub(crate) tx: std::sync::Mutex<Option<SyncSender<Queued>>>,
     pub(crate) workers: std::sync::Mutex<Vec<JoinHandle<usize>>>,
 }
@@ -198,6 +201,7 @@ impl CaptureQueue {
             prefixes,
             queued,
             vision,
+            tokenizer,
             tx: std::sync::Mutex::new(Some(tx)),
             workers: std::sync::Mutex::new(handles),
         })
@@ -217,6 +221,36 @@ impl CaptureQueue {
     pub fn with_max_queued_bytes(self, bytes: usize) -> Self {
         self.queued.max_bytes.store(bytes, Ordering::Relaxed);
         self
+    }
+
+    /// The number of prompt tokens a request's `messages` (with `tools` and `template_kwargs`)
+    /// render to with the policy's template and tokenizer, the generation prompt included and each
+    /// image expanded to its pad tokens: what the engine counts, and what a turn's prompt ids
+    /// would be. Rendering a long conversation takes a millisecond or more: call it off the
+    /// executor. An error says why the prompt does not render (a message the template refuses, an
+    /// image that cannot be read, images for a text model).
+    pub fn count_prompt_tokens(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        template_kwargs: Option<&serde_json::Map<String, Value>>,
+    ) -> Result<usize, String> {
+        let tok = &self.tokenizer;
+        let images = tok
+            .images(messages, &self.stats.image_limits())
+            .map_err(|e| e.to_string())?;
+        let normalized = tok.normalize(messages);
+        let text = tok
+            .render(&normalized, tools, true, template_kwargs)
+            .map_err(|e| e.to_string())?;
+        let ids = tok.encode(&text).map_err(|e| e.to_string())?;
+        if images.is_empty() {
+            return Ok(ids.len());
+        }
+        let counts: Vec<usize> = images.iter().map(|i| i.tokens).collect();
+        tok.expand_image_pads(&ids, &counts)
+            .map(|ids| ids.len())
+            .map_err(|e| e.to_string())
     }
 
     /// Bounds on a turn's images (`capture.max_image_mib`, `capture.max_images_per_turn`).

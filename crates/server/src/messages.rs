@@ -106,6 +106,56 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Respo
     Ok(Response::from_parts(parts, Body::from(message)))
 }
 
+/// `POST /v1/messages/count_tokens`: the prompt tokens of a Messages request, counted exactly as
+/// its turn's prompt would be (the policy's template and tokenizer, the generation prompt, image
+/// pads): `{"input_tokens": n}`.
+pub async fn count_tokens(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    match count(&app, &headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_messages_response(),
+    }
+}
+
+async fn count(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Prompt {
+        messages: Vec<serde_json::Value>,
+        tools: Option<serde_json::Value>,
+        chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    }
+    let bytes = read_body(headers, body, app.options().max_body_bytes).await?;
+    let t = ps_doors::messages::count_request_to_chat(&bytes).map_err(|e| {
+        ApiError::InvalidRequest {
+            code: e.code,
+            message: e.message,
+        }
+    })?;
+    let prompt: Prompt = serde_json::from_slice(&t.body)
+        .map_err(|e| ApiError::Encode(format!("reading the translated request: {e}")))?;
+    let capture = app.clone();
+    let counted = tokio::task::spawn_blocking(move || {
+        capture.capture().count_prompt_tokens(
+            &prompt.messages,
+            prompt.tools.as_ref(),
+            prompt.chat_template_kwargs.as_ref(),
+        )
+    })
+    .await
+    .map_err(|e| ApiError::Encode(format!("counting the prompt's tokens: {e}")))?;
+    let n = counted.map_err(|e| {
+        ApiError::invalid(
+            "prompt_unrenderable",
+            format!("the prompt does not render with the policy's chat template: {e}"),
+        )
+    })?;
+    let mut resp = Response::new(Body::from(format!("{{\"input_tokens\":{n}}}")));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
 /// The request translated, what it left out counted and logged once per kind.
 fn translate(app: &AppState, bytes: &[u8]) -> Result<Translated, ApiError> {
     let t = ps_doors::messages::to_chat(bytes).map_err(|e| ApiError::InvalidRequest {

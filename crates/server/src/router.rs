@@ -107,6 +107,7 @@ pub fn build_router_with(app: AppState, extra: ExtraRoutes) -> Router {
     let v1 = Router::new()
         .route(CHAT_PATH, post(chat::chat_completions))
         .route(MESSAGES_PATH, post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(health::models))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
     let rollout = Router::new()

@@ -1,6 +1,6 @@
 //! The Anthropic Messages API (`POST /v1/messages`) in chat completions' terms.
 //!
-//! - [`to_chat`]: a Messages request as the chat-completions body of the same conversation
+//! - [`to_chat`] (and [`count_request_to_chat`] for `count_tokens`): a Messages request as the chat-completions body of the same conversation
 //!   (`system` first, content blocks as content parts, `tool_use` as tool calls, `tool_result` as
 //!   tool messages, `thinking` as `reasoning_content`, tools and sampling parameters renamed).
 //! - [`message_from_chat`]: a whole chat answer as a Messages answer (`thinking`, `text` and
@@ -17,5 +17,5 @@ mod request;
 mod stream;
 
 pub use answer::{error_body, message_from_chat, stop_reason, thinking_signature};
-pub use request::{Translated, to_chat};
+pub use request::{Translated, count_request_to_chat, to_chat};
 pub use stream::EventStream;

@@ -300,6 +300,16 @@ fn unsupported(message: impl Into<String>) -> DoorError {
 /// The Messages request `body` as a chat-completions body. Refused with a [`DoorError`] naming the
 /// field when it is not a Messages request this proxy can serve exactly.
 pub fn to_chat(body: &[u8]) -> Result<Translated, DoorError> {
+    translate(body, true)
+}
+
+/// A `count_tokens` request (a Messages request without `max_tokens`) as the chat-completions body
+/// whose prompt is counted.
+pub fn count_request_to_chat(body: &[u8]) -> Result<Translated, DoorError> {
+    translate(body, false)
+}
+
+fn translate(body: &[u8], needs_max_tokens: bool) -> Result<Translated, DoorError> {
     let text = std::str::from_utf8(body).map_err(|e| {
         DoorError::new(
             "invalid_json",
@@ -312,9 +322,10 @@ pub fn to_chat(body: &[u8]) -> Result<Translated, DoorError> {
         .as_deref()
         .filter(|m| !m.trim().is_empty())
         .ok_or_else(|| invalid("`model` is required (a model name)"))?;
-    let max_tokens = req
-        .max_tokens
-        .ok_or_else(|| invalid("`max_tokens` is required by the Messages API"))?;
+    let max_tokens = req.max_tokens;
+    if needs_max_tokens && max_tokens.is_none() {
+        return Err(invalid("`max_tokens` is required by the Messages API"));
+    }
     let Some(source) = req.messages.as_deref().filter(|m| !m.is_empty()) else {
         return Err(invalid(
             "`messages` is required and holds at least one message",
@@ -451,7 +462,7 @@ pub fn to_chat(body: &[u8]) -> Result<Translated, DoorError> {
         tools,
         tool_choice,
         parallel_tool_calls,
-        max_tokens: Some(max_tokens),
+        max_tokens,
         stop: req.stop_sequences.as_deref().filter(|s| !s.is_empty()),
         temperature: req.temperature,
         top_p: req.top_p,
