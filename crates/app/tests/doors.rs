@@ -565,3 +565,72 @@ async fn count_tokens_counts_the_prompt_the_turn_gets() {
     }
     s.stop().await;
 }
+
+/// An engine answer the Messages API cannot carry (tool arguments that are not an object) is a
+/// 502 naming the call, and no sample: the turn is abandoned as `door_untranslatable` before its
+/// reply is registered, so the client's retry is served as a fresh turn, not a fork of it.
+#[tokio::test]
+async fn an_answer_the_door_cannot_give_is_refused_and_not_trained_on() {
+    let (s, fake, _dir) = start(|_| {}).await;
+    let engine_answer = json!({"id": "x", "object": "chat.completion", "model": "default",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "list_files", "arguments": "[\"docs\"]"}}]},
+            "logprobs": {"content": [{"token": "x", "logprob": -0.5, "top_logprobs": []}]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1}});
+    fake.push_fault(ps_fake_sglang::Fault::Status(
+        200,
+        engine_answer.to_string(),
+    ));
+    let body = json!({"model": "default", "max_tokens": 50, "tools": tools_messages(),
+        "messages": [{"role": "user", "content": "untranslatable-1 list docs"}]});
+    let r = post(
+        &s.url,
+        "/v1/messages",
+        &body,
+        &[
+            ("x-session-id", "untranslatable-1"),
+            ("x-turn-type", "main"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 502);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "api_error", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("list_files"),
+        "{e}"
+    );
+    // The retry is answered by the engine as usual.
+    let m = messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &body,
+            &[
+                ("x-session-id", "untranslatable-1"),
+                ("x-turn-type", "main"),
+            ],
+        )
+        .await,
+        false,
+    )
+    .await;
+    assert_eq!(m["type"], "message");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let st = s.status().await;
+        if st["turns_abandoned_by_reason"]["door_untranslatable"] == 1 {
+            assert_eq!(st["samples"]["submitted"], 0, "{st}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not abandoned: {st}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    s.stop().await;
+}

@@ -13,7 +13,9 @@ pub const STREAM_BROKEN_TOTAL: &str = "policy_serving_stream_broken_total";
 /// `request_unreadable`: the request's messages, tools or template kwargs did not parse on the
 /// capture thread; `answer_unreadable`: the upstream's answer did not, there; `image_unsupported`,
 /// `audio_unsupported`, `video_unsupported`, `file_unsupported`, `content_part_unsupported`: a
-/// message holds a content part that is not text, which is not captured).
+/// message holds a content part that is not text, which is not captured; `door_untranslatable`:
+/// an answer the request's door cannot give its client, such as tool arguments that are not an
+/// object through the Messages door, refused with a 502 and not trained on).
 pub const CAPTURE_TOTAL: &str = "policy_serving_capture_total";
 /// Turns whose full text did not start with the prompt text (response = full text).
 pub const PROMPT_NOT_PREFIX_TOTAL: &str = "policy_serving_capture_prompt_not_prefix_total";
@@ -119,7 +121,7 @@ pub const SESSION_INFERENCE_TOTAL: &str = "policy_serving_session_inference_tota
 pub const NEXT_STATE_UNUSABLE_TOTAL: &str = "policy_serving_next_state_unusable_total";
 /// Requests through a door other than chat completions, labelled `door` (`messages`) and
 /// `outcome` (`ok`|`client_error`|`upstream_error`); they are also counted in
-/// [`REQUESTS_TOTAL`] once translated.
+/// [`REQUESTS_TOTAL`].
 pub const DOOR_REQUESTS_TOTAL: &str = "policy_serving_door_requests_total";
 /// What a door's translation left out because the engine cannot honour it, labelled `door` and
 /// `what` (`hosted_tool`: a tool the engine cannot run, left out of its tool list;

@@ -83,6 +83,7 @@ fn each_finish_reason_has_its_stop_reason() {
             json!("STOP"),
         ),
         ("length", json!({}), "max_tokens", Value::Null),
+        ("content_filter", json!({}), "refusal", Value::Null),
     ];
     for (finish, extra, reason, seq) in cases {
         let m = message(&answer(finish, extra.clone()), false);

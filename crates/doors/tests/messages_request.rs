@@ -366,6 +366,14 @@ fn bad_requests_are_refused_with_the_field_named() {
         assert_eq!(e.code, code, "{body}: {e}");
         assert!(e.message.contains(names), "{body}: {e}");
     }
+    // A count of tokens is a Messages request without `max_tokens`, and may end with the
+    // assistant (what a prefill would cost).
+    let count = ps_doors::messages::count_request_to_chat(
+        json!({"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure,"}]})
+            .to_string()
+            .as_bytes(),
+    );
+    assert!(count.is_ok(), "{:?}", count.err());
     let e = to_chat(b"{\"model\": ").err();
     assert_eq!(e.map(|e| e.code), Some("invalid_json"));
     let e = to_chat(b"[1, 2]").err();

@@ -266,3 +266,141 @@ fn a_broken_stream_ends_with_an_error_event() {
     ));
     assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("error"));
 }
+
+/// Parallel tool calls as engines stream them: SGLang's `-1` index (some of its parsers), vLLM's
+/// whole-answer calls without an index (two in one chunk), a real index; each call its own block
+/// with its own id, name and arguments.
+#[test]
+fn parallel_tool_calls_each_get_their_block_whatever_the_engine_writes_as_index() {
+    let call = |index: Option<i64>, id: Option<&str>, name: Option<&str>, args: &str| {
+        let mut c = json!({"type": "function", "function": {"arguments": args}});
+        if let Some(i) = index {
+            c["index"] = json!(i);
+        }
+        if let Some(id) = id {
+            c["id"] = json!(id);
+        }
+        if let Some(n) = name {
+            c["function"]["name"] = json!(n);
+        }
+        c
+    };
+    let expected = json!([
+        {"type": "tool_use", "id": "a", "name": "Read", "input": {"p": 1}},
+        {"type": "tool_use", "id": "b", "name": "Stat", "input": {"q": 2}}
+    ]);
+    let cases = [
+        // vLLM's whole answer synthesised into one chunk: no indices.
+        vec![chunk(
+            json!({"tool_calls": [call(None, Some("a"), Some("Read"), "{\"p\": 1}"), call(None, Some("b"), Some("Stat"), "{\"q\": 2}")]}),
+            Some("tool_calls"),
+        )],
+        // SGLang's -1, each call whole.
+        vec![
+            chunk(
+                json!({"tool_calls": [call(Some(-1), Some("a"), Some("Read"), "{\"p\": 1}")]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls": [call(Some(-1), Some("b"), Some("Stat"), "{\"q\": 2}")]}),
+                Some("tool_calls"),
+            ),
+        ],
+        // Streamed with real indices, arguments in fragments; -1 continuing the open call.
+        vec![
+            chunk(
+                json!({"tool_calls": [call(Some(0), Some("a"), Some("Read"), "")]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls": [call(Some(0), None, None, "{\"p\": ")]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls": [call(Some(-1), None, None, "1}")]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls": [call(Some(1), Some("b"), Some("Stat"), "{\"q\": 2}")]}),
+                Some("tool_calls"),
+            ),
+        ],
+    ];
+    for (i, chunks) in cases.iter().enumerate() {
+        let ev = events(&translate_in_pieces(&sse(chunks), 9, false));
+        let built = accumulate(&ev);
+        assert_eq!(built["content"], expected, "case {i}: {ev:?}");
+        assert_eq!(built["stop"]["stop_reason"], "tool_use");
+    }
+    // Back to a call whose block has ended: an error, never a block glued to another.
+    let back = [
+        chunk(
+            json!({"tool_calls": [call(Some(0), Some("a"), Some("Read"), "{}")]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [call(Some(1), Some("b"), Some("Stat"), "{}")]}),
+            None,
+        ),
+        chunk(
+            json!({"tool_calls": [call(Some(0), None, None, "x")]}),
+            Some("tool_calls"),
+        ),
+    ];
+    let mut s = EventStream::new("m", false);
+    let ev = events(&[s.push(&sse(&back)), s.finish()].concat());
+    assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("error"));
+    assert!(s.failed());
+}
+
+/// Thinking after text (a second thinking block): each block's signature carries its own text.
+#[test]
+fn each_thinking_block_signs_its_own_text() {
+    let bytes = sse(&[
+        chunk(json!({"reasoning_content": "first"}), None),
+        chunk(json!({"content": "middle"}), None),
+        chunk(json!({"reasoning_content": "second"}), None),
+        chunk(json!({"content": "end"}), Some("stop")),
+    ]);
+    let built = accumulate(&events(&translate_in_pieces(&bytes, 11, false)));
+    let blocks = built["content"].as_array().cloned().unwrap_or_default();
+    assert_eq!(blocks.len(), 4, "{built}");
+    assert_eq!(blocks[0]["signature"], thinking_signature("first"));
+    assert_eq!(blocks[2]["signature"], thinking_signature("second"));
+}
+
+/// SGLang's `abort` (a pause or weight update cut the answer) is not a complete answer: an error
+/// event, never `message_stop`; a whole answer aborted is refused. CRLF-separated events with
+/// several `data:` lines read as the standard says; `null` usage counts read as none.
+#[test]
+fn an_aborted_answer_is_an_error_and_events_are_read_as_the_standard_says() {
+    let ev = events(&translate_in_pieces(
+        &sse(&[chunk(json!({"content": "par"}), Some("abort"))]),
+        6,
+        false,
+    ));
+    assert_eq!(ev.last().map(|(n, _)| n.as_str()), Some("error"), "{ev:?}");
+    assert!(!ev.iter().any(|(n, _)| n == "message_stop"));
+    let whole = json!({"choices": [{"finish_reason": "abort", "message": {"role": "assistant", "content": "par"}}]});
+    let e = message_from_chat(whole.to_string().as_bytes(), "m", false).err();
+    assert_eq!(e.map(|e| e.code), Some("engine_aborted"));
+    // One event over two data lines, CRLF line ends and separators.
+    let c = chunk(json!({"content": "hi"}), Some("stop"));
+    let text = serde_json::to_string_pretty(&c).unwrap_or_default();
+    let mut crlf = String::new();
+    for line in text.lines() {
+        crlf.push_str(&format!("data: {line}\r\n"));
+    }
+    crlf.push_str("\r\n");
+    crlf.push_str("data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": null}}\r\n\r\n");
+    crlf.push_str("data: [DONE]\r\n\r\n");
+    let ev = events(&translate_in_pieces(crlf.as_bytes(), 5, false));
+    let built = accumulate(&ev);
+    assert_eq!(
+        built["content"],
+        json!([{"type": "text", "text": "hi"}]),
+        "{ev:?}"
+    );
+    assert_eq!(built["usage"]["input_tokens"], 3);
+    assert_eq!(built["usage"]["output_tokens"], 0);
+}

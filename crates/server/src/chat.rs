@@ -117,6 +117,8 @@ struct OpenedTurn {
     shape: ClientShape,
     /// Whether the upstream call streams.
     upstream_stream: bool,
+    /// The API the request came through: its answer must translate before it counts.
+    door: Door,
 }
 
 /// Finds the request's session and turn type (warning once when they had to be guessed), records
@@ -313,6 +315,7 @@ fn open_turn(
         reply,
         forwarded,
         upstream_stream,
+        door,
     }
 }
 
@@ -361,6 +364,20 @@ async fn whole_answer(
     if let Some(engine) = answer.engine() {
         app.learn_engine(engine, "from the keys of its answer");
     }
+    // An answer another door cannot give its client is refused before it counts: no reply
+    // registered for session inference, no sample of an answer the client never got.
+    if let Err(e) = door_check(t.door, answer.bytes()) {
+        if let Some(mut turn) = t.turn {
+            turn.guard.set_reason("door_untranslatable");
+        }
+        metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "door_untranslatable").increment(1);
+        return Err(ApiError::Upstream(
+            ps_sglang_client::SglangError::InvalidBody {
+                url: app.0.policy.chat_url().to_owned(),
+                detail: e,
+            },
+        ));
+    }
     if t.reply.is_some()
         && let Some(message) = answer.message()
     {
@@ -406,6 +423,14 @@ async fn whole_answer(
         resp.headers_mut().insert("server-timing", v);
     }
     Ok((resp, upstream))
+}
+
+/// Whether a whole answer can be answered through `door` (chat completions: always).
+fn door_check(door: Door, answer: &[u8]) -> Result<(), String> {
+    match door {
+        Door::ChatCompletions => Ok(()),
+        Door::Messages => ps_doors::messages::check_answer(answer).map_err(|e| e.message),
+    }
 }
 
 fn sse_response(body: Body) -> Response {

@@ -25,20 +25,31 @@ use crate::state::AppState;
 /// The handler: answers in the Messages API's shape, errors included.
 pub async fn messages(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let result = handle(&app, &headers, body).await;
-    let outcome = match &result {
-        Ok(_) => "ok",
-        Err(e) if e.is_client_error() => "client_error",
-        Err(_) => "upstream_error",
+    let (outcome, turn_type, status) = match &result {
+        Ok((resp, turn_type)) => ("ok", turn_type.as_str(), resp.status()),
+        Err(e) if e.is_client_error() => ("client_error", "unknown", e.status_code()),
+        Err(e) => ("upstream_error", "unknown", e.status_code()),
     };
     metrics::counter!(m::DOOR_REQUESTS_TOTAL, "door" => Door::Messages.as_str(), "outcome" => outcome)
         .increment(1);
+    metrics::counter!(
+        m::REQUESTS_TOTAL,
+        "turn_type" => turn_type,
+        "outcome" => outcome,
+        "status" => status.as_u16().to_string()
+    )
+    .increment(1);
     match result {
-        Ok(resp) => resp,
+        Ok((resp, _)) => resp,
         Err(e) => e.into_messages_response(),
     }
 }
 
-async fn handle(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn handle(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Response, TurnType), ApiError> {
     let started = Instant::now();
     let bytes = read_body(headers, body, app.options().max_body_bytes).await?;
     let translated = translate(app, &bytes)?;
@@ -48,8 +59,7 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Respo
         translated.thinking_omitted,
     );
     let chat_body = Bytes::from(translated.body);
-    let (resp, _turn): (Response, TurnType) =
-        chat::serve(app, headers, chat_body, Door::Messages, started).await?;
+    let (resp, turn_type) = chat::serve(app, headers, chat_body, Door::Messages, started).await?;
     let (mut parts, body) = resp.into_parts();
     if stream {
         // The chat path answers a streaming client with chat chunks (relayed or synthesised from a
@@ -69,6 +79,9 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Respo
                         // answer was not complete).
                         Some(Err(_)) | None => (events.finish(), true),
                     };
+                    // An answer the client got an `error` event for is not complete: the chat
+                    // stream is not read on (dropping it abandons the turn: no sample of it).
+                    let ended = ended || events.failed();
                     if !out.is_empty() {
                         let item = Ok::<_, std::convert::Infallible>(Bytes::from(out));
                         return Some((item, (data, events, ended)));
@@ -84,7 +97,10 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Respo
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/event-stream"),
         );
-        return Ok(Response::from_parts(parts, Body::from_stream(translated)));
+        return Ok((
+            Response::from_parts(parts, Body::from_stream(translated)),
+            turn_type,
+        ));
     }
     let chat_answer = body
         .collect()
@@ -103,7 +119,7 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Respo
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    Ok(Response::from_parts(parts, Body::from(message)))
+    Ok((Response::from_parts(parts, Body::from(message)), turn_type))
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt tokens of a Messages request, counted exactly as

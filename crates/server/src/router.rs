@@ -26,13 +26,14 @@ fn key_matches(req: &Request, key: &str, x_api_key: bool) -> bool {
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
+    let matches =
+        |given: Option<&str>| given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())));
     let bearer = header(http::header::AUTHORIZATION.as_str())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let given = bearer
-        .or_else(|| header("x-api-key").filter(|_| x_api_key))
-        .unwrap_or_default();
-    bool::from(given.as_bytes().ct_eq(key.as_bytes()))
+    // Either header may carry it: a client that sends both (an SDK's default Bearer beside its
+    // `x-api-key`) is let in when one of them holds the key.
+    matches(bearer) || (x_api_key && matches(header("x-api-key")))
 }
 
 async fn check_key(key: Option<&str>, x_api_key: bool, req: Request, next: Next) -> Response {

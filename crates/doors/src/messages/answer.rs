@@ -63,11 +63,15 @@ pub(crate) struct Function<'a> {
 
 #[derive(Debug, Deserialize, Default, Clone, Copy)]
 pub(crate) struct Usage {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_as_default")]
     pub prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_as_default")]
     pub completion_tokens: u64,
 }
+
+/// Why an answer the engine aborted is not a Messages answer.
+pub(crate) const ABORTED: &str = "the engine aborted the answer (finish_reason \"abort\": a pause or \
+     a weight update); retry the request";
 
 #[derive(Serialize)]
 struct Message<'a> {
@@ -138,7 +142,7 @@ pub(crate) fn thinking_from_signature(signature: &str) -> Option<String> {
 }
 
 /// The Messages `stop_reason` (and `stop_sequence`) of a chat answer's finish: `tool_use` when it
-/// called tools, `max_tokens` at the length limit, `stop_sequence` when a stop string the client
+/// called tools, `max_tokens` at the length limit, `refusal` for a content filter, `stop_sequence` when a stop string the client
 /// gave ended it (SGLang's `matched_stop`, vLLM's `stop_reason`), `end_turn` otherwise.
 pub fn stop_reason(
     finish_reason: Option<&str>,
@@ -151,6 +155,8 @@ pub fn stop_reason(
     match finish_reason {
         Some("length") => ("max_tokens", None),
         Some("tool_calls") => ("tool_use", None),
+        // The engine's safety filter (vLLM, providers): Anthropic's own word for it.
+        Some("content_filter") => ("refusal", None),
         _ if called_tools => ("tool_use", None),
         _ => match matched_text {
             Some(s) => ("stop_sequence", Some(s)),
@@ -196,6 +202,13 @@ pub(crate) fn tool_input(arguments: &str) -> Option<Box<RawValue>> {
     raw.get().starts_with('{').then_some(raw)
 }
 
+/// Whether a whole chat answer can be a Messages answer, checked before the turn is captured or
+/// answered (so that an answer the client never gets is not trained on): the same refusals as
+/// [`message_from_chat`], without writing anything.
+pub fn check_answer(chat: &[u8]) -> Result<(), DoorError> {
+    message_from_chat(chat, "", false).map(|_| ())
+}
+
 /// A whole chat answer (`chat`: its JSON) as a Messages answer (JSON) for `model`. The first choice
 /// is the answer (the Messages API has one). A tool call whose arguments are not a JSON object is
 /// refused: the Messages API cannot carry it, and an invented input would be a silent change.
@@ -216,6 +229,9 @@ pub fn message_from_chat(
             "the engine's answer has no choice",
         )
     })?;
+    if choice.finish_reason.as_deref() == Some("abort") {
+        return Err(DoorError::new("engine_aborted", ABORTED));
+    }
     let message = choice.message.ok_or_else(|| {
         DoorError::new(
             "upstream_invalid_response",

@@ -309,7 +309,9 @@ pub fn count_request_to_chat(body: &[u8]) -> Result<Translated, DoorError> {
     translate(body, false)
 }
 
-fn translate(body: &[u8], needs_max_tokens: bool) -> Result<Translated, DoorError> {
+/// `serving`: the request is to be answered (a count only renders its prompt): it needs
+/// `max_tokens` and must not end with an assistant message.
+fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
     let text = std::str::from_utf8(body).map_err(|e| {
         DoorError::new(
             "invalid_json",
@@ -323,7 +325,7 @@ fn translate(body: &[u8], needs_max_tokens: bool) -> Result<Translated, DoorErro
         .filter(|m| !m.trim().is_empty())
         .ok_or_else(|| invalid("`model` is required (a model name)"))?;
     let max_tokens = req.max_tokens;
-    if needs_max_tokens && max_tokens.is_none() {
+    if serving && max_tokens.is_none() {
         return Err(invalid("`max_tokens` is required by the Messages API"));
     }
     let Some(source) = req.messages.as_deref().filter(|m| !m.is_empty()) else {
@@ -362,7 +364,7 @@ fn translate(body: &[u8], needs_max_tokens: bool) -> Result<Translated, DoorErro
             }
         }
     }
-    if source.last().is_some_and(|m| m.role == "assistant") {
+    if serving && source.last().is_some_and(|m| m.role == "assistant") {
         return Err(unsupported(
             "the last message is an assistant message (a prefill): this proxy does not continue a \
              started answer; end `messages` with a user message",

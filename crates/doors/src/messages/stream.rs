@@ -55,7 +55,9 @@ struct Delta<'a> {
 
 #[derive(Deserialize)]
 struct DeltaCall<'a> {
-    index: Option<u64>,
+    /// The engine's index of the call: SGLang writes `-1` for some parsers (and vLLM none in a
+    /// whole answer's calls), so it is a hint, not a key.
+    index: Option<i64>,
     #[serde(borrow)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -78,8 +80,8 @@ type ToolStart<'a> = (Option<Cow<'a, str>>, Option<Cow<'a, str>>);
 enum Open {
     Thinking,
     Text,
-    /// A tool call, by the engine's index of it.
-    Tool(u64),
+    /// A tool call, by its key ([`EventStream::tool_key`]).
+    Tool(i64),
 }
 
 /// The translation of one streamed answer: fed the chat stream's bytes as they come
@@ -94,12 +96,16 @@ pub struct EventStream {
     started: bool,
     /// `[DONE]` or an error was seen: nothing more is translated.
     ended: bool,
+    /// It ended with an `error` event.
+    failed: bool,
     open: Option<Open>,
     /// The index of the next content block.
     next_index: usize,
     /// The thinking text so far, for the signature.
     thinking: String,
     called_tools: bool,
+    /// The keys of the tool calls whose blocks have been opened, in order.
+    tool_keys: Vec<i64>,
     finish_reason: Option<String>,
     matched_stop: Option<Box<RawValue>>,
     usage: Usage,
@@ -115,10 +121,12 @@ impl EventStream {
             pending: Vec::new(),
             started: false,
             ended: false,
+            failed: false,
             open: None,
             next_index: 0,
             thinking: String::new(),
             called_tools: false,
+            tool_keys: Vec::new(),
             finish_reason: None,
             matched_stop: None,
             usage: Usage::default(),
@@ -146,6 +154,12 @@ impl EventStream {
             self.fail("the answer's stream ended before it was complete", &mut out);
         }
         out
+    }
+
+    /// Whether the stream ended with an `error` event: the answer the client got is not complete
+    /// (the caller stops reading the chat stream, which abandons the turn).
+    pub fn failed(&self) -> bool {
+        self.failed
     }
 
     fn on_event(&mut self, event: &[u8], out: &mut Vec<u8>) {
@@ -200,19 +214,21 @@ impl EventStream {
                 self.open_block(Open::Text, None, out);
                 self.delta(&BlockDelta::Text { text: &t }, out);
             }
-            for call in delta.tool_calls {
-                let index = match (call.index, &self.open) {
-                    (Some(i), _) => i,
-                    (None, Some(Open::Tool(i))) => *i,
-                    (None, _) => 0,
-                };
+            for (position, call) in delta.tool_calls.into_iter().enumerate() {
                 let f = call.function;
                 let (name, args) = match f {
                     Some(f) => (f.name, f.arguments),
                     None => (None, None),
                 };
+                let starts = call.id.is_some() || name.is_some();
+                let Some(key) = self.tool_key(call.index, position, starts) else {
+                    return self.fail(
+                        "the engine's stream went back to a tool call whose block had ended",
+                        out,
+                    );
+                };
                 self.called_tools = true;
-                self.open_block(Open::Tool(index), Some((call.id, name)), out);
+                self.open_block(Open::Tool(key), Some((call.id, name)), out);
                 if let Some(a) = args.filter(|a| !a.is_empty()) {
                     self.delta(&BlockDelta::InputJson { partial_json: &a }, out);
                 }
@@ -225,6 +241,34 @@ impl EventStream {
                 .or(choice.stop_reason)
                 .map(|m| m.to_owned());
         }
+    }
+
+    /// The key of a tool-call delta: the engine's index when it gives a real one; else (none, or
+    /// SGLang's `-1`) the open call when the delta continues it, or a new call when it starts one
+    /// (it carries an id or a name), keyed past every index seen. `None` for a call whose block
+    /// has already ended (a block cannot be reopened).
+    fn tool_key(&mut self, index: Option<i64>, position: usize, starts: bool) -> Option<i64> {
+        let open = match self.open {
+            Some(Open::Tool(k)) => Some(k),
+            _ => None,
+        };
+        let key = match index.filter(|i| *i >= 0) {
+            Some(i) => i,
+            None => match open {
+                Some(k) if !starts => k,
+                _ => {
+                    let next = self.tool_keys.iter().max().map_or(0, |m| m + 1);
+                    next.max(position as i64)
+                }
+            },
+        };
+        if Some(key) != open && self.tool_keys.contains(&key) {
+            return None;
+        }
+        if Some(key) != open {
+            self.tool_keys.push(key);
+        }
+        Some(key)
     }
 
     fn start(&mut self, id: Option<&str>, out: &mut Vec<u8>) {
@@ -281,7 +325,8 @@ impl EventStream {
             return;
         };
         if open == Open::Thinking {
-            let signature = thinking_signature(&self.thinking);
+            // Each thinking block's signature carries its own text.
+            let signature = thinking_signature(&std::mem::take(&mut self.thinking));
             self.open = Some(open);
             self.delta(
                 &BlockDelta::Signature {
@@ -315,6 +360,9 @@ impl EventStream {
     fn complete(&mut self, out: &mut Vec<u8>) {
         if self.finish_reason.is_none() {
             return self.fail("the answer's stream ended without a finish reason", out);
+        }
+        if self.finish_reason.as_deref() == Some("abort") {
+            return self.fail(super::answer::ABORTED, out);
         }
         if !self.started {
             self.start(None, out);
@@ -352,6 +400,7 @@ impl EventStream {
             out,
         );
         self.ended = true;
+        self.failed = true;
     }
 }
 
