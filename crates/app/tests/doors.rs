@@ -634,3 +634,241 @@ async fn an_answer_the_door_cannot_give_is_refused_and_not_trained_on() {
     }
     s.stop().await;
 }
+
+fn tools_responses() -> Value {
+    json!([{"type": "function", "name": "list_files", "description": "List the files of a folder",
+        "parameters": {"type": "object", "properties": {"folder": {"type": "string"}}, "required": ["folder"]}},
+        {"type": "web_search"}])
+}
+
+/// A Responses answer as a client assembles it: the whole response, or the one its last event
+/// carries (its events numbered from 0, in order).
+async fn responses_answer(r: reqwest::Response, stream: bool) -> Value {
+    let status = r.status();
+    if status != 200 {
+        panic!("{status}: {}", r.text().await.unwrap());
+    }
+    if !stream {
+        return r.json().await.unwrap();
+    }
+    let text = r.text().await.unwrap();
+    let mut last = Value::Null;
+    for (i, event) in text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .enumerate()
+    {
+        let data: Value = serde_json::from_str(
+            event
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(data["sequence_number"], i, "{event}");
+        last = data;
+    }
+    assert_eq!(last["type"], "response.completed", "{last}");
+    last["response"].clone()
+}
+
+/// The same three turns through the Responses door, as Codex sends them (every output item sent
+/// back as it came, with its id and status).
+async fn through_responses(url: &str, session: &str, stream: bool) -> Vec<Value> {
+    let key = [("x-session-id", session), ("x-turn-type", "main")];
+    let mut input = vec![
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]}),
+    ];
+    let body = |input: &Vec<Value>, done: bool| {
+        let mut b = json!({"model": "default", "instructions": SYSTEM, "input": input, "tools": tools_responses(),
+            "max_output_tokens": 400, "stream": stream, "store": false, "include": ["reasoning.encrypted_content"]});
+        if done {
+            b["session_done"] = json!(true);
+        }
+        b
+    };
+    let r1 = responses_answer(
+        post(url, "/v1/responses", &body(&input, false), &key).await,
+        stream,
+    )
+    .await;
+    let call = r1["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap()
+        .clone();
+    assert_eq!(call["name"], "list_files");
+    input.extend(r1["output"].as_array().unwrap().iter().cloned());
+    input.push(
+        json!({"type": "function_call_output", "call_id": call["call_id"], "output": RESULT}),
+    );
+    let r2 = responses_answer(
+        post(url, "/v1/responses", &body(&input, false), &key).await,
+        stream,
+    )
+    .await;
+    assert!(
+        r2["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["type"] == "message"),
+        "{r2}"
+    );
+    input.extend(r2["output"].as_array().unwrap().iter().cloned());
+    input.push(json!({"role": "user", "content": THANKS}));
+    let r3 = responses_answer(
+        post(url, "/v1/responses", &body(&input, true), &key).await,
+        stream,
+    )
+    .await;
+    vec![r1, r2, r3]
+}
+
+/// The same three-turn conversation with a tool call through chat completions and through the
+/// Responses door (whole and streamed) gives equal samples; the hosted tool is left out and
+/// counted, never sent to the engine.
+#[tokio::test]
+async fn a_conversation_through_the_responses_door_gives_the_samples_chat_completions_gives() {
+    let (s, fake, _dir) = start(|_| {}).await;
+    through_chat(&s.url, "r-chat", false).await;
+    through_chat(&s.url, "r-chat-stream", true).await;
+    let whole = through_responses(&s.url, "r-responses", false).await;
+    let streamed = through_responses(&s.url, "r-responses-stream", true).await;
+    for (w, st) in whole.iter().zip(&streamed) {
+        let types = |r: &Value| {
+            r["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["type"].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(types(w), types(st));
+        assert_eq!(w["usage"]["output_tokens"], st["usage"]["output_tokens"]);
+    }
+    let samples = s.settle(12).await;
+    for (session, chat_session) in [
+        ("r-responses", "r-chat"),
+        ("r-responses-stream", "r-chat-stream"),
+    ] {
+        let chat = by_session(&samples, chat_session);
+        let door = by_session(&samples, session);
+        assert_eq!((chat.len(), door.len()), (3, 3), "{session}");
+        for (c, d) in chat.iter().zip(&door) {
+            assert_eq!(
+                training_view(c),
+                training_view(d),
+                "{session} turn {}",
+                c["turn"]
+            );
+            assert_eq!(d["metadata"]["door"], "responses");
+        }
+    }
+    let chats: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .collect();
+    assert!(chats.iter().all(|r| {
+        r.body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["type"] == "function")
+    }));
+    s.stop().await;
+}
+
+/// `previous_response_id` continues a stored response (`store: true`, the API's default): the
+/// engine sees the whole conversation, and the turn continues its session; an unknown id is a 404
+/// naming the setting-free remedy, and leaves nothing behind.
+#[tokio::test]
+async fn previous_response_id_continues_a_stored_response() {
+    let (s, fake, _dir) = start(|c| {
+        c.server.default_turn_type = ps_core::DefaultTurnType::Auto;
+    })
+    .await;
+    let r1 = responses_answer(
+        post(
+            &s.url,
+            "/v1/responses",
+            &json!({"model": "default", "input": "prev-1 plan a trip"}),
+            &[],
+        )
+        .await,
+        false,
+    )
+    .await;
+    let id = r1["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("resp_"));
+    let r2 = responses_answer(
+        post(
+            &s.url,
+            "/v1/responses",
+            &json!({"model": "default", "input": "prev-1 and a budget",
+        "previous_response_id": id, "stream": true}),
+            &[],
+        )
+        .await,
+        true,
+    )
+    .await;
+    let sent = &fake
+        .requests()
+        .into_iter()
+        .rfind(|r| r.path == "/v1/chat/completions")
+        .unwrap()
+        .body;
+    let roles: Vec<&str> = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["role"].as_str())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user"], "{sent}");
+    // Streamed responses are stored too.
+    let r3 = post(
+        &s.url,
+        "/v1/responses",
+        &json!({"model": "default", "input": "prev-1 thanks",
+        "previous_response_id": r2["id"], "session_done": true}),
+        &[],
+    )
+    .await;
+    assert_eq!(r3.status(), 200);
+    let samples = s.settle(3).await;
+    let sessions: std::collections::BTreeSet<&str> = samples
+        .iter()
+        .map(|x| x["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let before = fake.requests().len();
+    let r = post(
+        &s.url,
+        "/v1/responses",
+        &json!({"model": "default", "input": "x", "previous_response_id": "resp_nope"}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 404);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "previous_response_not_found", "{e}");
+    let r = post(
+        &s.url,
+        "/v1/responses",
+        &json!({"model": "default", "input": [{"type": "computer_call", "id": "x"}]}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("input[0]"),
+        "{e}"
+    );
+    assert_eq!(fake.requests().len(), before, "nothing reached the engine");
+    s.stop().await;
+}

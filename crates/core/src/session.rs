@@ -124,6 +124,8 @@ pub enum Door {
     ChatCompletions,
     /// `POST /v1/messages`, the Anthropic Messages API.
     Messages,
+    /// `POST /v1/responses`, the OpenAI Responses API.
+    Responses,
 }
 
 impl Door {
@@ -135,6 +137,7 @@ impl Door {
         match self {
             Self::ChatCompletions => "chat_completions",
             Self::Messages => "messages",
+            Self::Responses => "responses",
         }
     }
 }

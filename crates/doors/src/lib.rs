@@ -9,8 +9,10 @@
 //! [`Dropped`] for the server to count and log; everything else is translated or refused with a
 //! [`DoorError`] naming the field.
 
+mod chunks;
 mod error;
 pub mod messages;
+pub mod responses;
 
 pub use error::DoorError;
 

@@ -3,3 +3,4 @@
 mod messages_answer;
 mod messages_request;
 mod messages_stream;
+mod responses;

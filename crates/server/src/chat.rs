@@ -430,6 +430,7 @@ fn door_check(door: Door, answer: &[u8]) -> Result<(), String> {
     match door {
         Door::ChatCompletions => Ok(()),
         Door::Messages => ps_doors::messages::check_answer(answer).map_err(|e| e.message),
+        Door::Responses => ps_doors::responses::check_answer(answer).map_err(|e| e.message),
     }
 }
 

@@ -1,8 +1,8 @@
 //! The policy-serving HTTP server.
 //!
 //! This crate owns the HTTP surface: the OpenAI-compatible `POST /v1/chat/completions` proxy (streamed
-//! and not), the Anthropic Messages door (`POST /v1/messages`, translated by `ps-doors` into the same
-//! chat path), the session keys of each request, the hand-off of every main turn to capture (`ps-capture`:
+//! and not), the Anthropic Messages and OpenAI Responses doors (`POST /v1/messages`, `POST
+//! /v1/responses`, translated by `ps-doors` into the same chat path), the session keys of each request, the hand-off of every main turn to capture (`ps-capture`:
 //! the request's parts and the answer go in, a captured turn comes out on its own threads, never on
 //! the executor),
 //! the trainer-facing rollout API ([`rollout`]: pull, commit, pause/resume with the chat path's pause
@@ -25,6 +25,7 @@ pub mod metrics;
 mod plumbing;
 mod proxy_stream;
 mod request;
+mod responses;
 pub mod rollout;
 mod router;
 mod state;

@@ -178,23 +178,30 @@ fn translate(app: &AppState, bytes: &[u8]) -> Result<Translated, ApiError> {
         code: e.code,
         message: e.message,
     })?;
-    let door = Door::Messages.as_str();
-    if !t.dropped.hosted_tools.is_empty() {
+    count_dropped(app, Door::Messages, &t.dropped);
+    Ok(t)
+}
+
+/// Counts (and logs once per door and kind) what a door's translation left out.
+pub(crate) fn count_dropped(app: &AppState, door: Door, dropped: &ps_doors::Dropped) {
+    let door = door.as_str();
+    if !dropped.hosted_tools.is_empty() {
         metrics::counter!(m::DOOR_DROPPED_TOTAL, "door" => door, "what" => "hosted_tool")
-            .increment(t.dropped.hosted_tools.len() as u64);
-        if app.first_warning("\0door-hosted-tool") {
+            .increment(dropped.hosted_tools.len() as u64);
+        if app.first_warning(&format!("\0door-hosted-tool-{door}")) {
             tracing::warn!(
-                tools = ?t.dropped.hosted_tools,
-                "a Messages request names tools the policy engine cannot run (Anthropic's own \
-                 tools, with a `type`): left out of the engine's tool list (logged once; counted \
-                 as door_dropped_total{{what=\"hosted_tool\"}})"
+                tools = ?dropped.hosted_tools,
+                "a request names tools the policy engine cannot run (hosted tools: Anthropic's \
+                 own, with a `type`, or the Responses API's web search and the like): left out of \
+                 the engine's tool list (logged once; counted as \
+                 door_dropped_total{{what=\"hosted_tool\"}})"
             );
         }
     }
-    if t.dropped.redacted_thinking > 0 {
+    if dropped.redacted_thinking > 0 {
         metrics::counter!(m::DOOR_DROPPED_TOTAL, "door" => door, "what" => "redacted_thinking")
-            .increment(t.dropped.redacted_thinking as u64);
-        if app.first_warning("\0door-redacted-thinking") {
+            .increment(dropped.redacted_thinking as u64);
+        if app.first_warning(&format!("\0door-redacted-thinking-{door}")) {
             tracing::warn!(
                 "a Messages request's history holds redacted_thinking blocks (another model's \
                  encrypted reasoning): left out of the prompt (logged once; counted as \
@@ -202,5 +209,4 @@ fn translate(app: &AppState, bytes: &[u8]) -> Result<Translated, ApiError> {
             );
         }
     }
-    Ok(t)
 }

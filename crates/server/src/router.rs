@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use crate::error::{ApiError, ErrorReport};
 use crate::state::AppState;
-use crate::{chat, health, messages, rollout};
+use crate::{chat, health, messages, responses, rollout};
 
 /// Whether the request carries `Authorization: Bearer <key>` (constant-time comparison), or, where
 /// `x_api_key` allows it (the client routes: Anthropic's clients send it), `x-api-key: <key>`.
@@ -109,6 +109,7 @@ pub fn build_router_with(app: AppState, extra: ExtraRoutes) -> Router {
         .route(CHAT_PATH, post(chat::chat_completions))
         .route(MESSAGES_PATH, post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route(RESPONSES_PATH, post(responses::responses))
         .route("/v1/models", get(health::models))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
     let rollout = Router::new()
@@ -146,13 +147,15 @@ pub fn build_router_with(app: AppState, extra: ExtraRoutes) -> Router {
 const CHAT_PATH: &str = "/v1/chat/completions";
 /// The Anthropic Messages route (its clients add `?beta=true`, which routing ignores).
 const MESSAGES_PATH: &str = "/v1/messages";
+/// The OpenAI Responses route.
+const RESPONSES_PATH: &str = "/v1/responses";
 
 /// Runs the request in its span (the chat path records the session id, turn type, turn and
 /// arrival sequence into it) and logs an error answer ([`ErrorReport`]) there, once. The chat
 /// route keeps the span name and messages it has always had (`chat`, "rejected chat request",
 /// "chat request failed upstream"), so operators' filters keep matching.
 async fn edge(req: Request, next: Next) -> Response {
-    let chat = matches!(req.uri().path(), CHAT_PATH | MESSAGES_PATH);
+    let chat = matches!(req.uri().path(), CHAT_PATH | MESSAGES_PATH | RESPONSES_PATH);
     let span = if chat {
         tracing::info_span!(
             "chat",

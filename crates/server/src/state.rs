@@ -115,6 +115,8 @@ pub(crate) struct Inner {
     /// waiting for a sample (`wait_ms`), now: `/v1/rollout/status` shows both.
     pub(crate) held_requests: AtomicUsize,
     pub(crate) waiting_pulls: AtomicUsize,
+    /// Responses kept for `previous_response_id` (the Responses door).
+    pub(crate) responses: crate::responses::Store,
 }
 
 /// Counts one waiter in a counter of [`AppState`] for as long as it lives.
@@ -170,6 +172,7 @@ impl AppState {
             engine: ps_core::EngineCell::new(options.engine),
             held_requests: AtomicUsize::new(0),
             waiting_pulls: AtomicUsize::new(0),
+            responses: crate::responses::Store::default(),
             rollout,
             options,
             policy,

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::DoorError;
+use crate::chunks::Usage;
 
 #[derive(Deserialize)]
 pub(crate) struct ChatAnswer<'a> {
@@ -59,14 +60,6 @@ pub(crate) struct Function<'a> {
     pub name: Option<Cow<'a, str>>,
     #[serde(borrow)]
     pub arguments: Option<Cow<'a, str>>,
-}
-
-#[derive(Debug, Deserialize, Default, Clone, Copy)]
-pub(crate) struct Usage {
-    #[serde(default, deserialize_with = "crate::null_as_default")]
-    pub prompt_tokens: u64,
-    #[serde(default, deserialize_with = "crate::null_as_default")]
-    pub completion_tokens: u64,
 }
 
 /// Why an answer the engine aborted is not a Messages answer.
@@ -134,8 +127,9 @@ pub fn thinking_signature(thinking: &str) -> String {
     s
 }
 
-/// The thinking text a signature of [`thinking_signature`] carries; `None` for another's.
-pub(crate) fn thinking_from_signature(signature: &str) -> Option<String> {
+/// The thinking text a signature of [`thinking_signature`] carries; `None` for another's (the
+/// Responses door seals a reasoning item's `encrypted_content` the same way).
+pub fn thinking_from_signature(signature: &str) -> Option<String> {
     let b64 = signature.strip_prefix(SIGNATURE_PREFIX)?;
     let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
     String::from_utf8(bytes).ok()

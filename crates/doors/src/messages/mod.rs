@@ -16,6 +16,9 @@ mod answer;
 mod request;
 mod stream;
 
-pub use answer::{check_answer, error_body, message_from_chat, stop_reason, thinking_signature};
+pub use answer::{
+    check_answer, error_body, message_from_chat, stop_reason, thinking_from_signature,
+    thinking_signature,
+};
 pub use request::{Translated, count_request_to_chat, to_chat};
 pub use stream::EventStream;

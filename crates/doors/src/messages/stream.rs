@@ -7,70 +7,11 @@
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::answer::{OutUsage, Usage, message_id, stop_reason, thinking_signature};
-
-#[derive(Deserialize)]
-struct Chunk<'a> {
-    #[serde(borrow)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
-    choices: Vec<ChunkChoice<'a>>,
-    usage: Option<Usage>,
-    #[serde(borrow)]
-    error: Option<ChunkError<'a>>,
-}
-
-#[derive(Deserialize)]
-struct ChunkError<'a> {
-    #[serde(borrow)]
-    message: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct ChunkChoice<'a> {
-    #[serde(borrow)]
-    delta: Option<Delta<'a>>,
-    #[serde(borrow)]
-    finish_reason: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    matched_stop: Option<&'a RawValue>,
-    #[serde(borrow)]
-    stop_reason: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Delta<'a> {
-    #[serde(borrow)]
-    content: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    reasoning_content: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    reasoning: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
-    tool_calls: Vec<DeltaCall<'a>>,
-}
-
-#[derive(Deserialize)]
-struct DeltaCall<'a> {
-    /// The engine's index of the call: SGLang writes `-1` for some parsers (and vLLM none in a
-    /// whole answer's calls), so it is a hint, not a key.
-    index: Option<i64>,
-    #[serde(borrow)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    function: Option<DeltaFunction<'a>>,
-}
-
-#[derive(Deserialize)]
-struct DeltaFunction<'a> {
-    #[serde(borrow)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    arguments: Option<Cow<'a, str>>,
-}
+use super::answer::{OutUsage, message_id, stop_reason, thinking_signature};
+use crate::chunks::{Chunk, SseData, SseReader, ToolKeys, Usage};
 
 /// A tool call's id and name, as its first delta gives them.
 type ToolStart<'a> = (Option<Cow<'a, str>>, Option<Cow<'a, str>>);
@@ -91,8 +32,7 @@ enum Open {
 pub struct EventStream {
     model: String,
     thinking_omitted: bool,
-    /// Bytes of an event not yet complete.
-    pending: Vec<u8>,
+    reader: SseReader,
     started: bool,
     /// `[DONE]` or an error was seen: nothing more is translated.
     ended: bool,
@@ -104,8 +44,7 @@ pub struct EventStream {
     /// The thinking text so far, for the signature.
     thinking: String,
     called_tools: bool,
-    /// The keys of the tool calls whose blocks have been opened, in order.
-    tool_keys: Vec<i64>,
+    tool_keys: ToolKeys,
     finish_reason: Option<String>,
     matched_stop: Option<Box<RawValue>>,
     usage: Usage,
@@ -118,7 +57,7 @@ impl EventStream {
         Self {
             model: model.into(),
             thinking_omitted,
-            pending: Vec::new(),
+            reader: SseReader::default(),
             started: false,
             ended: false,
             failed: false,
@@ -126,7 +65,7 @@ impl EventStream {
             next_index: 0,
             thinking: String::new(),
             called_tools: false,
-            tool_keys: Vec::new(),
+            tool_keys: ToolKeys::default(),
             finish_reason: None,
             matched_stop: None,
             usage: Usage::default(),
@@ -136,11 +75,9 @@ impl EventStream {
     /// The Messages events the next bytes of the chat stream make (possibly none).
     pub fn push(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
-        self.pending.extend_from_slice(bytes);
-        while let Some(end) = find_event_end(&self.pending) {
-            let event: Vec<u8> = self.pending.drain(..end.0 + end.1).collect();
+        for data in self.reader.push(bytes) {
             if !self.ended {
-                self.on_event(&event[..end.0], &mut out);
+                self.on_data(data, &mut out);
             }
         }
         out
@@ -162,23 +99,12 @@ impl EventStream {
         self.failed
     }
 
-    fn on_event(&mut self, event: &[u8], out: &mut Vec<u8>) {
-        // An event's data lines (the chat path writes one per event).
-        let Ok(text) = std::str::from_utf8(event) else {
-            return self.fail("the answer's stream is not UTF-8", out);
+    fn on_data(&mut self, data: SseData, out: &mut Vec<u8>) {
+        let data = match data {
+            SseData::Done => return self.complete(out),
+            SseData::Unreadable(why) => return self.fail(why, out),
+            SseData::Json(d) => d,
         };
-        let data: String = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| d.strip_prefix(' ').unwrap_or(d))
-            .collect::<Vec<_>>()
-            .join("\n");
-        if data.is_empty() {
-            return;
-        }
-        if data.trim() == "[DONE]" {
-            return self.complete(out);
-        }
         let chunk: Chunk<'_> = match serde_json::from_str(&data) {
             Ok(c) => c,
             Err(e) => return self.fail(&format!("an event of the answer does not read: {e}"), out),
@@ -221,7 +147,11 @@ impl EventStream {
                     None => (None, None),
                 };
                 let starts = call.id.is_some() || name.is_some();
-                let Some(key) = self.tool_key(call.index, position, starts) else {
+                let open = match self.open {
+                    Some(Open::Tool(k)) => Some(k),
+                    _ => None,
+                };
+                let Some(key) = self.tool_keys.key(call.index, position, starts, open) else {
                     return self.fail(
                         "the engine's stream went back to a tool call whose block had ended",
                         out,
@@ -241,34 +171,6 @@ impl EventStream {
                 .or(choice.stop_reason)
                 .map(|m| m.to_owned());
         }
-    }
-
-    /// The key of a tool-call delta: the engine's index when it gives a real one; else (none, or
-    /// SGLang's `-1`) the open call when the delta continues it, or a new call when it starts one
-    /// (it carries an id or a name), keyed past every index seen. `None` for a call whose block
-    /// has already ended (a block cannot be reopened).
-    fn tool_key(&mut self, index: Option<i64>, position: usize, starts: bool) -> Option<i64> {
-        let open = match self.open {
-            Some(Open::Tool(k)) => Some(k),
-            _ => None,
-        };
-        let key = match index.filter(|i| *i >= 0) {
-            Some(i) => i,
-            None => match open {
-                Some(k) if !starts => k,
-                _ => {
-                    let next = self.tool_keys.iter().max().map_or(0, |m| m + 1);
-                    next.max(position as i64)
-                }
-            },
-        };
-        if Some(key) != open && self.tool_keys.contains(&key) {
-            return None;
-        }
-        if Some(key) != open {
-            self.tool_keys.push(key);
-        }
-        Some(key)
     }
 
     fn start(&mut self, id: Option<&str>, out: &mut Vec<u8>) {
@@ -401,19 +303,6 @@ impl EventStream {
         );
         self.ended = true;
         self.failed = true;
-    }
-}
-
-/// The end of the first complete event in `buf`: (its length, the separator's length).
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
     }
 }
 
