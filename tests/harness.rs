@@ -13,6 +13,7 @@
 //! | `real_engine.rs` | the real vLLM (`../shared/real-engine/`) in every mode: samples equal the engine's answers, no drift |
 //! | `real_openclaw.rs` | the real npm OpenClaw agent with the defaults: its conversations become sessions and samples |
 //! | `real_claude_code.rs` | the real npm Claude Code through the Messages door: a tool call run and a `--continue`, one session, samples |
+//! | `real_codex.rs` | the real npm Codex through the Responses door: a tool call run and an `exec resume`, one session, samples |
 //!
 //! Per-crate tests stay beside their crates (`crates/*/tests`); only tests of the executables
 //! live here.

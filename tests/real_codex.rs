@@ -1,0 +1,208 @@
+//! The real Codex (npm `@openai/codex`, `codex exec`) pointed at the built `policy-serving` through
+//! the Responses door (a provider with `wire_api = "responses"`), its model name mapped to the
+//! policy (`server.model_names`) and no header of ours: a prompt that makes the policy call a tool
+//! (Codex runs `echo` in its sandbox and sends the output back), then `exec resume --last`. Every
+//! request must be answered without error; the three main turns must be one session recognised
+//! from the history, the first two samples, all through the Responses door. Codex's own requests
+//! carry a namespace tool and a hosted `web_search`, which the door flattens and leaves out.
+//!
+//! Needs the agent: `POLICY_SERVING_CODEX` names the `codex` executable (`.ci/run` installs it).
+//! Without it the test says so and passes, unless `POLICY_SERVING_REQUIRE_CODEX=1` (CI), which
+//! makes it fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "harness.rs"]
+mod harness;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use harness::{KillOnDrop, free_port};
+use ps_fake_sglang::FakeSglang;
+use serde_json::Value;
+
+fn codex() -> Option<PathBuf> {
+    let required = std::env::var("POLICY_SERVING_REQUIRE_CODEX").as_deref() == Ok("1");
+    match std::env::var_os("POLICY_SERVING_CODEX").map(PathBuf::from) {
+        Some(p) if p.exists() => Some(p),
+        other => {
+            assert!(
+                !required,
+                "POLICY_SERVING_REQUIRE_CODEX=1 but POLICY_SERVING_CODEX ({other:?}) names no \
+                 executable: install it as .ci/run does (@openai/codex from npm)"
+            );
+            eprintln!("skipped: no Codex (set POLICY_SERVING_CODEX, see .ci/run)");
+            None
+        }
+    }
+}
+
+/// One prompt: `codex exec TEXT`, or `codex exec resume --last TEXT`, as a user runs it; its
+/// last message.
+async fn prompt(codex: &Path, home: &Path, work: &Path, text: &str, resume: bool) -> String {
+    let out_path = home.join("codex-output.txt");
+    let err_path = home.join("codex-stderr.txt");
+    let mut cmd = Command::new(codex);
+    cmd.args(["exec", "--skip-git-repo-check"]);
+    if resume {
+        cmd.args(["resume", "--last"]);
+    }
+    cmd.arg(text);
+    let child = cmd
+        .current_dir(work)
+        .env("HOME", home)
+        .env("CODEX_HOME", home.join(".codex"))
+        .env("POLICY_KEY", "sk-policy-serving-test")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    // A prompt takes seconds here; the bound only turns a hung agent into a clear failure (Codex
+    // retries a failing request five times before it gives up).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "codex hung on: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(
+        status.success() && !err.contains("ERROR"),
+        "codex failed ({status:?}):\n{out}\n{err}"
+    );
+    out
+}
+
+async fn status(base: &str) -> Value {
+    harness::http(Duration::from_secs(60))
+        .get(format!("{base}/v1/rollout/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_codex_trains_through_the_responses_door() {
+    let Some(codex) = codex() else {
+        return;
+    };
+    let fake = FakeSglang::builder().spawn().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("settings.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nport = {port}\n\
+             model_names = {{ \"gpt-5-codex\" = \"default\" }}\n\
+             [sglang]\nchat_url = \"{}\"\n[prm]\nrouter_url = \"{}\"\n[store]\npath = \"{}\"\n",
+            fake.chat_url(),
+            fake.generate_url(),
+            dir.path().join("store").display(),
+        ),
+    )
+    .unwrap();
+    let (_server, base) = harness::serve(&config, port).await;
+    let (home, work) = (dir.path().join("home"), dir.path().join("work"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+
+    std::fs::create_dir_all(home.join(".codex")).unwrap();
+    std::fs::write(
+        home.join(".codex/config.toml"),
+        format!(
+            "model = \"gpt-5-codex\"\nmodel_provider = \"policy\"\n\n[model_providers.policy]\n\
+             name = \"policy\"\nbase_url = \"{base}/v1\"\nenv_key = \"POLICY_KEY\"\nwire_api = \"responses\"\n"
+        ),
+    )
+    .unwrap();
+
+    // The policy calls Codex's first tool, `exec_command`, with the prompt's first words as the
+    // command (the fake calls a tool when the prompt says `[call_tool]`): `echo hello there`.
+    let first = prompt(&codex, &home, &work, "echo hello there [call_tool]", false).await;
+    assert!(first.contains("The tool returned"), "{first}");
+    prompt(&codex, &home, &work, "Thanks, now summarise it", true).await;
+
+    // The policy saw Responses requests only, translated: every one asked for log-probs, none
+    // named a hosted tool.
+    let chats: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .collect();
+    assert!(chats.iter().all(|r| r.body["logprobs"] == true));
+    assert!(chats.iter().all(|r| {
+        r.body["tools"]
+            .as_array()
+            .is_none_or(|t| t.iter().all(|t| t["type"] == "function"))
+    }));
+    let main = chats
+        .iter()
+        .filter(|r| r.body["tools"].as_array().is_some_and(|t| !t.is_empty()))
+        .count();
+    assert_eq!(
+        main, 3,
+        "three main requests (tool call, tool result, follow-up)"
+    );
+
+    // Two samples; the follow-up waits for its next state (bounded: judging is local).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let st = loop {
+        let st = status(&base).await;
+        if st["samples"]["submitted"] == 2 {
+            break st;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "samples missing: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(st["turns_dropped"], 0, "{st}");
+    assert_eq!(st["turns_abandoned"], 0, "{st}");
+    let si = &st["session_inference"];
+    assert_eq!(si["inferred_sessions"], 1, "one conversation: {st}");
+    assert_eq!(si["continued"], 2, "{st}");
+    assert_eq!(si["forks"], 0, "{st}");
+    let page: Value = harness::http(Duration::from_secs(60))
+        .get(format!("{base}/v1/rollout/samples?after=0&max=10"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let samples: Vec<&Value> = page["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["sample"])
+        .collect();
+    assert_eq!(samples.len(), 2);
+    for x in &samples {
+        assert_eq!(x["metadata"]["door"], "responses", "{}", x["metadata"]);
+        assert_eq!(x["metadata"]["session_source"], "inferred");
+        assert_eq!(x["session_id"], samples[0]["session_id"]);
+    }
+    // The first turn's response is the tool call Codex ran.
+    assert!(
+        samples[0]["response"]
+            .as_str()
+            .unwrap()
+            .contains("<tool_call>"),
+        "{}",
+        samples[0]["response"]
+    );
+}
