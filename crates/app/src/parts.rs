@@ -208,6 +208,13 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
                     content_prefix: r.content_prefix.clone(),
                 })
                 .collect(),
+            // Validated by the settings: every entry parses.
+            agent_keys: s
+                .agent_session_keys
+                .iter()
+                .filter_map(|k| ps_server::infer::AgentKey::parse(k))
+                .collect(),
+            agent_keys_name_sessions: s.agent_keys_name_sessions,
         },
     })
 }

@@ -872,3 +872,119 @@ async fn previous_response_id_continues_a_stored_response() {
     assert_eq!(fake.requests().len(), before, "nothing reached the engine");
     s.stop().await;
 }
+
+/// Claude Code's own conversation key is recorded on each sample; by default it does not name the
+/// session, so a sub-agent's conversation under the same key stays a session of its own (its
+/// turns are not the parent's next states). With `server.agent_keys_name_sessions` the key is the
+/// session, and its turns train.
+#[tokio::test]
+async fn an_agents_own_key_is_recorded_and_names_the_session_only_when_asked() {
+    let cc = [("x-claude-code-session-id", "5b0c7e1a-cc")];
+    let turn = |text: &str, prior: &[Value]| {
+        let mut h: Vec<Value> = prior.to_vec();
+        h.push(json!({"role": "user", "content": text}));
+        json!({"model": "default", "max_tokens": 100, "messages": h})
+    };
+    let (s, _fake, _dir) =
+        start(|c| c.server.default_turn_type = ps_core::DefaultTurnType::Auto).await;
+    // The parent conversation, and a sub-agent's, interleaved under one key.
+    let p1 = messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &turn("agent-1 fix the bug", &[]),
+            &cc,
+        )
+        .await,
+        false,
+    )
+    .await;
+    let a1 = messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &turn("agent-1 search the code base", &[]),
+            &cc,
+        )
+        .await,
+        false,
+    )
+    .await;
+    let parent = [
+        json!({"role": "user", "content": "agent-1 fix the bug"}),
+        json!({"role": "assistant", "content": p1["content"]}),
+    ];
+    let sub = [
+        json!({"role": "user", "content": "agent-1 search the code base"}),
+        json!({"role": "assistant", "content": a1["content"]}),
+    ];
+    messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &turn("agent-1 found it?", &sub),
+            &cc,
+        )
+        .await,
+        false,
+    )
+    .await;
+    messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &turn("agent-1 thanks", &parent),
+            &cc,
+        )
+        .await,
+        false,
+    )
+    .await;
+    let samples = s.settle(2).await;
+    assert_eq!(samples.len(), 2);
+    for x in &samples {
+        assert_eq!(x["metadata"]["agent_session_key"], "5b0c7e1a-cc");
+        assert_eq!(x["metadata"]["session_source"], "inferred");
+    }
+    assert_ne!(
+        samples[0]["session_id"], samples[1]["session_id"],
+        "two conversations, two sessions"
+    );
+    s.stop().await;
+
+    let (s, _fake, _dir) = start(|c| {
+        c.server.default_turn_type = ps_core::DefaultTurnType::Auto;
+        c.server.agent_keys_name_sessions = true;
+    })
+    .await;
+    let p1 = messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &turn("agent-2 fix the bug", &[]),
+            &cc,
+        )
+        .await,
+        false,
+    )
+    .await;
+    let parent = [
+        json!({"role": "user", "content": "agent-2 fix the bug"}),
+        json!({"role": "assistant", "content": p1["content"]}),
+    ];
+    messages_answer(
+        post(
+            &s.url,
+            "/v1/messages",
+            &turn("agent-2 thanks", &parent),
+            &cc,
+        )
+        .await,
+        false,
+    )
+    .await;
+    let samples = s.settle(1).await;
+    assert_eq!(samples[0]["session_id"], "5b0c7e1a-cc");
+    assert_eq!(samples[0]["metadata"]["session_source"], "agent");
+    s.stop().await;
+}

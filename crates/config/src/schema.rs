@@ -156,6 +156,16 @@ pub struct ServerSettings {
     /// left out of the fingerprints that recognise sessions and out of the next state. Default:
     /// the npm OpenClaw agent's `<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>` user message.
     pub ephemeral_message_rules: Vec<EphemeralMessageRule>,
+    /// Where agents carry their own conversation key: `header:NAME` or `body:KEY`, the first
+    /// present wins. Each sample records it (`metadata.agent_session_key`). Default: Claude
+    /// Code's `header:x-claude-code-session-id`, Codex's `header:session-id`, and
+    /// `body:prompt_cache_key` (Codex's thread id; OpenClaw's with `supportsPromptCacheKey`).
+    pub agent_session_keys: Vec<String>,
+    /// Use the agent's key as the session (source `agent`; turns naming no type are main, as
+    /// for an unmodified agent) instead of recognising the session from the history. Off by
+    /// default: one agent key covers every conversation the agent holds (a sub-agent's, a title
+    /// request), which the history keeps apart; turn it on for an agent that holds one.
+    pub agent_keys_name_sessions: bool,
 }
 
 /// One `[[server.ephemeral_message_rules]]` entry: messages of `role` (any when unset) whose text,
@@ -241,6 +251,14 @@ impl Default for ServerSettings {
             admin_key_env: None,
             session_inference: SessionInference::default(),
             side_turn_rules: SideTurnRule::openclaw_helpers(),
+            agent_session_keys: [
+                "header:x-claude-code-session-id",
+                "header:session-id",
+                "body:prompt_cache_key",
+            ]
+            .map(String::from)
+            .to_vec(),
+            agent_keys_name_sessions: false,
             ephemeral_message_rules: vec![EphemeralMessageRule::openclaw()],
         }
     }

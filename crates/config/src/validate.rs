@@ -116,6 +116,19 @@ impl Settings {
                 );
             }
         }
+        for (i, k) in s.agent_session_keys.iter().enumerate() {
+            let named = k
+                .strip_prefix("header:")
+                .or_else(|| k.strip_prefix("body:"))
+                .is_some_and(|n| !n.trim().is_empty());
+            if !named {
+                v.fail(
+                    &format!("server.agent_session_keys[{i}]"),
+                    k,
+                    "`header:NAME` or `body:KEY`, e.g. \"header:x-claude-code-session-id\"",
+                );
+            }
+        }
         for (name, upstream) in &s.model_names {
             let key = format!("server.model_names.{name}");
             if name.trim().is_empty() {

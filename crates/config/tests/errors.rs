@@ -416,6 +416,18 @@ fn model_names_need_both_names() {
 }
 
 #[test]
+fn agent_session_keys_name_a_header_or_a_body_key() {
+    let (e, text, _) = load_error(
+        "settings.toml",
+        "[server]\nagent_session_keys = [\"header:x-claude-code-session-id\", \"x-session\", \"body: \"]\n",
+    );
+    assert_eq!(e.errors().len(), 2, "{text}");
+    assert!(text.contains("server.agent_session_keys[1]"), "{text}");
+    assert!(text.contains("server.agent_session_keys[2]"), "{text}");
+    assert!(text.contains("header:NAME"), "{text}");
+}
+
+#[test]
 fn session_inference_defaults_to_when_missing_and_rules_load() {
     Jail::expect_with(|jail| {
         jail.clear_env();

@@ -91,6 +91,10 @@ pub enum SessionSource {
     Header,
     /// The body key `session_id`.
     Body,
+    /// An agent's own conversation key (`server.agent_session_keys`, such as Claude Code's
+    /// `X-Claude-Code-Session-Id`), used as the session when
+    /// `server.agent_keys_name_sessions` is on.
+    Agent,
     /// Recognised from the history (a continuation of a conversation we answered, or a new one).
     Inferred,
     /// Recognised as a second continuation of a prefix another request already continued.
@@ -106,6 +110,7 @@ impl SessionSource {
         match self {
             Self::Header => "header",
             Self::Body => "body",
+            Self::Agent => "agent",
             Self::Inferred => "inferred",
             Self::Fork => "fork",
             Self::Unknown => "unknown",
@@ -150,6 +155,10 @@ pub struct SessionOrigin {
     /// The API the turn came through.
     #[serde(default, skip_serializing_if = "Door::is_chat")]
     pub door: Door,
+    /// The agent's own conversation key the request carried (`server.agent_session_keys`), when
+    /// any: written as `metadata.agent_session_key`, to group a conversation's sessions by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_key: Option<String>,
     /// A fork: the session whose prefix this one continued a second time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_session: Option<String>,
@@ -167,8 +176,8 @@ impl SessionOrigin {
         }
     }
 
-    /// Writes `session_source` and `door`, and `parent_session` / `continued_from` when set, into
-    /// a sample's metadata.
+    /// Writes `session_source` and `door`, and `parent_session` / `continued_from` /
+    /// `agent_session_key` when set, into a sample's metadata.
     pub fn write_metadata(&self, metadata: &mut serde_json::Map<String, serde_json::Value>) {
         use serde_json::Value;
         metadata.insert("door".into(), Value::String(self.door.as_str().into()));
@@ -181,6 +190,9 @@ impl SessionOrigin {
         }
         if let Some(c) = &self.continued_from {
             metadata.insert("continued_from".into(), Value::String(c.clone()));
+        }
+        if let Some(k) = &self.agent_key {
+            metadata.insert("agent_session_key".into(), Value::String(k.clone()));
         }
     }
 }

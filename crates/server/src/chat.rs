@@ -139,7 +139,10 @@ fn open_turn(
     let inference = &opts.inference;
     // `auto`: main when the session is recognised from the history (an unmodified agent), side
     // when the client keys its sessions (as the reference's clients, which name their main turns).
-    let default = opts.default_turn_type.for_request(inference.infers(req));
+    let agent_key = crate::infer::agent_key(&inference.agent_keys, headers, req);
+    let default = opts
+        .default_turn_type
+        .for_request(inference.unmodified_agent(req, agent_key.as_deref()));
     let turn_type = req.session.turn_type.unwrap_or_else(|| {
         crate::infer::turn_type_by_shape(
             &inference.side_rules,
@@ -148,8 +151,14 @@ fn open_turn(
             default,
         )
     });
-    let found =
-        crate::infer::find_session(app.0.matcher.as_ref(), inference, headers, req, turn_type);
+    let found = crate::infer::find_session(
+        app.0.matcher.as_ref(),
+        inference,
+        headers,
+        req,
+        turn_type,
+        agent_key.as_deref(),
+    );
     let (session_id, mut origin, reply) = (found.session_id, found.origin, found.reply);
     origin.door = door;
     if origin.source == ps_core::SessionSource::Unknown && app.first_warning("\0no-session-id") {

@@ -27,6 +27,62 @@ pub struct InferenceOptions {
     pub side_rules: Vec<ShapeRule>,
     /// `server.ephemeral_message_rules`.
     pub ephemeral_rules: Vec<EphemeralRule>,
+    /// `server.agent_session_keys`: where agents carry their own conversation key.
+    pub agent_keys: Vec<AgentKey>,
+    /// `server.agent_keys_name_sessions`: that key is the session.
+    pub agent_keys_name_sessions: bool,
+}
+
+/// Where an agent carries its own conversation key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentKey {
+    /// A request header (its name, any case).
+    Header(String),
+    /// A top-level body key.
+    Body(String),
+}
+
+impl AgentKey {
+    /// `header:NAME` or `body:KEY` (validated by the settings).
+    pub fn parse(s: &str) -> Option<Self> {
+        if let Some(h) = s.strip_prefix("header:") {
+            return Some(Self::Header(h.trim().to_ascii_lowercase()));
+        }
+        s.strip_prefix("body:")
+            .map(|b| Self::Body(b.trim().to_owned()))
+    }
+
+    /// The defaults of `server.agent_session_keys`.
+    pub fn defaults() -> Vec<Self> {
+        vec![
+            Self::Header("x-claude-code-session-id".into()),
+            Self::Header("session-id".into()),
+            Self::Body("prompt_cache_key".into()),
+        ]
+    }
+}
+
+/// The agent's own conversation key of a request: the first of `keys` it carries (a non-blank
+/// string, at most 256 bytes).
+pub(crate) fn agent_key(
+    keys: &[AgentKey],
+    headers: &HeaderMap,
+    req: &ChatRequest,
+) -> Option<String> {
+    keys.iter().find_map(|k| {
+        let v = match k {
+            AgentKey::Header(name) => headers
+                .get(name.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            AgentKey::Body(key) => req
+                .get(key)
+                .and_then(ps_json::as_str)
+                .map(|s| s.into_owned()),
+        }?;
+        let v = v.trim();
+        (!v.is_empty() && v.len() <= 256).then(|| v.to_owned())
+    })
 }
 
 impl Default for InferenceOptions {
@@ -37,6 +93,8 @@ impl Default for InferenceOptions {
             max_sessions: 10_000,
             side_rules: Vec::new(),
             ephemeral_rules: vec![EphemeralRule::openclaw()],
+            agent_keys: AgentKey::defaults(),
+            agent_keys_name_sessions: false,
         }
     }
 }
@@ -90,6 +148,15 @@ impl InferenceOptions {
             SessionInference::WhenMissing => req.session.session_id.is_none(),
         }
     }
+
+    /// Whether a request comes from an unmodified agent (its turns train under `auto`): its
+    /// session is recognised from the history, or named by the agent's own key.
+    pub(crate) fn unmodified_agent(&self, req: &ChatRequest, agent_key: Option<&str>) -> bool {
+        self.infers(req)
+            || (self.agent_keys_name_sessions
+                && agent_key.is_some()
+                && req.session.session_id.is_none())
+    }
 }
 
 /// The session a request belongs to.
@@ -140,6 +207,20 @@ pub(crate) fn find_session(
     headers: &HeaderMap,
     req: &ChatRequest,
     turn_type: TurnType,
+    agent_key: Option<&str>,
+) -> Found {
+    let mut found = find(matcher, opts, headers, req, turn_type, agent_key);
+    found.origin.agent_key = agent_key.map(str::to_owned);
+    found
+}
+
+fn find(
+    matcher: Option<&Arc<SessionMatcher>>,
+    opts: &InferenceOptions,
+    headers: &HeaderMap,
+    req: &ChatRequest,
+    turn_type: TurnType,
+    agent_key: Option<&str>,
 ) -> Found {
     let mode = opts.mode;
     let keyed = req
@@ -160,6 +241,16 @@ pub(crate) fn find_session(
         return Found {
             session_id: id,
             origin: SessionOrigin::of(source),
+            reply: None,
+            ephemeral_tail: 0,
+        };
+    }
+    if let Some(key) =
+        agent_key.filter(|_| opts.agent_keys_name_sessions && mode != SessionInference::Always)
+    {
+        return Found {
+            session_id: key.to_owned(),
+            origin: SessionOrigin::of(SessionSource::Agent),
             reply: None,
             ephemeral_tail: 0,
         };
@@ -256,7 +347,7 @@ mod tests {
         let headers = HeaderMap::new();
         for i in 0..10_000 {
             let req = request(&format!("task {i}"));
-            let found = find_session(Some(&matcher), &opts, &headers, &req, TurnType::Main);
+            let found = find_session(Some(&matcher), &opts, &headers, &req, TurnType::Main, None);
             assert_eq!(found.origin.source, SessionSource::Inferred);
             complete(
                 found.reply,
@@ -272,6 +363,7 @@ mod tests {
             &headers,
             &request("a"),
             TurnType::Main,
+            None,
         );
         complete(
             a.reply,
@@ -289,6 +381,7 @@ mod tests {
             &headers,
             &request("b"),
             TurnType::Main,
+            None,
         );
         drop(found);
         let st = matcher.stats();
@@ -346,6 +439,7 @@ mod tests {
             &headers,
             &keyed,
             TurnType::Main,
+            None,
         );
         assert_eq!(
             (f.session_id.as_str(), f.origin.source),
@@ -364,6 +458,7 @@ mod tests {
             &headers,
             &req_h,
             TurnType::Main,
+            None,
         );
         assert_eq!(
             (f.session_id.as_str(), f.origin.source),
@@ -378,6 +473,7 @@ mod tests {
             &headers,
             &req_h,
             TurnType::Main,
+            None,
         );
         assert!(f.session_id.starts_with("inferred-"));
         // A side turn without a key is not matched.
@@ -390,6 +486,7 @@ mod tests {
             &HeaderMap::new(),
             &req,
             TurnType::Side,
+            None,
         );
         assert_eq!(f.origin.source, SessionSource::Unknown);
         assert!(f.reply.is_none());

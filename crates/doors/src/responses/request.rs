@@ -90,6 +90,8 @@ struct Request<'a> {
     turn_type: Option<&'a RawValue>,
     #[serde(borrow)]
     session_done: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_cache_key: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -177,6 +179,10 @@ struct ChatBody<'a> {
     turn_type: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     session_done: Option<&'a RawValue>,
+    /// Carried as a chat client sends it (engines accept it): an agent's conversation key
+    /// (`server.agent_session_keys`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a RawValue>,
 }
 
 fn invalid(message: impl Into<String>) -> DoorError {
@@ -491,6 +497,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
         session_id: req.session_id,
         turn_type: req.turn_type,
         session_done: req.session_done,
+        prompt_cache_key: req.prompt_cache_key,
     };
     let body = serde_json::to_vec(&chat)
         .map_err(|e| DoorError::new("encode_failed", format!("writing the chat body: {e}")))?;
