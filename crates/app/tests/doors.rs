@@ -795,7 +795,7 @@ async fn previous_response_id_continues_a_stored_response() {
         post(
             &s.url,
             "/v1/responses",
-            &json!({"model": "default", "input": "prev-1 plan a trip"}),
+            &json!({"model": "default", "instructions": "Answer in French.", "input": "prev-1 plan a trip"}),
             &[],
         )
         .await,
@@ -808,7 +808,7 @@ async fn previous_response_id_continues_a_stored_response() {
         post(
             &s.url,
             "/v1/responses",
-            &json!({"model": "default", "input": "prev-1 and a budget",
+            &json!({"model": "default", "instructions": "Answer in French.", "input": "prev-1 and a budget",
         "previous_response_id": id, "stream": true}),
             &[],
         )
@@ -828,12 +828,13 @@ async fn previous_response_id_continues_a_stored_response() {
         .iter()
         .filter_map(|m| m["role"].as_str())
         .collect();
-    assert_eq!(roles, ["user", "assistant", "user"], "{sent}");
+    // The request's own instructions first, then the stored conversation and the new input.
+    assert_eq!(roles, ["system", "user", "assistant", "user"], "{sent}");
     // Streamed responses are stored too.
     let r3 = post(
         &s.url,
         "/v1/responses",
-        &json!({"model": "default", "input": "prev-1 thanks",
+        &json!({"model": "default", "instructions": "Answer in French.", "input": "prev-1 thanks",
         "previous_response_id": r2["id"], "session_done": true}),
         &[],
     )

@@ -80,6 +80,8 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 pub(crate) struct Chunk<'a> {
     #[serde(borrow)]
     pub id: Option<Cow<'a, str>>,
+    /// The chunk's creation time (Unix seconds).
+    pub created: Option<u64>,
     #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
     pub choices: Vec<ChunkChoice<'a>>,
     pub usage: Option<Usage>,

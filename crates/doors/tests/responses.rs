@@ -194,10 +194,13 @@ fn a_whole_answer_is_a_response_with_its_items_and_namespaced_calls_mapped_back(
         "role": "assistant", "content": "On it.", "reasoning_content": "Spawn one.",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "agents__spawn", "arguments": "{\"n\": 1}"}}]}}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 4}});
-    let (out, answer) = response_from_chat(chat.to_string().as_bytes(), &cx(true))
+    let whole = response_from_chat(chat.to_string().as_bytes(), &cx(true))
         .unwrap_or_else(|e| panic!("{e}"));
+    let (out, answer) = (whole.body, whole.message);
     let r: Value = serde_json::from_slice(&out).unwrap_or_default();
     assert_eq!(r["id"], "resp_chatcmpl-9");
+    assert_eq!(whole.id, "resp_chatcmpl-9");
+    assert_eq!(r["created_at"], 7);
     assert_eq!(r["object"], "response");
     assert_eq!(r["status"], "completed");
     assert_eq!(r["model"], "gpt-x");
@@ -242,16 +245,19 @@ fn a_whole_answer_is_a_response_with_its_items_and_namespaced_calls_mapped_back(
     );
     // The token limit: incomplete; an abort: refused.
     let cut = json!({"id": "c", "choices": [{"finish_reason": "length", "message": {"role": "assistant", "content": "par"}}]});
-    let (out, _) = response_from_chat(cut.to_string().as_bytes(), &cx(false))
+    let cut = response_from_chat(cut.to_string().as_bytes(), &cx(false))
         .unwrap_or_else(|e| panic!("{e}"));
-    let r: Value = serde_json::from_slice(&out).unwrap_or_default();
-    assert_eq!(
-        (
-            r["status"].clone(),
-            r["incomplete_details"]["reason"].clone()
-        ),
-        (json!("incomplete"), json!("max_output_tokens"))
-    );
+    let r: Value = serde_json::from_slice(&cut.body).unwrap_or_default();
+    assert_eq!(r["status"], "incomplete");
+    assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(r["output"][0]["status"], "incomplete");
+    // An engine that gives no id: a fresh one each time (a stored response must be findable).
+    let no_id = json!({"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}]});
+    let a = response_from_chat(no_id.to_string().as_bytes(), &cx(false))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let b = response_from_chat(no_id.to_string().as_bytes(), &cx(false))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(a.id, b.id);
     let aborted = json!({"choices": [{"finish_reason": "abort", "message": {"role": "assistant", "content": "p"}}]});
     assert_eq!(
         response_from_chat(aborted.to_string().as_bytes(), &cx(false))
@@ -260,7 +266,7 @@ fn a_whole_answer_is_a_response_with_its_items_and_namespaced_calls_mapped_back(
         Some("engine_aborted")
     );
     assert_eq!(
-        ps_doors::responses::check_answer(aborted.to_string().as_bytes())
+        ps_doors::responses::check_answer(Some("abort"))
             .err()
             .map(|e| e.code),
         Some("engine_aborted")
@@ -352,12 +358,23 @@ fn a_stream_gives_the_events_in_order_numbered_and_ends_with_the_whole_response(
         "role": "assistant", "content": "On it.", "reasoning_content": "Spawn one.",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "agents__spawn", "arguments": "{\"n\": 1}"}}]}}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 4}});
-    let (w, _) = response_from_chat(whole.to_string().as_bytes(), &cx(true))
+    let w = response_from_chat(whole.to_string().as_bytes(), &cx(true))
         .unwrap_or_else(|e| panic!("{e}"));
-    let w: Value = serde_json::from_slice(&w).unwrap_or_default();
+    let w: Value = serde_json::from_slice(&w.body).unwrap_or_default();
     let last = &ev[ev.len() - 1]["response"];
     assert_eq!(last["output"], w["output"]);
     assert_eq!(last["usage"], w["usage"]);
+    assert!(last["created_at"].as_u64().unwrap_or(0) > 0, "{last}");
+    // Each item's done event carries the item the completed response lists.
+    let done: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| &e["item"])
+        .collect();
+    assert_eq!(done.len(), 3);
+    for (i, item) in done.iter().enumerate() {
+        assert_eq!(**item, last["output"][i]);
+    }
     assert!(s.completed().is_some());
     // A broken stream: response.failed, nothing completed.
     let mut s = EventStream::new(cx(false));
@@ -370,4 +387,92 @@ fn a_stream_gives_the_events_in_order_numbered_and_ends_with_the_whole_response(
     assert_eq!(last["type"], "response.failed");
     assert_eq!(last["response"]["error"]["message"], "upstream broke");
     assert!(s.failed() && s.completed().is_none());
+}
+
+fn sse_of(chunks: &[Value], done: bool) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for c in chunks {
+        bytes.extend_from_slice(format!("data: {c}\n\n").as_bytes());
+    }
+    if done {
+        bytes.extend_from_slice(b"data: [DONE]\n\n");
+    }
+    bytes
+}
+
+/// Text after a tool call (a newline, say) is an item of its own with only its own text; sent
+/// back, the items give the engine's message again (texts concatenated).
+#[test]
+fn text_after_a_call_is_its_own_item_and_the_message_comes_back_whole() {
+    let chunk = |delta: Value, finish: Option<&str>| json!({"id": "chatcmpl-5", "created": 9, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    let bytes = sse_of(
+        &[
+            chunk(json!({"content": "Calling."}), None),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "look", "arguments": "{}"}}]}),
+                None,
+            ),
+            chunk(json!({"content": "\n"}), Some("tool_calls")),
+        ],
+        true,
+    );
+    let mut s = EventStream::new(cx(false));
+    let mut out = s.push(&bytes);
+    out.extend(s.finish());
+    let ev = events(&out);
+    let r = &ev[ev.len() - 1]["response"];
+    let items = r["output"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 3);
+    assert_eq!(items[0]["content"][0]["text"], "Calling.");
+    assert_eq!(items[2]["content"][0]["text"], "\n");
+    let ids: std::collections::BTreeSet<String> = items
+        .iter()
+        .filter_map(|i| i["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 3, "distinct item ids: {ids:?}");
+    let mut input = vec![json!({"role": "user", "content": "go"})];
+    input.extend(items);
+    input.push(json!({"type": "function_call_output", "call_id": "c1", "output": "ok"}));
+    let (_, c) = chat_of(&json!({"model": "m", "input": input}));
+    assert_eq!(c["messages"][1]["content"], "Calling.\n");
+    assert_eq!(
+        s.completed().map(|(_, m)| m["content"].clone()),
+        Some(json!("Calling.\n"))
+    );
+}
+
+/// Parallel calls sent back as Codex orders them (calls, then outputs) are one assistant message.
+#[test]
+fn parallel_calls_and_their_outputs_are_one_assistant_message_then_tool_messages() {
+    let (_, c) = chat_of(&json!({"model": "m", "input": [
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "b", "name": "g", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": "1"},
+        {"type": "function_call_output", "call_id": "b", "output": "2"}
+    ]}));
+    let m = c["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(m.len(), 4);
+    assert_eq!(m[1]["tool_calls"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        (m[2]["tool_call_id"].clone(), m[3]["tool_call_id"].clone()),
+        (json!("a"), json!("b"))
+    );
+}
+
+/// An aborted stream fails at the chunk that says so, before the stream's end (which the caller
+/// then does not read: no sample of it).
+#[test]
+fn an_aborted_stream_fails_at_once() {
+    let chunk = json!({"id": "x", "choices": [{"index": 0, "delta": {"content": "par"}, "finish_reason": "abort"}]});
+    let mut s = EventStream::new(cx(false));
+    let ev = events(&s.push(&sse_of(std::slice::from_ref(&chunk), false)));
+    assert_eq!(
+        ev.last().map(|e| e["type"].clone()),
+        Some(json!("response.failed"))
+    );
+    assert!(s.failed());
+    let mut m = ps_doors::messages::EventStream::new("m", false);
+    let out = String::from_utf8_lossy(&m.push(&sse_of(&[chunk], false))).into_owned();
+    assert!(out.contains("event: error") && m.failed(), "{out}");
 }

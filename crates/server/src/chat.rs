@@ -375,7 +375,7 @@ async fn whole_answer(
     }
     // An answer another door cannot give its client is refused before it counts: no reply
     // registered for session inference, no sample of an answer the client never got.
-    if let Err(e) = door_check(t.door, answer.bytes()) {
+    if let Err(e) = door_check(t.door, &answer) {
         if let Some(mut turn) = t.turn {
             turn.guard.set_reason("door_untranslatable");
         }
@@ -434,13 +434,18 @@ async fn whole_answer(
     Ok((resp, upstream))
 }
 
-/// Whether a whole answer can be answered through `door` (chat completions: always).
-fn door_check(door: Door, answer: &[u8]) -> Result<(), String> {
-    match door {
-        Door::ChatCompletions => Ok(()),
-        Door::Messages => ps_doors::messages::check_answer(answer).map_err(|e| e.message),
-        Door::Responses => ps_doors::responses::check_answer(answer).map_err(|e| e.message),
-    }
+/// Whether a whole answer can be answered through `door` (chat completions: always). Read from
+/// the answer's scan: its finish reason and message, never its log-probs again.
+fn door_check(door: Door, answer: &Answer) -> Result<(), String> {
+    let finish = answer.finish_reason();
+    let checked = match door {
+        Door::ChatCompletions => return Ok(()),
+        Door::Messages => {
+            ps_doors::messages::check_answer(answer.message().as_ref(), finish.as_deref())
+        }
+        Door::Responses => ps_doors::responses::check_answer(finish.as_deref()),
+    };
+    checked.map_err(|e| e.message)
 }
 
 fn sse_response(body: Body) -> Response {

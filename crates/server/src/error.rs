@@ -308,6 +308,41 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// This error as the Responses door answers it: OpenAI's shape always, also for an engine's
+    /// error, whose own body (vLLM's `{"object": "error", …}`, SGLang's) is passed through by the
+    /// chat route but read here for its message, so that a Responses client (Codex) finds
+    /// `error.message` and `error.code`.
+    pub fn into_openai_response(self) -> Response {
+        let Self::Upstream(SglangError::Status { status, body, .. }) = &self else {
+            return self.into_response();
+        };
+        let answer = self.answer();
+        let message = format!(
+            "the policy engine answered {status}: {}",
+            upstream_message(body)
+        );
+        let report = ErrorReport {
+            class: answer.class,
+            status: answer.status,
+            code: answer.code,
+            message: message.clone(),
+        };
+        let kind = if answer.status.is_client_error() {
+            INVALID
+        } else {
+            "server_error"
+        };
+        let mut resp = (
+            answer.status,
+            axum::Json(error_body(&message, kind, answer.code)),
+        )
+            .into_response();
+        resp.extensions_mut().insert(report);
+        resp
+    }
+}
+
 /// The OpenAI error body.
 pub fn error_body(message: &str, kind: &str, code: &str) -> serde_json::Value {
     json!({"error": {"message": message, "type": kind, "code": code}})

@@ -12,7 +12,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::BodyExt;
@@ -53,9 +53,10 @@ impl Store {
         g.by_id.get(id).map(|(m, _)| m.clone())
     }
 
-    fn put(&self, id: String, mut messages: Vec<Value>, answer: Value) {
+    /// Keeps `messages` and the `answer` under `id`; `size`: their JSON's length, about (the
+    /// chat body's).
+    fn put(&self, id: String, mut messages: Vec<Value>, answer: Value, size: usize) {
         messages.push(answer);
-        let size = serde_json::to_vec(&messages).map_or(0, |v| v.len());
         let mut g = self
             .0
             .lock()
@@ -98,7 +99,7 @@ pub async fn responses(State(app): State<AppState>, headers: HeaderMap, body: Bo
     .increment(1);
     match result {
         Ok((resp, _)) => resp,
-        Err(e) => e.into_response(),
+        Err(e) => e.into_openai_response(),
     }
 }
 
@@ -140,7 +141,7 @@ async fn handle(
         encrypted_reasoning: t.encrypted_reasoning,
         echo: t.echo.clone(),
     };
-    let (stream, store, messages) = (t.stream, t.store, t.messages);
+    let (stream, store, messages, size) = (t.stream, t.store, t.messages, t.body.len());
     let (resp, turn_type) =
         chat::serve(app, headers, Bytes::from(t.body), Door::Responses, started).await?;
     let (mut parts, body) = resp.into_parts();
@@ -171,7 +172,7 @@ async fn handle(
                         && let Some((id, answer)) = events.completed()
                         && let Some(m) = messages.take()
                     {
-                        app.0.responses.put(id, m, answer);
+                        app.0.responses.put(id, m, answer, size);
                     }
                     if !out.is_empty() {
                         let item = Ok::<_, std::convert::Infallible>(Bytes::from(out));
@@ -197,19 +198,63 @@ async fn handle(
         .await
         .map_err(|e| ApiError::Encode(format!("reading the chat answer: {e}")))?
         .to_bytes();
-    let (out, answer) =
-        ps_doors::responses::response_from_chat(&chat_answer, &cx).map_err(|e| {
-            ApiError::Upstream(ps_sglang_client::SglangError::InvalidBody {
-                url: app.0.policy.chat_url().to_owned(),
-                detail: e.message,
-            })
-        })?;
-    if store && let Some(id) = ps_doors::responses::response_id_of(&chat_answer) {
-        app.0.responses.put(id, messages, answer);
+    let whole = ps_doors::responses::response_from_chat(&chat_answer, &cx).map_err(|e| {
+        ApiError::Upstream(ps_sglang_client::SglangError::InvalidBody {
+            url: app.0.policy.chat_url().to_owned(),
+            detail: e.message,
+        })
+    })?;
+    if store {
+        let size = size + whole.body.len();
+        app.0.responses.put(whole.id, messages, whole.message, size);
     }
+    let out = whole.body;
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
     Ok((Response::from_parts(parts, Body::from(out)), turn_type))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The store keeps at most its bound of responses, the oldest going first; a response put
+    /// again under its id replaces itself.
+    #[test]
+    fn the_store_forgets_the_oldest_beyond_its_bounds() {
+        let store = Store::default();
+        let msg = |i: usize| vec![json!({"role": "user", "content": format!("m{i}")})];
+        for i in 0..STORE_MAX_RESPONSES + 10 {
+            store.put(
+                format!("r{i}"),
+                msg(i),
+                json!({"role": "assistant", "content": "a"}),
+                100,
+            );
+        }
+        assert!(store.get("r0").is_none() && store.get("r9").is_none());
+        let kept = store.get("r10").unwrap_or_default();
+        assert_eq!(kept.len(), 2, "the conversation and the answer");
+        assert!(
+            store
+                .get(&format!("r{}", STORE_MAX_RESPONSES + 9))
+                .is_some()
+        );
+        // Bytes: one response over the bound evicts every older one, never itself.
+        store.put("big".into(), msg(0), json!({}), STORE_MAX_BYTES + 1);
+        assert!(store.get("big").is_some());
+        assert!(
+            store
+                .get(&format!("r{}", STORE_MAX_RESPONSES + 9))
+                .is_none()
+        );
+        store.put("big".into(), msg(1), json!({}), 10);
+        assert_eq!(
+            store.get("big").map(|m| m[0]["content"].clone()),
+            Some(json!("m1"))
+        );
+    }
 }

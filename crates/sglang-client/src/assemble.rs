@@ -454,6 +454,14 @@ impl Answer {
             .map(raw::to_value_text)
     }
 
+    /// `choices[0].finish_reason`, when it is a string.
+    pub fn finish_reason(&self) -> Option<String> {
+        self.first_choice()?
+            .field("finish_reason")
+            .and_then(raw::as_str_text)
+            .map(std::borrow::Cow::into_owned)
+    }
+
     /// Both the engine's prompt and response ids, when it returned both.
     pub fn engine_ids(&self) -> Option<EngineIds> {
         engine_ids_of(&self.scanned(&self.top), &self.first_choice()?)

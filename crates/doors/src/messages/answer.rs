@@ -197,10 +197,34 @@ pub(crate) fn tool_input(arguments: &str) -> Option<Box<RawValue>> {
 }
 
 /// Whether a whole chat answer can be a Messages answer, checked before the turn is captured or
-/// answered (so that an answer the client never gets is not trained on): the same refusals as
-/// [`message_from_chat`], without writing anything.
-pub fn check_answer(chat: &[u8]) -> Result<(), DoorError> {
-    message_from_chat(chat, "", false).map(|_| ())
+/// answered (so that an answer the client never gets is not trained on): `message` is its
+/// `choices[0].message`, `finish_reason` its finish. The same refusals as [`message_from_chat`]:
+/// an aborted answer, a tool call whose arguments are not a JSON object.
+pub fn check_answer(
+    message: Option<&serde_json::Value>,
+    finish_reason: Option<&str>,
+) -> Result<(), DoorError> {
+    if finish_reason == Some("abort") {
+        return Err(DoorError::new("engine_aborted", ABORTED));
+    }
+    let calls = message
+        .and_then(|m| m.get("tool_calls"))
+        .and_then(serde_json::Value::as_array);
+    for call in calls.into_iter().flatten() {
+        let f = &call["function"];
+        let args = f["arguments"].as_str().unwrap_or("{}");
+        if tool_input(args).is_none() {
+            return Err(DoorError::new(
+                "tool_arguments_not_an_object",
+                format!(
+                    "the engine called {:?} with arguments that are not a JSON object, which a \
+                     tool_use block cannot carry: {args:?}",
+                    f["name"].as_str().unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A whole chat answer (`chat`: its JSON) as a Messages answer (JSON) for `model`. The first choice

@@ -646,8 +646,9 @@ fn user_messages<'a>(
     Ok(())
 }
 
-/// An assistant message: its text blocks as `content` (joined by a newline, as engines join text
-/// parts), `thinking` as `reasoning_content`, `tool_use` as tool calls.
+/// An assistant message: its text blocks as `content` (concatenated: they are one answer's text,
+/// split where a stream interleaved other blocks), `thinking` as `reasoning_content`, `tool_use`
+/// as tool calls.
 fn assistant_message<'a>(
     raw: &'a RawValue,
     at: &str,
@@ -718,12 +719,14 @@ fn assistant_message<'a>(
         0 if !calls.is_empty() => None,
         0 => Some(ChatContent::Text(Cow::Borrowed(""))),
         1 => texts.pop().map(ChatContent::Text),
-        _ => Some(ChatContent::Text(Cow::Owned(texts.join("\n")))),
+        // The blocks of one answer (a stream's text after a tool call is a block of its own): the
+        // engine's text is their concatenation.
+        _ => Some(ChatContent::Text(Cow::Owned(texts.concat()))),
     };
     let reasoning_content = match thinking.len() {
         0 => None,
         1 => thinking.pop(),
-        _ => Some(Cow::Owned(thinking.join("\n"))),
+        _ => Some(Cow::Owned(thinking.concat())),
     };
     Ok(ChatMessage {
         role: "assistant",

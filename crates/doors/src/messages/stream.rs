@@ -170,6 +170,11 @@ impl EventStream {
                 .matched_stop
                 .or(choice.stop_reason)
                 .map(|m| m.to_owned());
+            // An aborted answer fails at once, before the chat stream's end, which the caller
+            // then does not read: the turn is not trained on, its reply not registered.
+            if self.finish_reason.as_deref() == Some("abort") {
+                self.fail(super::answer::ABORTED, out);
+            }
         }
     }
 

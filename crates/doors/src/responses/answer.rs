@@ -12,13 +12,22 @@ use crate::messages::thinking_signature;
 pub(crate) const ABORTED: &str = "the engine aborted the answer (finish_reason \"abort\": a pause or \
      a weight update); retry the request";
 
-/// What the answer's items are made of, whichever way the answer came.
+/// One output item of an answer, in the order it came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Seg {
+    Reasoning(String),
+    Text(String),
+    /// The `i`-th of [`Built::calls`].
+    Call(usize),
+}
+
+/// What the answer's items are made of, whichever way the answer came: its segments in order (a
+/// stream may give text after a call: a segment of its own, never the earlier text again).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Built {
     pub id: String,
     pub created: u64,
-    pub reasoning: String,
-    pub text: String,
+    pub segs: Vec<Seg>,
     /// `(call id, name as the engine called it, arguments)`.
     pub calls: Vec<(String, String, String)>,
     pub finish_reason: Option<String>,
@@ -36,7 +45,32 @@ pub struct ResponseContext {
     pub echo: Value,
 }
 
+/// A response id for an answer whose engine gave none: unique in this process.
+fn fresh_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("ps{t:x}{n:x}")
+}
+
 impl Built {
+    /// Starts an answer with the engine's id (a fresh one when it gave none) and creation time.
+    pub(crate) fn start(id: Option<&str>, created: Option<u64>) -> Self {
+        Self {
+            id: id
+                .filter(|i| !i.is_empty())
+                .map_or_else(fresh_id, str::to_owned),
+            created: created.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+            }),
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn response_id(&self) -> String {
         if self.id.starts_with("resp_") {
             self.id.clone()
@@ -45,66 +79,72 @@ impl Built {
         }
     }
 
-    pub(crate) fn item_id(&self, prefix: &str, i: usize) -> String {
+    /// The id of the segment at `i`.
+    pub(crate) fn item_id(&self, i: usize) -> String {
         let base = self.id.trim_start_matches("chatcmpl-");
+        let prefix = match self.segs.get(i) {
+            Some(Seg::Reasoning(_)) => "rs",
+            Some(Seg::Call(_)) => "fc",
+            _ => "msg",
+        };
         format!("{prefix}_{base}_{i}")
     }
 
-    pub(crate) fn reasoning_item(&self, cx: &ResponseContext, done: bool) -> Value {
-        let mut item = json!({
-            "id": self.item_id("rs", 0), "type": "reasoning", "summary": [],
-        });
-        if done {
-            item["content"] = json!([{"type": "reasoning_text", "text": self.reasoning}]);
-            item["status"] = json!("completed");
-            if cx.encrypted_reasoning {
-                item["encrypted_content"] = json!(thinking_signature(&self.reasoning));
-            }
+    /// The output item of the segment at `i`, done or (a stream's first sight of it) in progress.
+    pub(crate) fn item(&self, cx: &ResponseContext, i: usize, done: bool) -> Value {
+        let status = if !done {
+            "in_progress"
+        } else if self.status() == "incomplete" && i + 1 == self.segs.len() {
+            "incomplete"
         } else {
-            item["status"] = json!("in_progress");
-        }
-        item
-    }
-
-    pub(crate) fn message_item(&self, done: bool) -> Value {
-        let content = if done {
-            json!([{"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}])
-        } else {
-            json!([])
+            "completed"
         };
-        json!({
-            "id": self.item_id("msg", 0), "type": "message", "role": "assistant",
-            "status": if done { "completed" } else { "in_progress" }, "content": content,
-        })
-    }
-
-    pub(crate) fn call_item(&self, cx: &ResponseContext, i: usize, done: bool) -> Value {
-        let (call_id, name, args) = &self.calls[i];
-        let mut item = json!({
-            "id": self.item_id("fc", i), "type": "function_call",
-            "status": if done { "completed" } else { "in_progress" },
-            "call_id": call_id, "name": name, "arguments": if done { args.as_str() } else { "" },
-        });
-        if let Some((ns, n)) = cx.namespaces.split(name) {
-            item["name"] = json!(n);
-            item["namespace"] = json!(ns);
+        let id = self.item_id(i);
+        match &self.segs[i] {
+            Seg::Reasoning(text) => {
+                let mut item =
+                    json!({"id": id, "type": "reasoning", "summary": [], "status": status});
+                if done {
+                    item["content"] = json!([{"type": "reasoning_text", "text": text}]);
+                    if cx.encrypted_reasoning {
+                        item["encrypted_content"] = json!(thinking_signature(text));
+                    }
+                }
+                item
+            }
+            Seg::Text(text) => {
+                let content = if done {
+                    json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}])
+                } else {
+                    json!([])
+                };
+                json!({"id": id, "type": "message", "role": "assistant", "status": status, "content": content})
+            }
+            Seg::Call(c) => {
+                let (call_id, name, args) = &self.calls[*c];
+                let mut item = json!({
+                    "id": id, "type": "function_call", "status": status,
+                    "call_id": call_id, "name": name, "arguments": if done { args.as_str() } else { "" },
+                });
+                if let Some((ns, n)) = cx.namespaces.split(name) {
+                    item["name"] = json!(n);
+                    item["namespace"] = json!(ns);
+                }
+                item
+            }
         }
-        item
     }
 
-    /// The output items in order.
+    /// The output items in order (an empty answer: one empty message).
     pub(crate) fn output(&self, cx: &ResponseContext) -> Vec<Value> {
-        let mut out = Vec::new();
-        if !self.reasoning.is_empty() {
-            out.push(self.reasoning_item(cx, true));
+        if self.segs.is_empty() {
+            let mut empty = self.clone();
+            empty.segs.push(Seg::Text(String::new()));
+            return empty.output(cx);
         }
-        if !self.text.is_empty() || (self.calls.is_empty() && self.reasoning.is_empty()) {
-            out.push(self.message_item(true));
-        }
-        for i in 0..self.calls.len() {
-            out.push(self.call_item(cx, i, true));
-        }
-        out
+        (0..self.segs.len())
+            .map(|i| self.item(cx, i, true))
+            .collect()
     }
 
     /// `completed`, or `incomplete` when the answer hit the token limit.
@@ -144,12 +184,21 @@ impl Built {
         r
     }
 
-    /// The answer as the chat assistant message it was, for a stored response's conversation.
+    /// The answer as the chat assistant message it was (its segments' texts concatenated, as the
+    /// engine wrote them), for a stored response's conversation.
     pub(crate) fn chat_message(&self) -> Value {
+        let (mut reasoning, mut text) = (String::new(), String::new());
+        for s in &self.segs {
+            match s {
+                Seg::Reasoning(t) => reasoning.push_str(t),
+                Seg::Text(t) => text.push_str(t),
+                Seg::Call(_) => {}
+            }
+        }
         let mut m = json!({"role": "assistant",
-            "content": if self.text.is_empty() && !self.calls.is_empty() { Value::Null } else { json!(self.text) }});
-        if !self.reasoning.is_empty() {
-            m["reasoning_content"] = json!(self.reasoning);
+            "content": if text.is_empty() && !self.calls.is_empty() { Value::Null } else { json!(text) }});
+        if !reasoning.is_empty() {
+            m["reasoning_content"] = json!(reasoning);
         }
         if !self.calls.is_empty() {
             m["tool_calls"] = self
@@ -164,10 +213,7 @@ impl Built {
 
 /// A whole chat answer as a Responses response: its JSON, and the answer as a chat assistant
 /// message (what a stored response's conversation continues with).
-pub fn response_from_chat(
-    chat: &[u8],
-    cx: &ResponseContext,
-) -> Result<(Vec<u8>, Value), DoorError> {
+pub fn response_from_chat(chat: &[u8], cx: &ResponseContext) -> Result<Whole, DoorError> {
     let v: Value = serde_json::from_slice(chat).map_err(|e| {
         DoorError::new(
             "upstream_invalid_response",
@@ -208,55 +254,44 @@ pub fn response_from_chat(
             )
         })
         .collect();
-    let built = Built {
-        id: v["id"].as_str().unwrap_or("policy_serving").to_owned(),
-        created: v["created"].as_u64().unwrap_or(0),
-        reasoning,
-        text: text_of(&m["content"]),
-        calls,
-        finish_reason: finish,
-        prompt_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-        completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
-    };
+    let mut built = Built::start(v["id"].as_str(), v["created"].as_u64());
+    let text = text_of(&m["content"]);
+    if !reasoning.is_empty() {
+        built.segs.push(Seg::Reasoning(reasoning));
+    }
+    if !text.is_empty() {
+        built.segs.push(Seg::Text(text));
+    }
+    built.calls = calls;
+    built.segs.extend((0..built.calls.len()).map(Seg::Call));
+    built.finish_reason = finish;
+    built.prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    built.completion_tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
     let body = serde_json::to_vec(&built.response(cx, true))
         .map_err(|e| DoorError::new("encode_failed", format!("writing the answer: {e}")))?;
-    Ok((body, built.chat_message()))
+    Ok(Whole {
+        body,
+        id: built.response_id(),
+        message: built.chat_message(),
+    })
 }
 
-/// Whether a whole chat answer can be a response (an aborted one cannot), checked before the turn
-/// is captured.
-pub fn check_answer(chat: &[u8]) -> Result<(), DoorError> {
-    // Read without a tree: an answer's log-probs are an object per token.
-    #[derive(serde::Deserialize)]
-    struct Answer<'a> {
-        #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
-        choices: Vec<Choice<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Choice<'a> {
-        #[serde(borrow)]
-        finish_reason: Option<std::borrow::Cow<'a, str>>,
-    }
-    let a: Answer<'_> = serde_json::from_slice(chat).map_err(|e| {
-        DoorError::new(
-            "upstream_invalid_response",
-            format!("the engine's answer does not read as a chat completion: {e}"),
-        )
-    })?;
-    match a.choices.first().and_then(|c| c.finish_reason.as_deref()) {
+/// A whole answer translated: the response's JSON, its id, and the answer as a chat assistant
+/// message (what a stored response's conversation continues with).
+#[derive(Debug, Clone)]
+pub struct Whole {
+    pub body: Vec<u8>,
+    pub id: String,
+    pub message: Value,
+}
+
+/// Whether a whole chat answer can be a response (an aborted one cannot), from its finish
+/// reason, checked before the turn is captured.
+pub fn check_answer(finish_reason: Option<&str>) -> Result<(), DoorError> {
+    match finish_reason {
         Some("abort") => Err(DoorError::new("engine_aborted", ABORTED)),
         _ => Ok(()),
     }
-}
-
-/// The response id a whole chat answer gets.
-pub fn response_id_of(chat: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(chat).ok()?;
-    let b = Built {
-        id: v["id"].as_str()?.to_owned(),
-        ..Built::default()
-    };
-    Some(b.response_id())
 }
 
 /// An OpenAI error body: `{"error": {"message", "type", "code"}}` (the Responses API's shape).

@@ -13,6 +13,6 @@ mod answer;
 mod request;
 mod stream;
 
-pub use answer::{ResponseContext, check_answer, error_body, response_from_chat, response_id_of};
+pub use answer::{ResponseContext, Whole, check_answer, error_body, response_from_chat};
 pub use request::{NAMESPACE_SEPARATOR, Namespaces, Translated, flat_name, to_chat};
 pub use stream::EventStream;

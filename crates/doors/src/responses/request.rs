@@ -215,12 +215,13 @@ impl Assistant {
             "content".into(),
             match text.len() {
                 0 if !calls.is_empty() => Value::Null,
-                _ => Value::String(text.join("\n")),
+                // The segments of one answer: the engine's text is their concatenation.
+                _ => Value::String(text.concat()),
             },
         );
         let reasoning = std::mem::take(&mut self.reasoning);
         if !reasoning.is_empty() {
-            m.insert("reasoning_content".into(), reasoning.join("\n").into());
+            m.insert("reasoning_content".into(), reasoning.concat().into());
         }
         if !calls.is_empty() {
             m.insert("tool_calls".into(), calls.into());
@@ -413,6 +414,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
         ));
     }
     let (tools, namespaces) = tools(req.tools.as_deref().unwrap_or_default(), &mut dropped)?;
+    let asked_choice = req.tool_choice.clone();
     let tool_choice = match req.tool_choice {
         None => None,
         Some(Value::String(s)) if matches!(s.as_str(), "auto" | "none" | "required") => {
@@ -508,7 +510,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
     let echo = serde_json::json!({
         "instructions": req.instructions,
         "metadata": req.metadata.unwrap_or_else(|| serde_json::json!({})),
-        "tool_choice": chat.tool_choice.clone().unwrap_or_else(|| "auto".into()),
+        "tool_choice": asked_choice.unwrap_or_else(|| "auto".into()),
         "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
         "temperature": raw_num(req.temperature),
         "top_p": raw_num(req.top_p),

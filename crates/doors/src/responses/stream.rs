@@ -8,16 +8,16 @@
 
 use serde_json::{Value, json};
 
-use super::answer::{Built, ResponseContext};
+use super::answer::{Built, ResponseContext, Seg};
 use crate::chunks::{Chunk, SseData, SseReader, ToolKeys};
 
-/// The item being streamed.
+/// The kind of item being streamed (its segment is the last of [`Built::segs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
     Reasoning,
     Message,
-    /// The `i`-th call of [`Built::calls`], by its key.
-    Call(usize, i64),
+    /// A call, by its key.
+    Call(i64),
 }
 
 /// The translation of one streamed answer ([`crate::messages::EventStream`]'s twin).
@@ -113,7 +113,7 @@ impl EventStream {
             return self.fail(&message, out);
         }
         if !self.started {
-            self.built.id = chunk.id.as_deref().unwrap_or("policy_serving").to_owned();
+            self.built = Built::start(chunk.id.as_deref(), chunk.created);
             self.start(out);
         }
         if let Some(u) = chunk.usage {
@@ -129,16 +129,16 @@ impl EventStream {
                 .or(delta.reasoning)
                 .filter(|t| !t.is_empty())
             {
-                self.open_item(Open::Reasoning, out);
-                self.built.reasoning.push_str(&t);
-                let d = json!({"item_id": self.built.item_id("rs", 0), "output_index": self.output_index,
+                self.open_item(Open::Reasoning, None, out);
+                self.append(&t);
+                let d = json!({"item_id": self.built.item_id(self.output_index), "output_index": self.output_index,
                     "content_index": 0, "delta": t});
                 self.emit("response.reasoning_text.delta", d, out);
             }
             if let Some(t) = delta.content.filter(|t| !t.is_empty()) {
-                self.open_item(Open::Message, out);
-                self.built.text.push_str(&t);
-                let d = json!({"item_id": self.built.item_id("msg", 0), "output_index": self.output_index,
+                self.open_item(Open::Message, None, out);
+                self.append(&t);
+                let d = json!({"item_id": self.built.item_id(self.output_index), "output_index": self.output_index,
                     "content_index": 0, "delta": t, "logprobs": []});
                 self.emit("response.output_text.delta", d, out);
             }
@@ -148,7 +148,7 @@ impl EventStream {
                     None => (None, None),
                 };
                 let open = match self.open {
-                    Some(Open::Call(_, k)) => Some(k),
+                    Some(Open::Call(k)) => Some(k),
                     _ => None,
                 };
                 let starts = call.id.is_some() || name.is_some();
@@ -160,25 +160,40 @@ impl EventStream {
                 };
                 if open != Some(key) {
                     let i = self.built.calls.len();
-                    self.built.calls.push((
+                    let call = (
                         call.id
                             .map_or_else(|| format!("call_{i}"), |c| c.into_owned()),
                         name.map(|n| n.into_owned()).unwrap_or_default(),
                         String::new(),
-                    ));
-                    self.open_item(Open::Call(i, key), out);
+                    );
+                    self.open_item(Open::Call(key), Some(call), out);
                 }
-                if let (Some(a), Some(Open::Call(i, _))) =
-                    (args.filter(|a| !a.is_empty()), self.open)
-                {
-                    self.built.calls[i].2.push_str(&a);
-                    let d = json!({"item_id": self.built.item_id("fc", i), "output_index": self.output_index, "delta": a});
+                if let Some(a) = args.filter(|a| !a.is_empty()) {
+                    self.append(&a);
+                    let d = json!({"item_id": self.built.item_id(self.output_index), "output_index": self.output_index, "delta": a});
                     self.emit("response.function_call_arguments.delta", d, out);
                 }
             }
         }
         if let Some(f) = choice.finish_reason {
             self.built.finish_reason = Some(f.into_owned());
+            // An aborted answer fails at once, before the chat stream's end, which the caller
+            // then does not read: the turn is not trained on, its reply not registered.
+            if self.built.finish_reason.as_deref() == Some("abort") {
+                self.fail(super::answer::ABORTED, out);
+            }
+        }
+    }
+
+    /// Appends to the open segment's text (a call's arguments).
+    fn append(&mut self, t: &str) {
+        match self.built.segs.last_mut() {
+            Some(Seg::Reasoning(s) | Seg::Text(s)) => s.push_str(t),
+            Some(Seg::Call(i)) => {
+                let i = *i;
+                self.built.calls[i].2.push_str(t);
+            }
+            None => {}
         }
     }
 
@@ -190,24 +205,31 @@ impl EventStream {
         self.emit("response.in_progress", json!({"response": r}), out);
     }
 
-    fn open_item(&mut self, want: Open, out: &mut Vec<u8>) {
+    /// Makes `want` the open item: closes another, starts a new segment (`call`: a new call's
+    /// id, name and empty arguments).
+    fn open_item(&mut self, want: Open, call: Option<(String, String, String)>, out: &mut Vec<u8>) {
         if self.open == Some(want) {
             return;
         }
         self.close_item(out);
-        let oi = self.output_index;
-        let item = match want {
-            Open::Reasoning => self.built.reasoning_item(&self.cx, false),
-            Open::Message => self.built.message_item(false),
-            Open::Call(i, _) => self.built.call_item(&self.cx, i, false),
+        let seg = match (want, call) {
+            (Open::Reasoning, _) => Seg::Reasoning(String::new()),
+            (Open::Message, _) => Seg::Text(String::new()),
+            (Open::Call(_), call) => {
+                self.built.calls.push(call.unwrap_or_default());
+                Seg::Call(self.built.calls.len() - 1)
+            }
         };
+        self.built.segs.push(seg);
+        let oi = self.output_index;
+        let item = self.built.item(&self.cx, oi, false);
         self.emit(
             "response.output_item.added",
             json!({"output_index": oi, "item": item}),
             out,
         );
         if want == Open::Message {
-            let d = json!({"item_id": self.built.item_id("msg", 0), "output_index": oi, "content_index": 0,
+            let d = json!({"item_id": self.built.item_id(oi), "output_index": oi, "content_index": 0,
                 "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}});
             self.emit("response.content_part.added", d, out);
         }
@@ -215,20 +237,19 @@ impl EventStream {
     }
 
     fn close_item(&mut self, out: &mut Vec<u8>) {
-        let Some(open) = self.open.take() else {
+        if self.open.take().is_none() {
             return;
-        };
+        }
         let oi = self.output_index;
-        let item = match open {
-            Open::Reasoning => {
-                let id = self.built.item_id("rs", 0);
-                let d = json!({"item_id": id, "output_index": oi, "content_index": 0, "text": self.built.reasoning});
+        let id = self.built.item_id(oi);
+        let item = self.built.item(&self.cx, oi, true);
+        match self.built.segs.get(oi).cloned() {
+            Some(Seg::Reasoning(text)) => {
+                let d =
+                    json!({"item_id": id, "output_index": oi, "content_index": 0, "text": text});
                 self.emit("response.reasoning_text.done", d, out);
-                self.built.reasoning_item(&self.cx, true)
             }
-            Open::Message => {
-                let id = self.built.item_id("msg", 0);
-                let text = self.built.text.clone();
+            Some(Seg::Text(text)) => {
                 let d = json!({"item_id": id, "output_index": oi, "content_index": 0, "text": text, "logprobs": []});
                 self.emit("response.output_text.done", d, out);
                 let part =
@@ -236,17 +257,14 @@ impl EventStream {
                 let d =
                     json!({"item_id": id, "output_index": oi, "content_index": 0, "part": part});
                 self.emit("response.content_part.done", d, out);
-                self.built.message_item(true)
             }
-            Open::Call(i, _) => {
-                let id = self.built.item_id("fc", i);
+            Some(Seg::Call(i)) => {
                 let args = self.built.calls[i].2.clone();
-                let item = self.built.call_item(&self.cx, i, true);
                 let d = json!({"item_id": id, "output_index": oi, "arguments": args, "name": item["name"]});
                 self.emit("response.function_call_arguments.done", d, out);
-                item
             }
-        };
+            None => {}
+        }
         self.emit(
             "response.output_item.done",
             json!({"output_index": oi, "item": item}),
