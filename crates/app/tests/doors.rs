@@ -322,6 +322,22 @@ async fn a_conversation_through_the_messages_door_gives_the_samples_chat_complet
             assert_eq!(d["metadata"]["door"], "messages");
         }
     }
+    // The inspection page shows each turn's door.
+    let page: Value = http()
+        .get(format!("{}/v1/inspect/sessions/door-messages", s.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let doors: Vec<&str> = page["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["door"].as_str())
+        .collect();
+    assert_eq!(doors, ["messages"; 3], "{page}");
     // Engine ids, not a re-tokenization: the door did not cost exactness.
     assert!(
         chat.iter()
@@ -987,5 +1003,70 @@ async fn an_agents_own_key_is_recorded_and_names_the_session_only_when_asked() {
     let samples = s.settle(1).await;
     assert_eq!(samples[0]["session_id"], "5b0c7e1a-cc");
     assert_eq!(samples[0]["metadata"]["session_source"], "agent");
+    s.stop().await;
+}
+
+/// Bad input through each door: a 4xx in the door's own error shape, never a 5xx, nothing sent to
+/// the engine, no turn left behind.
+#[tokio::test]
+async fn bad_input_through_each_door_is_a_4xx_in_its_shape() {
+    let (s, fake, _dir) = start(|_| {}).await;
+    let before = s.status().await;
+    let messages_bodies = [
+        json!([1, 2]),
+        json!({"model": "default", "max_tokens": 5, "messages": {"role": "user"}}),
+        json!({"model": "default", "max_tokens": 5, "messages": [{"role": "user"}]}),
+        json!({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"text": "no type"}]}]}),
+        json!({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]}),
+        json!({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": "all"}),
+        json!({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "maybe"}}),
+        json!({"model": 7, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+    ];
+    for b in &messages_bodies {
+        let r = post(&s.url, "/v1/messages", b, &[]).await;
+        let status = r.status().as_u16();
+        let e: Value = r.json().await.unwrap();
+        assert!((400..500).contains(&status), "{b}: {status} {e}");
+        assert_eq!(e["type"], "error", "{b}: {e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{e}"
+        );
+    }
+    let responses_bodies = [
+        json!("input"),
+        json!({"model": "default", "input": 5}),
+        json!({"model": "default", "input": [{"type": "message"}]}),
+        json!({"model": "default", "input": [{"type": "message", "role": "user", "content": [{"type": "input_audio"}]}]}),
+        json!({"model": "default", "input": [{"type": "function_call_output"}]}),
+        json!({"model": "default", "input": "x", "tools": [{"type": "namespace"}]}),
+        json!({"model": "default", "input": "x", "tool_choice": {"type": "allowed_tools"}}),
+        json!({"model": "default", "input": "x", "previous_response_id": "resp_gone"}),
+    ];
+    for b in &responses_bodies {
+        let r = post(&s.url, "/v1/responses", b, &[]).await;
+        let status = r.status().as_u16();
+        let e: Value = r.json().await.unwrap();
+        assert!((400..500).contains(&status), "{b}: {status} {e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{b}: {e}"
+        );
+    }
+    assert!(
+        fake.requests()
+            .iter()
+            .all(|r| r.path != "/v1/chat/completions")
+    );
+    let after = s.status().await;
+    assert_eq!(after["turns_abandoned"], before["turns_abandoned"]);
+    assert_eq!(
+        after["samples"]["submitted"],
+        before["samples"]["submitted"]
+    );
     s.stop().await;
 }

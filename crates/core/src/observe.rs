@@ -32,6 +32,8 @@ pub enum TurnEvent<'a> {
         turn_type: TurnType,
         source: SessionSource,
         streamed: bool,
+        /// The API the request came through.
+        door: crate::session::Door,
     },
     /// The main turn's answer was captured (`response_tokens` ids): it waits for its next state.
     Captured {
@@ -143,6 +145,7 @@ mod tests {
                 turn_type: TurnType::Side,
                 source: SessionSource::Header,
                 streamed: false,
+                door: crate::session::Door::ChatCompletions,
             },
             TurnEvent::Teacher {
                 session: "s",

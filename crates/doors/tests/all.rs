@@ -3,4 +3,5 @@
 mod messages_answer;
 mod messages_request;
 mod messages_stream;
+mod props;
 mod responses;

@@ -52,6 +52,7 @@ fn write(obs: &dyn TurnObserver, writer: usize, sessions: usize, turns: u64) -> 
                     turn_type: TurnType::Main,
                     source: SessionSource::Header,
                     streamed: false,
+                    door: ps_core::Door::ChatCompletions,
                 },
                 TurnEvent::Captured {
                     session: id,

@@ -51,6 +51,9 @@ pub struct TurnView {
     /// When the last event of this turn happened (Unix milliseconds).
     pub updated_ms: u64,
     pub streamed: bool,
+    /// The API the request came through (`chat_completions`, `messages`, `responses`).
+    #[serde(default)]
+    pub door: ps_core::Door,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_tokens: Option<usize>,
     /// PRM votes (`null`: a failed vote) and their majority.

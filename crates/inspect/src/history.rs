@@ -177,6 +177,7 @@ fn new_turn(turn: Option<u64>, turn_type: TurnType, now_ms: u64, streamed: bool)
         at_ms: now_ms,
         updated_ms: now_ms,
         streamed,
+        door: ps_core::Door::default(),
         response_tokens: None,
         prm_votes: None,
         prm_score: None,
@@ -303,6 +304,7 @@ impl Inner {
                 turn_type,
                 source,
                 streamed,
+                door,
                 ..
             } => {
                 totals.requests += 1;
@@ -311,6 +313,7 @@ impl Inner {
                 s.source = source;
                 s.closed_reason = None;
                 let mut v = new_turn(turn, turn_type, now_ms, streamed);
+                v.door = door;
                 match (turn_type, turn) {
                     (TurnType::Side, _) => {
                         totals.side_turns += 1;
@@ -539,6 +542,7 @@ mod tests {
             turn_type,
             source: SessionSource::Header,
             streamed: false,
+            door: ps_core::Door::ChatCompletions,
         }
     }
 

@@ -280,6 +280,7 @@ fn open_turn(
         turn_type,
         source: origin.source,
         streamed: req.stream,
+        door,
     });
     if req.session.done {
         app.tell(ps_core::TurnEvent::SessionClosed {

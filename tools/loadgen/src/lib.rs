@@ -167,6 +167,8 @@ pub(crate) struct Phase {
     stream: bool,
     /// Every request a side turn (`proxy-side`): the proxy forwards it and captures nothing.
     side_only: bool,
+    /// The API its sessions speak (`proxy-messages`, `proxy-responses`).
+    door: workload::Door,
     run: PhaseRun,
     fake_ticks: u64,
     me_ticks: u64,
@@ -189,6 +191,7 @@ impl Phase {
             via_proxy,
             stream,
             side_only: false,
+            door: workload::Door::ChatCompletions,
             run: PhaseRun::default(),
             fake_ticks: 0,
             me_ticks: 0,
@@ -209,6 +212,11 @@ impl Phase {
         }
     }
 
+    /// The same phase through another door of the proxy.
+    fn through(self, door: workload::Door) -> Self {
+        Self { door, ..self }
+    }
+
     /// The same phase with `pages` inspection pages open while it runs (see [`page`]).
     fn with_pages(self, pages: usize) -> Self {
         Self { pages, ..self }
@@ -218,7 +226,7 @@ impl Phase {
     fn spec(&self, prefix: &str, sessions: usize, turns: Turns, ramp: Duration) -> PhaseSpec {
         PhaseSpec {
             name: self.name.to_owned(),
-            url: format!("{}/v1/chat/completions", self.base_url),
+            url: format!("{}{}", self.base_url, self.door.path()),
             via_proxy: self.via_proxy,
             stream: self.stream,
             sessions,
@@ -230,6 +238,7 @@ impl Phase {
             answered: Default::default(),
             shape: workload::Shape::Chat,
             side_only: self.side_only,
+            door: self.door,
         }
     }
 
@@ -482,6 +491,10 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
         // The same requests as side turns: what forwarding alone costs, beside what a main turn
         // (forwarded, captured, judged, stored) costs in `proxy`.
         Phase::new("proxy-side", &proxy_url, true, false).side_only(),
+        // The same conversations through the proxy's other doors (Anthropic Messages, OpenAI
+        // Responses): what translating a request and its answer costs beside `proxy`.
+        Phase::new("proxy-messages", &proxy_url, true, false).through(workload::Door::Messages),
+        Phase::new("proxy-responses", &proxy_url, true, false).through(workload::Door::Responses),
     ];
     if cfg.open_pages > 0 {
         phases.push(Phase::new("proxy-page", &proxy_url, true, false).with_pages(cfg.open_pages));

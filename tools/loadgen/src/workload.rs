@@ -147,6 +147,84 @@ pub struct PhaseSpec {
     /// Every request sent as a side turn (`X-Turn-Type: side`): forwarded, never captured nor
     /// judged. The yardstick a main turn's proxy CPU is compared with (`proxy-side`).
     pub side_only: bool,
+    /// The API the chat sessions speak (`proxy-messages`, `proxy-responses`: the proxy's doors,
+    /// non-streamed; the same conversations as `proxy`).
+    pub door: Door,
+}
+
+/// The API a phase's chat sessions speak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Door {
+    #[default]
+    ChatCompletions,
+    /// `POST /v1/messages`.
+    Messages,
+    /// `POST /v1/responses`.
+    Responses,
+}
+
+impl Door {
+    /// The route under the base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "/v1/chat/completions",
+            Self::Messages => "/v1/messages",
+            Self::Responses => "/v1/responses",
+        }
+    }
+}
+
+/// The request body of a door for a chat history (system first, then user and assistant
+/// messages; an assistant message holds its door's answer as it came, under `door_answer`).
+pub fn door_body(door: Door, messages: &[Value]) -> Vec<u8> {
+    let system = messages
+        .first()
+        .filter(|m| m["role"] == "system")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    let rest = messages.iter().filter(|m| m["role"] != "system");
+    let body = match door {
+        Door::ChatCompletions => return request_body(messages, false),
+        Door::Messages => {
+            let msgs: Vec<Value> = rest
+                .map(|m| match m.get("door_answer") {
+                    Some(a) => json!({"role": "assistant", "content": a}),
+                    None => json!({"role": "user", "content": m["content"]}),
+                })
+                .collect();
+            json!({"model": "default", "system": system, "messages": msgs, "max_tokens": 512, "temperature": 0.7})
+        }
+        Door::Responses => {
+            let mut input = Vec::new();
+            for m in rest {
+                match m.get("door_answer").and_then(Value::as_array) {
+                    Some(items) => input.extend(items.iter().cloned()),
+                    None => input.push(json!({"role": "user", "content": m["content"]})),
+                }
+            }
+            json!({"model": "default", "instructions": system, "input": input, "max_output_tokens": 512,
+                "temperature": 0.7, "store": false, "include": ["reasoning.encrypted_content"]})
+        }
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// The assistant message of a door's whole answer, its answer kept for the next request.
+pub fn reply_from_door(door: Door, body: &[u8]) -> Result<Value, TurnError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| TurnError::Body(format!("not JSON: {e}")))?;
+    let answer = match door {
+        Door::ChatCompletions => return reply_from_json(body),
+        Door::Messages => v["content"].clone(),
+        Door::Responses => v["output"].clone(),
+    };
+    if !answer.is_array() {
+        return Err(TurnError::Body(format!(
+            "no answer in {}",
+            &v.to_string()[..v.to_string().len().min(200)]
+        )));
+    }
+    Ok(json!({"role": "assistant", "door_answer": answer}))
 }
 
 /// The kind of conversation a phase's sessions hold.
@@ -308,7 +386,10 @@ pub(crate) async fn session(
         return out;
     }
     for turn in 0..turns {
-        let body = request_body(&messages, spec.stream);
+        let body = match spec.door {
+            Door::ChatCompletions => request_body(&messages, spec.stream),
+            door => door_body(door, &messages),
+        };
         let done = spec.done_header && turn + 1 == turns;
         let answer = tokio::time::timeout_at(
             tokio::time::Instant::from_std(deadline),
@@ -344,7 +425,9 @@ async fn one_turn(
     body: Vec<u8>,
 ) -> Result<(Sample, Value), TurnError> {
     let (sample, buf) = send(client, spec, session_id, true, done, body).await?;
-    let reply = if spec.stream {
+    let reply = if spec.door != Door::ChatCompletions {
+        reply_from_door(spec.door, &buf)?
+    } else if spec.stream {
         reply_from_sse(&buf)?
     } else {
         reply_from_json(&buf)?

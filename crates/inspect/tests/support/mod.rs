@@ -216,6 +216,7 @@ pub async fn filled() -> Inspect {
         turn_type,
         source: SessionSource::Header,
         streamed: false,
+        door: ps_core::Door::ChatCompletions,
     };
     // alpha: main turn 1 judged and stored; a side turn; main turn 2 waiting for its next state.
     h.observe(opened("alpha", Some(1), TurnType::Main));
