@@ -129,6 +129,10 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
+/// A door's translation (Messages, Responses) adds at most this share of the proxy's CPU per
+/// request (issue 33).
+pub const TARGET_DOOR_ADDED: f64 = 0.10;
+
 /// A main turn's proxy CPU beside a side turn's: the same conversations sent once as main turns
 /// (`proxy`) and once as side turns (`proxy-side`), rounds interleaved.
 #[derive(Debug, Clone, Serialize)]
@@ -270,6 +274,27 @@ impl Report {
             ),
             MainSide::target(main_side.as_ref()),
         ];
+        // Each door's proxy CPU per request beside chat completions' (the same conversations in
+        // the same run): what translating the request and its answer adds.
+        let mut targets = targets;
+        for door in ["proxy-messages", "proxy-responses"] {
+            let added = find(door)
+                .and_then(|d| d.cpu_ms_per_request.proxy)
+                .zip(cpu)
+                .filter(|(_, chat)| *chat > 0.0)
+                .map(|(d, chat)| (d - chat) / chat);
+            if find(door).is_some() {
+                targets.push(check(
+                    format!("{door}: proxy CPU added by the door's translation"),
+                    format!(
+                        "< {:.0} % of the proxy's CPU per request",
+                        TARGET_DOOR_ADDED * 100.0
+                    ),
+                    added,
+                    |v| v < TARGET_DOOR_ADDED,
+                ));
+            }
+        }
         let mut notes = Vec::new();
         if config.sessions != TARGET_ADDED_AT_SESSIONS {
             notes.push(format!(

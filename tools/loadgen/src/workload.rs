@@ -550,6 +550,43 @@ pub fn reply_from_sse(body: &[u8]) -> Result<Value, TurnError> {
 mod tests {
     use super::*;
 
+    /// A door's body holds the same conversation, its answers sent back as they came.
+    #[test]
+    fn door_bodies_carry_the_conversation_and_its_answers() {
+        let answer = reply_from_door(
+            Door::Messages,
+            br#"{"type":"message","content":[{"type":"text","text":"Hi"}]}"#,
+        )
+        .unwrap_or_default();
+        let history = vec![
+            json!({"role": "system", "content": "S"}),
+            json!({"role": "user", "content": "U1"}),
+            answer,
+            json!({"role": "user", "content": "U2"}),
+        ];
+        let m: Value =
+            serde_json::from_slice(&door_body(Door::Messages, &history)).unwrap_or_default();
+        assert_eq!(m["system"], "S");
+        assert_eq!(
+            m["messages"][1],
+            json!({"role": "assistant", "content": [{"type": "text", "text": "Hi"}]})
+        );
+        assert_eq!(m["messages"].as_array().map(Vec::len), Some(3));
+        let answer = reply_from_door(Door::Responses, br#"{"output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hi"}]}]}"#)
+            .unwrap_or_default();
+        let history = vec![
+            history[0].clone(),
+            history[1].clone(),
+            answer,
+            history[3].clone(),
+        ];
+        let r: Value =
+            serde_json::from_slice(&door_body(Door::Responses, &history)).unwrap_or_default();
+        assert_eq!(r["instructions"], "S");
+        assert_eq!(r["input"].as_array().map(Vec::len), Some(3));
+        assert!(reply_from_door(Door::Responses, br#"{"error":{}}"#).is_err());
+    }
+
     #[test]
     fn replies_from_both_shapes() {
         let json = br#"{"choices":[{"message":{"role":"assistant","content":"Hi","reasoning_content":"think","tool_calls":null}}]}"#;
