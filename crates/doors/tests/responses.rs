@@ -168,6 +168,11 @@ fn bad_requests_are_refused_with_the_field_named() {
             "unsupported_content",
             "text.format",
         ),
+        (
+            json!({"model": "m", "input": "x", "tools": [{"type": "teleport"}]}),
+            "unsupported_content",
+            "teleport",
+        ),
     ] {
         let e = to_chat(body.to_string().as_bytes(), None)
             .err()

@@ -14,6 +14,21 @@ use serde_json::value::RawValue;
 
 use crate::{DoorError, Dropped};
 
+/// The tool types the Responses API runs itself (or that take free-form input): left out of the
+/// engine's tools, counted. Matched as prefixes (`web_search_preview`, `computer_use_preview`).
+const HOSTED_TOOLS: &[&str] = &[
+    "web_search",
+    "file_search",
+    "code_interpreter",
+    "computer_use",
+    "image_generation",
+    "mcp",
+    "local_shell",
+    "shell",
+    "apply_patch",
+    "custom",
+];
+
 /// The separator of a flattened namespace tool's name.
 pub const NAMESPACE_SEPARATOR: &str = "__";
 
@@ -590,12 +605,18 @@ fn tools(tools: &[Tool<'_>], dropped: &mut Dropped) -> Result<(Vec<Value>, Names
                     out.push(function(inner, flat, &at)?);
                 }
             }
-            // Hosted tools (web_search, file_search, code_interpreter, computer use, image
+            // Hosted tools (web search, file search, code interpreter, computer use, image
             // generation, MCP servers, local shell) and freeform custom tools: nothing the
             // engine can call as a function.
-            Some(other) => dropped
+            Some(other) if HOSTED_TOOLS.iter().any(|h| other.starts_with(h)) => dropped
                 .hosted_tools
                 .push(t.name.as_deref().unwrap_or(other).to_owned()),
+            Some(other) => {
+                return Err(unsupported(format!(
+                    "{at}: a tool of type {other:?} is not supported (function, namespace; hosted \
+                     tools such as web_search are left out)"
+                )));
+            }
             None => return Err(invalid(format!("{at}: `type` is required"))),
         }
     }
