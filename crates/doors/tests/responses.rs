@@ -199,7 +199,7 @@ fn a_whole_answer_is_a_response_with_its_items_and_namespaced_calls_mapped_back(
         "role": "assistant", "content": "On it.", "reasoning_content": "Spawn one.",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "agents__spawn", "arguments": "{\"n\": 1}"}}]}}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 4}});
-    let whole = response_from_chat(chat.to_string().as_bytes(), &cx(true))
+    let whole = response_from_chat(chat.to_string().as_bytes(), &cx(true), true)
         .unwrap_or_else(|e| panic!("{e}"));
     let (out, answer) = (whole.body, whole.message);
     let r: Value = serde_json::from_slice(&out).unwrap_or_default();
@@ -250,7 +250,7 @@ fn a_whole_answer_is_a_response_with_its_items_and_namespaced_calls_mapped_back(
     );
     // The token limit: incomplete; an abort: refused.
     let cut = json!({"id": "c", "choices": [{"finish_reason": "length", "message": {"role": "assistant", "content": "par"}}]});
-    let cut = response_from_chat(cut.to_string().as_bytes(), &cx(false))
+    let cut = response_from_chat(cut.to_string().as_bytes(), &cx(false), true)
         .unwrap_or_else(|e| panic!("{e}"));
     let r: Value = serde_json::from_slice(&cut.body).unwrap_or_default();
     assert_eq!(r["status"], "incomplete");
@@ -258,14 +258,14 @@ fn a_whole_answer_is_a_response_with_its_items_and_namespaced_calls_mapped_back(
     assert_eq!(r["output"][0]["status"], "incomplete");
     // An engine that gives no id: a fresh one each time (a stored response must be findable).
     let no_id = json!({"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}]});
-    let a = response_from_chat(no_id.to_string().as_bytes(), &cx(false))
+    let a = response_from_chat(no_id.to_string().as_bytes(), &cx(false), true)
         .unwrap_or_else(|e| panic!("{e}"));
-    let b = response_from_chat(no_id.to_string().as_bytes(), &cx(false))
+    let b = response_from_chat(no_id.to_string().as_bytes(), &cx(false), true)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_ne!(a.id, b.id);
     let aborted = json!({"choices": [{"finish_reason": "abort", "message": {"role": "assistant", "content": "p"}}]});
     assert_eq!(
-        response_from_chat(aborted.to_string().as_bytes(), &cx(false))
+        response_from_chat(aborted.to_string().as_bytes(), &cx(false), true)
             .err()
             .map(|e| e.code),
         Some("engine_aborted")
@@ -363,7 +363,7 @@ fn a_stream_gives_the_events_in_order_numbered_and_ends_with_the_whole_response(
         "role": "assistant", "content": "On it.", "reasoning_content": "Spawn one.",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "agents__spawn", "arguments": "{\"n\": 1}"}}]}}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 4}});
-    let w = response_from_chat(whole.to_string().as_bytes(), &cx(true))
+    let w = response_from_chat(whole.to_string().as_bytes(), &cx(true), true)
         .unwrap_or_else(|e| panic!("{e}"));
     let w: Value = serde_json::from_slice(&w.body).unwrap_or_default();
     let last = &ev[ev.len() - 1]["response"];

@@ -114,8 +114,9 @@ async fn handle(
     }
     let started = Instant::now();
     let bytes = read_body(headers, body, app.options().max_body_bytes).await?;
-    let previous = serde_json::from_slice::<Previous>(&bytes)
-        .ok()
+    // Read only when the body names one (a scan, not a second parse of every request).
+    let previous = memchr::memmem::find(&bytes, b"\"previous_response_id\"")
+        .and_then(|_| serde_json::from_slice::<Previous>(&bytes).ok())
         .and_then(|p| p.previous_response_id);
     let prior = match previous {
         None => None,
@@ -198,7 +199,7 @@ async fn handle(
         .await
         .map_err(|e| ApiError::Encode(format!("reading the chat answer: {e}")))?
         .to_bytes();
-    let whole = ps_doors::responses::response_from_chat(&chat_answer, &cx).map_err(|e| {
+    let whole = ps_doors::responses::response_from_chat(&chat_answer, &cx, store).map_err(|e| {
         ApiError::Upstream(ps_sglang_client::SglangError::InvalidBody {
             url: app.0.policy.chat_url().to_owned(),
             detail: e.message,

@@ -14,6 +14,8 @@ use crate::chunks::Usage;
 pub(crate) struct ChatAnswer<'a> {
     #[serde(borrow)]
     pub id: Option<Cow<'a, str>>,
+    /// Unix seconds.
+    pub created: Option<u64>,
     #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
     pub choices: Vec<Choice<'a>>,
     pub usage: Option<Usage>,

@@ -213,66 +213,82 @@ impl Built {
 
 /// A whole chat answer as a Responses response: its JSON, and the answer as a chat assistant
 /// message (what a stored response's conversation continues with).
-pub fn response_from_chat(chat: &[u8], cx: &ResponseContext) -> Result<Whole, DoorError> {
-    let v: Value = serde_json::from_slice(chat).map_err(|e| {
+pub fn response_from_chat(
+    chat: &[u8],
+    cx: &ResponseContext,
+    keep: bool,
+) -> Result<Whole, DoorError> {
+    // Read with borrowed strings: no tree of the answer.
+    let answer: crate::messages::ChatAnswer<'_> = serde_json::from_slice(chat).map_err(|e| {
         DoorError::new(
             "upstream_invalid_response",
             format!("the engine's answer does not read as a chat completion: {e}"),
         )
     })?;
-    let choice = v["choices"].get(0).ok_or_else(|| {
+    let choice = answer.choices.into_iter().next().ok_or_else(|| {
         DoorError::new(
             "upstream_invalid_response",
             "the engine's answer has no choice",
         )
     })?;
-    let finish = choice["finish_reason"].as_str().map(str::to_owned);
+    let finish = choice.finish_reason.map(std::borrow::Cow::into_owned);
     if finish.as_deref() == Some("abort") {
         return Err(DoorError::new("engine_aborted", ABORTED));
     }
-    let m = &choice["message"];
-    let text_of = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    let reasoning = match text_of(&m["reasoning_content"]) {
-        r if r.is_empty() => text_of(&m["reasoning"]),
-        r => r,
-    };
-    let calls = m["tool_calls"]
-        .as_array()
+    let m = choice.message.ok_or_else(|| {
+        DoorError::new(
+            "upstream_invalid_response",
+            "the engine's answer has no message",
+        )
+    })?;
+    let reasoning = m
+        .reasoning_content
+        .filter(|r| !r.is_empty())
+        .or(m.reasoning)
+        .unwrap_or_default();
+    let calls = m
+        .tool_calls
         .into_iter()
-        .flatten()
         .enumerate()
         .map(|(i, c)| {
+            let f = c.function;
             (
-                c["id"]
-                    .as_str()
-                    .map_or_else(|| format!("call_{i}"), str::to_owned),
-                text_of(&c["function"]["name"]),
-                c["function"]["arguments"]
-                    .as_str()
+                c.id.map_or_else(|| format!("call_{i}"), std::borrow::Cow::into_owned),
+                f.as_ref()
+                    .and_then(|f| f.name.as_deref())
+                    .unwrap_or_default()
+                    .to_owned(),
+                f.as_ref()
+                    .and_then(|f| f.arguments.as_deref())
                     .unwrap_or("{}")
                     .to_owned(),
             )
         })
         .collect();
-    let mut built = Built::start(v["id"].as_str(), v["created"].as_u64());
-    let text = text_of(&m["content"]);
+    let mut built = Built::start(answer.id.as_deref(), answer.created);
+    let text = m.content.unwrap_or_default();
     if !reasoning.is_empty() {
-        built.segs.push(Seg::Reasoning(reasoning));
+        built.segs.push(Seg::Reasoning(reasoning.into_owned()));
     }
     if !text.is_empty() {
-        built.segs.push(Seg::Text(text));
+        built.segs.push(Seg::Text(text.into_owned()));
     }
     built.calls = calls;
     built.segs.extend((0..built.calls.len()).map(Seg::Call));
     built.finish_reason = finish;
-    built.prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
-    built.completion_tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    let usage = answer.usage.unwrap_or_default();
+    built.prompt_tokens = usage.prompt_tokens;
+    built.completion_tokens = usage.completion_tokens;
     let body = serde_json::to_vec(&built.response(cx, true))
         .map_err(|e| DoorError::new("encode_failed", format!("writing the answer: {e}")))?;
     Ok(Whole {
         body,
         id: built.response_id(),
-        message: built.chat_message(),
+        message: if keep {
+            built.chat_message()
+        } else {
+            Value::Null
+        },
     })
 }
 

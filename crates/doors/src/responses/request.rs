@@ -488,20 +488,14 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
     };
     let stream = req.stream.unwrap_or(false);
     let instructions = req.instructions.as_deref().filter(|i| !i.is_empty());
-    let with_instructions: Vec<Value>;
-    let all: &[Value] = match instructions {
-        Some(i) => {
-            with_instructions =
-                std::iter::once(serde_json::json!({"role": "system", "content": i}))
-                    .chain(messages.iter().cloned())
-                    .collect();
-            &with_instructions
-        }
-        None => &messages,
-    };
+    // The instructions first, for the body only (put in and taken out again: no copy of the
+    // conversation).
+    if let Some(i) = instructions {
+        messages.insert(0, serde_json::json!({"role": "system", "content": i}));
+    }
     let chat = ChatBody {
         model,
-        messages: all,
+        messages: &messages,
         tools,
         tool_choice,
         parallel_tool_calls: parallel,
@@ -518,6 +512,10 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
     };
     let body = serde_json::to_vec(&chat)
         .map_err(|e| DoorError::new("encode_failed", format!("writing the chat body: {e}")))?;
+    drop(chat);
+    if instructions.is_some() {
+        messages.remove(0);
+    }
     let raw_num = |r: Option<&RawValue>| {
         r.and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
             .unwrap_or(Value::Null)
