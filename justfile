@@ -38,6 +38,7 @@ bench *ARGS:
     cargo bench -p ps-capture --bench capture
     cargo bench -p ps-server --bench session_infer
     cargo bench -p ps-sglang-client --bench answer
+    cargo bench -p ps-doors --bench translate
 
 # The soak (docs/benchmarks.md, "Soak"): 10,000 sessions of 5-20 turns through the proxy in RL mode,
 # a trainer pulling the samples, the proxy's memory over the run (plotted into docs/img). Extra
