@@ -1070,3 +1070,53 @@ async fn bad_input_through_each_door_is_a_4xx_in_its_shape() {
     );
     s.stop().await;
 }
+
+/// A stream that breaks upstream (SGLang's error event mid-stream) through a door: the client
+/// gets the door's error event, and the turn ends with `stream_error` (not as a client that went
+/// away), no sample.
+#[tokio::test]
+async fn a_broken_stream_through_a_door_ends_its_turn_with_its_reason() {
+    let (s, fake, _dir) = start(|_| {}).await;
+    let key = [("x-session-id", "broken-1"), ("x-turn-type", "main")];
+    fake.push_fault(ps_fake_sglang::Fault::StreamError { after_chunks: 2 });
+    let r = post(
+        &s.url,
+        "/v1/messages",
+        &json!({"model": "default", "max_tokens": 50, "stream": true,
+        "messages": [{"role": "user", "content": "broken-1 hello"}]}),
+        &key,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("event: error") && !text.contains("message_stop"),
+        "{text}"
+    );
+    fake.push_fault(ps_fake_sglang::Fault::StreamError { after_chunks: 2 });
+    let r = post(
+        &s.url,
+        "/v1/responses",
+        &json!({"model": "default", "stream": true, "input": "broken-2 hello"}),
+        &[("x-session-id", "broken-2"), ("x-turn-type", "main")],
+    )
+    .await;
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("response.failed") && !text.contains("response.completed"),
+        "{text}"
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let st = s.status().await;
+        let by = &st["turns_abandoned_by_reason"];
+        if by["stream_error"] == 2 {
+            assert!(by.get("client_cancelled").is_none(), "{st}");
+            assert_eq!(st["samples"]["submitted"], 0);
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{st}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    s.stop().await;
+}

@@ -117,10 +117,17 @@ impl Settings {
             }
         }
         for (i, k) in s.agent_session_keys.iter().enumerate() {
-            let named = k
-                .strip_prefix("header:")
-                .or_else(|| k.strip_prefix("body:"))
-                .is_some_and(|n| !n.trim().is_empty());
+            // A header name is an HTTP token (RFC 9110): a name with a space never matches.
+            let token = |n: &str| {
+                !n.is_empty()
+                    && n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+            };
+            let named = match (k.strip_prefix("header:"), k.strip_prefix("body:")) {
+                (Some(h), _) => token(h.trim()),
+                (_, Some(b)) => !b.trim().is_empty(),
+                _ => false,
+            };
             if !named {
                 v.fail(
                     &format!("server.agent_session_keys[{i}]"),

@@ -419,9 +419,10 @@ fn model_names_need_both_names() {
 fn agent_session_keys_name_a_header_or_a_body_key() {
     let (e, text, _) = load_error(
         "settings.toml",
-        "[server]\nagent_session_keys = [\"header:x-claude-code-session-id\", \"x-session\", \"body: \"]\n",
+        "[server]\nagent_session_keys = [\"header:x-claude-code-session-id\", \"x-session\", \"body: \", \"header:x session\"]\n",
     );
-    assert_eq!(e.errors().len(), 2, "{text}");
+    assert_eq!(e.errors().len(), 3, "{text}");
+    assert!(text.contains("server.agent_session_keys[3]"), "{text}");
     assert!(text.contains("server.agent_session_keys[1]"), "{text}");
     assert!(text.contains("server.agent_session_keys[2]"), "{text}");
     assert!(text.contains("header:NAME"), "{text}");

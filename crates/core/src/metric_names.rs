@@ -15,7 +15,9 @@ pub const STREAM_BROKEN_TOTAL: &str = "policy_serving_stream_broken_total";
 /// `audio_unsupported`, `video_unsupported`, `file_unsupported`, `content_part_unsupported`: a
 /// message holds a content part that is not text, which is not captured; `door_untranslatable`:
 /// an answer the request's door cannot give its client, such as tool arguments that are not an
-/// object through the Messages door, refused with a 502 and not trained on).
+/// object through the Messages door, refused with a 502 and not trained on; `engine_aborted`,
+/// `stream_error`: through another door, an answer the engine aborted or whose stream carried an
+/// error, which that door's client gets as an error).
 pub const CAPTURE_TOTAL: &str = "policy_serving_capture_total";
 /// Turns whose full text did not start with the prompt text (response = full text).
 pub const PROMPT_NOT_PREFIX_TOTAL: &str = "policy_serving_capture_prompt_not_prefix_total";

@@ -351,7 +351,16 @@ async fn streamed_answer(
         other => other?,
     };
     metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
-    let stream = ProxyStream::start(events, app.clone(), t.turn, t.reply, t.shape, permit).await?;
+    let stream = ProxyStream::start(
+        events,
+        app.clone(),
+        t.turn,
+        t.reply,
+        t.shape,
+        permit,
+        t.door,
+    )
+    .await?;
     Ok(sse_response(Body::from_stream(stream)))
 }
 
@@ -377,14 +386,20 @@ async fn whole_answer(
     // An answer another door cannot give its client is refused before it counts: no reply
     // registered for session inference, no sample of an answer the client never got.
     if let Err(e) = door_check(t.door, &answer) {
+        // An aborted answer keeps its own reason; any other is one the door cannot carry.
+        let reason = if e.code == "engine_aborted" {
+            "engine_aborted"
+        } else {
+            "door_untranslatable"
+        };
         if let Some(mut turn) = t.turn {
-            turn.guard.set_reason("door_untranslatable");
+            turn.guard.set_reason(reason);
         }
-        metrics::counter!(m::CAPTURE_TOTAL, "outcome" => "door_untranslatable").increment(1);
+        metrics::counter!(m::CAPTURE_TOTAL, "outcome" => reason).increment(1);
         return Err(ApiError::Upstream(
             ps_sglang_client::SglangError::InvalidBody {
                 url: app.0.policy.chat_url().to_owned(),
-                detail: e,
+                detail: e.message,
             },
         ));
     }
@@ -437,16 +452,15 @@ async fn whole_answer(
 
 /// Whether a whole answer can be answered through `door` (chat completions: always). Read from
 /// the answer's scan: its finish reason and message, never its log-probs again.
-fn door_check(door: Door, answer: &Answer) -> Result<(), String> {
+fn door_check(door: Door, answer: &Answer) -> Result<(), ps_doors::DoorError> {
     let finish = answer.finish_reason();
-    let checked = match door {
-        Door::ChatCompletions => return Ok(()),
+    match door {
+        Door::ChatCompletions => Ok(()),
         Door::Messages => {
             ps_doors::messages::check_answer(answer.message().as_ref(), finish.as_deref())
         }
         Door::Responses => ps_doors::responses::check_answer(finish.as_deref()),
-    };
-    checked.map_err(|e| e.message)
+    }
 }
 
 fn sse_response(body: Body) -> Response {

@@ -46,6 +46,10 @@ pub struct ProxyStream {
     unusable: Option<String>,
     shape: ClientShape,
     finished: bool,
+    /// The request came through another door, whose client gets an error for an aborted answer
+    /// or an error event (and stops reading): such a turn ends here, with its reason, never as
+    /// a sample and never as a client that went away.
+    door: ps_core::Door,
     span: tracing::Span,
     /// The upstream permit, released when the stream ends or is dropped.
     _permit: tokio::sync::OwnedSemaphorePermit,
@@ -61,6 +65,7 @@ impl ProxyStream {
         reply: Option<ps_session_infer::PendingReply>,
         shape: ClientShape,
         permit: tokio::sync::OwnedSemaphorePermit,
+        door: ps_core::Door,
     ) -> Result<Self, ApiError> {
         let first = match events.next().await {
             Some(Ok(ev)) => ev,
@@ -83,12 +88,16 @@ impl ProxyStream {
             unusable: None,
             shape,
             finished: false,
+            door,
             span: tracing::Span::current(),
             _permit: permit,
         })
     }
 
     fn on_data(&mut self, data: String) -> Bytes {
+        if self.door != ps_core::Door::ChatCompletions {
+            self.end_if_the_door_fails(&data);
+        }
         let needs_value = self.assembler.is_some() || self.shape.needs_reshape();
         if !needs_value {
             return sse_bytes(&data);
@@ -137,6 +146,40 @@ impl ProxyStream {
         } else {
             sse_bytes(&data)
         }
+    }
+
+    /// Through another door, a chunk that says the answer was aborted, or an error event, makes
+    /// the door's client an error and its translation stop reading: the turn ends here with its
+    /// reason (`engine_aborted`, `stream_error`), no reply is registered, and the stream counts as
+    /// finished (not as a client that went away).
+    fn end_if_the_door_fails(&mut self, data: &str) {
+        // A scan first: nearly every chunk names neither.
+        if !data.contains("abort") && !data.contains("\"error\"") {
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        let reason = if v.get("error").is_some() {
+            "stream_error"
+        } else if v["choices"][0]["finish_reason"] == "abort" {
+            "engine_aborted"
+        } else {
+            return;
+        };
+        let _g = self.span.enter();
+        if let Some(mut turn) = self.turn.take() {
+            turn.guard.set_reason(reason);
+        }
+        self.reply = None;
+        self.assembler = None;
+        self.finished = true;
+        metrics::counter!(m::CAPTURE_TOTAL, "outcome" => reason).increment(1);
+        tracing::warn!(
+            reason,
+            door = self.door.as_str(),
+            "the streamed answer ended in an error for the client ({reason}); turn not used for training"
+        );
     }
 
     fn on_done(&mut self) {

@@ -492,7 +492,10 @@ async fn run_to_end(cfg: &BenchConfig, progress: impl Fn(&str)) -> Result<Report
         // (forwarded, captured, judged, stored) costs in `proxy`.
         Phase::new("proxy-side", &proxy_url, true, false).side_only(),
         // The same conversations through the proxy's other doors (Anthropic Messages, OpenAI
-        // Responses): what translating a request and its answer costs beside `proxy`.
+        // Responses), and through chat completions without log-probs asked, as the doors' clients
+        // send them (`proxy-plain`: the proxy asks for them and takes them out again): what
+        // translating a request and its answer costs.
+        Phase::new("proxy-plain", &proxy_url, true, false).through(workload::Door::ChatPlain),
         Phase::new("proxy-messages", &proxy_url, true, false).through(workload::Door::Messages),
         Phase::new("proxy-responses", &proxy_url, true, false).through(workload::Door::Responses),
     ];

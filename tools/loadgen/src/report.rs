@@ -274,13 +274,15 @@ impl Report {
             ),
             MainSide::target(main_side.as_ref()),
         ];
-        // Each door's proxy CPU per request beside chat completions' (the same conversations in
-        // the same run): what translating the request and its answer adds.
+        // Each door's proxy CPU per request beside chat completions' without log-probs asked (the
+        // same conversations, the same answers written to the client, in the same run): what
+        // translating the request and its answer adds.
         let mut targets = targets;
+        let plain = find("proxy-plain").and_then(|p| p.cpu_ms_per_request.proxy);
         for door in ["proxy-messages", "proxy-responses"] {
             let added = find(door)
                 .and_then(|d| d.cpu_ms_per_request.proxy)
-                .zip(cpu)
+                .zip(plain)
                 .filter(|(_, chat)| *chat > 0.0)
                 .map(|(d, chat)| (d - chat) / chat);
             if find(door).is_some() {

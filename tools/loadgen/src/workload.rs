@@ -157,6 +157,9 @@ pub struct PhaseSpec {
 pub enum Door {
     #[default]
     ChatCompletions,
+    /// Chat completions without asking for log-probs, as the doors' clients do (the proxy asks
+    /// for them and takes them out of the answer): the yardstick of the doors (`proxy-plain`).
+    ChatPlain,
     /// `POST /v1/messages`.
     Messages,
     /// `POST /v1/responses`.
@@ -167,7 +170,7 @@ impl Door {
     /// The route under the base URL.
     pub fn path(self) -> &'static str {
         match self {
-            Self::ChatCompletions => "/v1/chat/completions",
+            Self::ChatCompletions | Self::ChatPlain => "/v1/chat/completions",
             Self::Messages => "/v1/messages",
             Self::Responses => "/v1/responses",
         }
@@ -185,6 +188,15 @@ pub fn door_body(door: Door, messages: &[Value]) -> Vec<u8> {
     let rest = messages.iter().filter(|m| m["role"] != "system");
     let body = match door {
         Door::ChatCompletions => return request_body(messages, false),
+        Door::ChatPlain => {
+            let mut b: Value =
+                serde_json::from_slice(&request_body(messages, false)).unwrap_or_default();
+            if let Some(o) = b.as_object_mut() {
+                o.remove("logprobs");
+                o.remove("top_logprobs");
+            }
+            b
+        }
         Door::Messages => {
             let msgs: Vec<Value> = rest
                 .map(|m| match m.get("door_answer") {
@@ -214,7 +226,7 @@ pub fn reply_from_door(door: Door, body: &[u8]) -> Result<Value, TurnError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| TurnError::Body(format!("not JSON: {e}")))?;
     let answer = match door {
-        Door::ChatCompletions => return reply_from_json(body),
+        Door::ChatCompletions | Door::ChatPlain => return reply_from_json(body),
         Door::Messages => v["content"].clone(),
         Door::Responses => v["output"].clone(),
     };

@@ -40,7 +40,9 @@ impl EventStream {
         Self {
             cx,
             reader: SseReader::default(),
-            built: Built::default(),
+            // Replaced by the first chunk's id and time; a stream that fails before any chunk
+            // still answers with an id and a time of its own.
+            built: Built::start(None, None),
             seq: 0,
             started: false,
             ended: false,
