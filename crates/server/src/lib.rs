@@ -25,6 +25,7 @@ pub mod metrics;
 mod plumbing;
 mod proxy_stream;
 mod request;
+mod response_store;
 mod responses;
 pub mod rollout;
 mod router;

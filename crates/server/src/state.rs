@@ -116,7 +116,7 @@ pub(crate) struct Inner {
     pub(crate) held_requests: AtomicUsize,
     pub(crate) waiting_pulls: AtomicUsize,
     /// Responses kept for `previous_response_id` (the Responses door).
-    pub(crate) responses: crate::responses::Store,
+    pub(crate) responses: crate::response_store::Store,
 }
 
 /// Counts one waiter in a counter of [`AppState`] for as long as it lives.
@@ -172,7 +172,7 @@ impl AppState {
             engine: ps_core::EngineCell::new(options.engine),
             held_requests: AtomicUsize::new(0),
             waiting_pulls: AtomicUsize::new(0),
-            responses: crate::responses::Store::default(),
+            responses: crate::response_store::Store::default(),
             rollout,
             options,
             policy,
