@@ -1,7 +1,7 @@
-//! Reading a streamed chat answer as the chat path writes it: server-sent events ([`SseReader`]:
-//! any byte boundaries, LF or CRLF, several `data:` lines), each chunk's fields the doors use
-//! ([`Chunk`]), and tool-call deltas keyed whatever the engine writes as their index
-//! ([`ToolKeys`]).
+//! Reading a chat answer as the chat path writes it: the fields the doors use of a whole answer
+//! ([`ChatAnswer`]) and of a streamed one's chunks ([`Chunk`]), read with borrowed strings; the
+//! stream's server-sent events ([`SseReader`]: any byte boundaries, LF or CRLF, several `data:`
+//! lines); tool-call deltas keyed whatever the engine writes as their index ([`ToolKeys`]).
 
 use std::borrow::Cow;
 
@@ -127,11 +127,57 @@ pub(crate) struct DeltaCall<'a> {
     #[serde(borrow)]
     pub id: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    pub function: Option<DeltaFunction<'a>>,
+    pub function: Option<Function<'a>>,
 }
 
 #[derive(Deserialize)]
-pub(crate) struct DeltaFunction<'a> {
+pub(crate) struct ChatAnswer<'a> {
+    #[serde(borrow)]
+    pub id: Option<Cow<'a, str>>,
+    /// Unix seconds.
+    pub created: Option<u64>,
+    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
+    pub choices: Vec<Choice<'a>>,
+    pub usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Choice<'a> {
+    #[serde(borrow)]
+    pub message: Option<ChatMessage<'a>>,
+    #[serde(borrow)]
+    pub finish_reason: Option<Cow<'a, str>>,
+    /// SGLang: the stop string (or token id) that ended the answer.
+    #[serde(borrow)]
+    pub matched_stop: Option<&'a RawValue>,
+    /// vLLM: the same, under another name.
+    #[serde(borrow)]
+    pub stop_reason: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ChatMessage<'a> {
+    #[serde(borrow)]
+    pub content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub reasoning_content: Option<Cow<'a, str>>,
+    /// vLLM's newer name for the reasoning.
+    #[serde(borrow)]
+    pub reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
+    pub tool_calls: Vec<ToolCall<'a>>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ToolCall<'a> {
+    #[serde(borrow)]
+    pub id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub function: Option<Function<'a>>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Function<'a> {
     #[serde(borrow)]
     pub name: Option<Cow<'a, str>>,
     #[serde(borrow)]

@@ -17,6 +17,22 @@ impl DoorError {
         }
     }
 
+    /// A request that is not what its API says (a missing or ill-typed field).
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new("invalid_request", message)
+    }
+
+    /// A request this proxy cannot serve exactly (a content type, a prefill, …).
+    pub(crate) fn unsupported(message: impl Into<String>) -> Self {
+        Self::new("unsupported_content", message)
+    }
+
+    /// An answer the engine aborted (SGLang's `finish_reason: "abort"`: a pause or a weight
+    /// update), which no door gives its client as an answer.
+    pub(crate) fn aborted() -> Self {
+        Self::new("engine_aborted", ABORTED)
+    }
+
     pub(crate) fn json(e: &serde_json::Error) -> Self {
         Self::new(
             "invalid_json",
@@ -24,3 +40,8 @@ impl DoorError {
         )
     }
 }
+
+/// Why an answer the engine aborted is not an answer (the error of [`DoorError::aborted`], and a
+/// stream's closing error).
+pub(crate) const ABORTED: &str = "the engine aborted the answer (finish_reason \"abort\": a pause or \
+     a weight update); retry the request";

@@ -15,6 +15,7 @@
 mod admission;
 mod chat;
 mod client_shape;
+mod door_io;
 pub mod error;
 mod health;
 pub mod infer;

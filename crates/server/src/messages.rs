@@ -11,34 +11,19 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use bytes::Bytes;
-use futures::StreamExt;
-use http_body_util::BodyExt;
 use ps_core::{Door, TurnType};
 use ps_doors::messages::{EventStream, Translated};
 
-use crate::chat;
 use crate::error::ApiError;
 use crate::metrics as m;
 use crate::plumbing::read_body;
 use crate::state::AppState;
+use crate::{chat, door_io};
 
 /// The handler: answers in the Messages API's shape, errors included.
 pub async fn messages(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let result = handle(&app, &headers, body).await;
-    let (outcome, turn_type, status) = match &result {
-        Ok((resp, turn_type)) => ("ok", turn_type.as_str(), resp.status()),
-        Err(e) if e.is_client_error() => ("client_error", "unknown", e.status_code()),
-        Err(e) => ("upstream_error", "unknown", e.status_code()),
-    };
-    metrics::counter!(m::DOOR_REQUESTS_TOTAL, "door" => Door::Messages.as_str(), "outcome" => outcome)
-        .increment(1);
-    metrics::counter!(
-        m::REQUESTS_TOTAL,
-        "turn_type" => turn_type,
-        "outcome" => outcome,
-        "status" => status.as_u16().to_string()
-    )
-    .increment(1);
+    door_io::count(Door::Messages, &result);
     match result {
         Ok((resp, _)) => resp,
         Err(e) => e.into_messages_response(),
@@ -60,53 +45,13 @@ async fn handle(
     );
     let chat_body = Bytes::from(translated.body);
     let (resp, turn_type) = chat::serve(app, headers, chat_body, Door::Messages, started).await?;
-    let (mut parts, body) = resp.into_parts();
+    let (parts, body) = resp.into_parts();
     if stream {
-        // The chat path answers a streaming client with chat chunks (relayed or synthesised from a
-        // whole answer); each is translated as it comes.
         let events = EventStream::new(model, omitted);
-        let translated = futures::stream::unfold(
-            (body.into_data_stream(), events, false),
-            |(mut data, mut events, ended)| async move {
-                if ended {
-                    return None;
-                }
-                loop {
-                    let (out, ended) = match data.next().await {
-                        Some(Ok(bytes)) => (events.push(&bytes), false),
-                        // The chat body does not fail (an upstream break is an error chunk in
-                        // it); its end closes the Messages stream (an `error` event when the
-                        // answer was not complete).
-                        Some(Err(_)) | None => (events.finish(), true),
-                    };
-                    // An answer the client got an `error` event for is not complete: the chat
-                    // stream is not read on (dropping it abandons the turn: no sample of it).
-                    let ended = ended || events.failed();
-                    if !out.is_empty() {
-                        let item = Ok::<_, std::convert::Infallible>(Bytes::from(out));
-                        return Some((item, (data, events, ended)));
-                    }
-                    if ended {
-                        return None;
-                    }
-                }
-            },
-        );
-        parts.headers.remove(header::CONTENT_LENGTH);
-        parts.headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        return Ok((
-            Response::from_parts(parts, Body::from_stream(translated)),
-            turn_type,
-        ));
+        let body = door_io::translated(body, events, |_| {});
+        return Ok((door_io::answer(parts, "text/event-stream", body), turn_type));
     }
-    let chat_answer = body
-        .collect()
-        .await
-        .map_err(|e| ApiError::Encode(format!("reading the chat answer: {e}")))?
-        .to_bytes();
+    let chat_answer = door_io::whole(body).await?;
     let message =
         ps_doors::messages::message_from_chat(&chat_answer, &model, omitted).map_err(|e| {
             ApiError::Upstream(ps_sglang_client::SglangError::InvalidBody {
@@ -114,12 +59,10 @@ async fn handle(
                 detail: e.message,
             })
         })?;
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok((Response::from_parts(parts, Body::from(message)), turn_type))
+    Ok((
+        door_io::answer(parts, "application/json", Body::from(message)),
+        turn_type,
+    ))
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt tokens of a Messages request, counted exactly as

@@ -9,38 +9,22 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
-use futures::StreamExt;
-use http_body_util::BodyExt;
 use ps_core::{Door, TurnType};
 use ps_doors::responses::{EventStream, ResponseContext};
 
-use crate::chat;
 use crate::error::ApiError;
-use crate::metrics as m;
 use crate::plumbing::read_body;
 use crate::response_store::STORE_MAX_RESPONSES;
 use crate::state::AppState;
+use crate::{chat, door_io};
 
 /// The handler.
 pub async fn responses(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let result = handle(&app, &headers, body).await;
-    let (outcome, turn_type, status) = match &result {
-        Ok((resp, turn_type)) => ("ok", turn_type.as_str(), resp.status()),
-        Err(e) if e.is_client_error() => ("client_error", "unknown", e.status_code()),
-        Err(e) => ("upstream_error", "unknown", e.status_code()),
-    };
-    metrics::counter!(m::DOOR_REQUESTS_TOTAL, "door" => Door::Responses.as_str(), "outcome" => outcome)
-        .increment(1);
-    metrics::counter!(
-        m::REQUESTS_TOTAL,
-        "turn_type" => turn_type,
-        "outcome" => outcome,
-        "status" => status.as_u16().to_string()
-    )
-    .increment(1);
+    door_io::count(Door::Responses, &result);
     match result {
         Ok((resp, _)) => resp,
         Err(e) => e.into_openai_response(),
@@ -89,60 +73,22 @@ async fn handle(
     let (stream, store, messages, size) = (t.stream, t.store, t.messages, t.body.len());
     let (resp, turn_type) =
         chat::serve(app, headers, Bytes::from(t.body), Door::Responses, started).await?;
-    let (mut parts, body) = resp.into_parts();
-    parts.headers.remove(header::CONTENT_LENGTH);
+    let (parts, body) = resp.into_parts();
     if stream {
-        let state = (
-            body.into_data_stream(),
-            EventStream::new(cx),
-            false,
-            app.clone(),
-            Some(messages),
-        );
-        let translated = futures::stream::unfold(
-            state,
-            move |(mut data, mut events, ended, app, mut messages)| async move {
-                if ended {
-                    return None;
-                }
-                loop {
-                    let (out, ended) = match data.next().await {
-                        Some(Ok(bytes)) => (events.push(&bytes), false),
-                        Some(Err(_)) | None => (events.finish(), true),
-                    };
-                    // A response the client got `response.failed` for is not read on (dropping
-                    // the chat stream abandons the turn); a completed one is stored when asked.
-                    let ended = ended || events.failed();
-                    if store
-                        && let Some((id, answer)) = events.completed()
-                        && let Some(m) = messages.take()
-                    {
-                        app.0.responses.put(id, m, answer, size);
-                    }
-                    if !out.is_empty() {
-                        let item = Ok::<_, std::convert::Infallible>(Bytes::from(out));
-                        return Some((item, (data, events, ended, app, messages)));
-                    }
-                    if ended {
-                        return None;
-                    }
-                }
-            },
-        );
-        parts.headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        return Ok((
-            Response::from_parts(parts, Body::from_stream(translated)),
-            turn_type,
-        ));
+        // A completed response is stored when asked, once.
+        let (app, mut messages) = (app.clone(), Some(messages));
+        let body = door_io::translated(body, EventStream::new(cx), move |events| {
+            if store
+                && let Some((id, answer)) = events.completed()
+                && let Some(m) = messages.take()
+            {
+                let size = size + serde_json::to_vec(&answer).map_or(0, |a| a.len());
+                app.0.responses.put(id, m, answer, size);
+            }
+        });
+        return Ok((door_io::answer(parts, "text/event-stream", body), turn_type));
     }
-    let chat_answer = body
-        .collect()
-        .await
-        .map_err(|e| ApiError::Encode(format!("reading the chat answer: {e}")))?
-        .to_bytes();
+    let chat_answer = door_io::whole(body).await?;
     let whole = ps_doors::responses::response_from_chat(&chat_answer, &cx, store).map_err(|e| {
         ApiError::Upstream(ps_sglang_client::SglangError::InvalidBody {
             url: app.0.policy.chat_url().to_owned(),
@@ -153,10 +99,8 @@ async fn handle(
         let size = size + whole.body.len();
         app.0.responses.put(whole.id, messages, whole.message, size);
     }
-    let out = whole.body;
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok((Response::from_parts(parts, Body::from(out)), turn_type))
+    Ok((
+        door_io::answer(parts, "application/json", Body::from(whole.body)),
+        turn_type,
+    ))
 }

@@ -4,69 +4,11 @@
 use std::borrow::Cow;
 
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::DoorError;
-use crate::chunks::Usage;
-
-#[derive(Deserialize)]
-pub(crate) struct ChatAnswer<'a> {
-    #[serde(borrow)]
-    pub id: Option<Cow<'a, str>>,
-    /// Unix seconds.
-    pub created: Option<u64>,
-    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
-    pub choices: Vec<Choice<'a>>,
-    pub usage: Option<Usage>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct Choice<'a> {
-    #[serde(borrow)]
-    pub message: Option<ChatMessage<'a>>,
-    #[serde(borrow)]
-    pub finish_reason: Option<Cow<'a, str>>,
-    /// SGLang: the stop string (or token id) that ended the answer.
-    #[serde(borrow)]
-    pub matched_stop: Option<&'a RawValue>,
-    /// vLLM: the same, under another name.
-    #[serde(borrow)]
-    pub stop_reason: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct ChatMessage<'a> {
-    #[serde(borrow)]
-    pub content: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    pub reasoning_content: Option<Cow<'a, str>>,
-    /// vLLM's newer name for the reasoning.
-    #[serde(borrow)]
-    pub reasoning: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::null_as_default")]
-    pub tool_calls: Vec<ToolCall<'a>>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct ToolCall<'a> {
-    #[serde(borrow)]
-    pub id: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    pub function: Option<Function<'a>>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct Function<'a> {
-    #[serde(borrow)]
-    pub name: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    pub arguments: Option<Cow<'a, str>>,
-}
-
-/// Why an answer the engine aborted is not a Messages answer.
-pub(crate) const ABORTED: &str = "the engine aborted the answer (finish_reason \"abort\": a pause or \
-     a weight update); retry the request";
+use crate::chunks::{ChatAnswer, Usage};
 
 #[derive(Serialize)]
 struct Message<'a> {
@@ -207,7 +149,7 @@ pub fn check_answer(
     finish_reason: Option<&str>,
 ) -> Result<(), DoorError> {
     if finish_reason == Some("abort") {
-        return Err(DoorError::new("engine_aborted", ABORTED));
+        return Err(DoorError::aborted());
     }
     let calls = message
         .and_then(|m| m.get("tool_calls"))
@@ -250,7 +192,7 @@ pub fn message_from_chat(
         )
     })?;
     if choice.finish_reason.as_deref() == Some("abort") {
-        return Err(DoorError::new("engine_aborted", ABORTED));
+        return Err(DoorError::aborted());
     }
     let message = choice.message.ok_or_else(|| {
         DoorError::new(

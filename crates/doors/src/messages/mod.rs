@@ -13,7 +13,6 @@
 //! Messages API"); README's table of the doors says what is supported and what is refused.
 
 mod answer;
-pub(crate) use answer::ChatAnswer;
 mod request;
 mod stream;
 

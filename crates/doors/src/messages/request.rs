@@ -289,14 +289,6 @@ struct StreamOptions {
     include_usage: bool,
 }
 
-fn invalid(message: impl Into<String>) -> DoorError {
-    DoorError::new("invalid_request", message)
-}
-
-fn unsupported(message: impl Into<String>) -> DoorError {
-    DoorError::new("unsupported_content", message)
-}
-
 /// The Messages request `body` as a chat-completions body. Refused with a [`DoorError`] naming the
 /// field when it is not a Messages request this proxy can serve exactly.
 pub fn to_chat(body: &[u8]) -> Result<Translated, DoorError> {
@@ -323,13 +315,15 @@ fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
         .model
         .as_deref()
         .filter(|m| !m.trim().is_empty())
-        .ok_or_else(|| invalid("`model` is required (a model name)"))?;
+        .ok_or_else(|| DoorError::invalid("`model` is required (a model name)"))?;
     let max_tokens = req.max_tokens;
     if serving && max_tokens.is_none() {
-        return Err(invalid("`max_tokens` is required by the Messages API"));
+        return Err(DoorError::invalid(
+            "`max_tokens` is required by the Messages API",
+        ));
     }
     let Some(source) = req.messages.as_deref().filter(|m| !m.is_empty()) else {
-        return Err(invalid(
+        return Err(DoorError::invalid(
             "`messages` is required and holds at least one message",
         ));
     };
@@ -358,14 +352,14 @@ fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
                 tool_call_id: None,
             }),
             other => {
-                return Err(invalid(format!(
+                return Err(DoorError::invalid(format!(
                     "{at}.role: {other:?} is not a Messages role (`user` or `assistant`; `system` is also accepted)"
                 )));
             }
         }
     }
     if serving && source.last().is_some_and(|m| m.role == "assistant") {
-        return Err(unsupported(
+        return Err(DoorError::unsupported(
             "the last message is an assistant message (a prefill): this proxy does not continue a \
              started answer; end `messages` with a user message",
         ));
@@ -375,7 +369,7 @@ fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
         let name = t
             .name
             .clone()
-            .ok_or_else(|| invalid(format!("tools[{i}].name is required")))?;
+            .ok_or_else(|| DoorError::invalid(format!("tools[{i}].name is required")))?;
         match t.kind.as_deref() {
             None | Some("custom") => {}
             // A tool Anthropic's servers or clients define (web search, code execution, the
@@ -385,9 +379,9 @@ fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
                 continue;
             }
         }
-        let parameters = t
-            .input_schema
-            .ok_or_else(|| invalid(format!("tools[{i}] ({name}): `input_schema` is required")))?;
+        let parameters = t.input_schema.ok_or_else(|| {
+            DoorError::invalid(format!("tools[{i}] ({name}): `input_schema` is required"))
+        })?;
         tools.push(ChatTool {
             kind: "function",
             function: ChatFunction {
@@ -408,12 +402,14 @@ fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
                     kind: "function",
                     function: NamedFunction {
                         name: c.name.clone().ok_or_else(|| {
-                            invalid("tool_choice: `name` is required when its type is `tool`")
+                            DoorError::invalid(
+                                "tool_choice: `name` is required when its type is `tool`",
+                            )
                         })?,
                     },
                 },
                 other => {
-                    return Err(invalid(format!(
+                    return Err(DoorError::invalid(format!(
                         "tool_choice.type {other:?} is not one of auto, any, tool, none"
                     )));
                 }
@@ -434,7 +430,7 @@ fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
         }),
         Some("enabled" | "adaptive") | None => None,
         Some(other) => {
-            return Err(invalid(format!(
+            return Err(DoorError::invalid(format!(
                 "thinking.type {other:?} is not one of enabled, adaptive, disabled"
             )));
         }
@@ -446,12 +442,14 @@ fn translate(body: &[u8], serving: bool) -> Result<Translated, DoorError> {
             json_schema: JsonSchema {
                 name: "output",
                 schema: f.schema.ok_or_else(|| {
-                    invalid("output_config.format: `schema` is required for a json_schema format")
+                    DoorError::invalid(
+                        "output_config.format: `schema` is required for a json_schema format",
+                    )
                 })?,
             },
         }),
         Some(f) => {
-            return Err(invalid(format!(
+            return Err(DoorError::invalid(format!(
                 "output_config.format.type {:?} is not supported (json_schema is)",
                 f.kind
             )));
@@ -504,12 +502,12 @@ fn blocks_or_text<'a>(raw: &'a RawValue, at: &str) -> Result<Content<'a>, DoorEr
         Some(b'"') => serde_json::from_str(text).map(Content::Text),
         Some(b'[') => serde_json::from_str(text).map(Content::Blocks),
         _ => {
-            return Err(invalid(format!(
+            return Err(DoorError::invalid(format!(
                 "{at}.content must be a string or a list of content blocks"
             )));
         }
     };
-    parsed.map_err(|e| invalid(format!("{at}.content: {e}")))
+    parsed.map_err(|e| DoorError::invalid(format!("{at}.content: {e}")))
 }
 
 /// A system prompt: a string, or text blocks (`cache_control` and citations ignored).
@@ -522,10 +520,10 @@ fn system_content<'a>(raw: &'a RawValue, at: &str) -> Result<ChatContent<'a>, Do
                 .enumerate()
                 .map(|(j, b)| match (b.kind.as_ref(), b.text) {
                     ("text", Some(text)) => Ok(ChatPart::Text { text }),
-                    ("text", None) => {
-                        Err(invalid(format!("{at}.content[{j}]: `text` is required")))
-                    }
-                    (other, _) => Err(unsupported(format!(
+                    ("text", None) => Err(DoorError::invalid(format!(
+                        "{at}.content[{j}]: `text` is required"
+                    ))),
+                    (other, _) => Err(DoorError::unsupported(format!(
                         "{at}.content[{j}]: a system prompt holds text blocks only, not {other:?}"
                     ))),
                 })
@@ -538,13 +536,13 @@ fn system_content<'a>(raw: &'a RawValue, at: &str) -> Result<ChatContent<'a>, Do
 fn image_part<'a>(b: Block<'a>, at: &str) -> Result<ChatPart<'a>, DoorError> {
     let source = b
         .source
-        .ok_or_else(|| invalid(format!("{at}: an image block needs a `source`")))?;
-    let source: Source<'a> =
-        serde_json::from_str(source.get()).map_err(|e| invalid(format!("{at}.source: {e}")))?;
+        .ok_or_else(|| DoorError::invalid(format!("{at}: an image block needs a `source`")))?;
+    let source: Source<'a> = serde_json::from_str(source.get())
+        .map_err(|e| DoorError::invalid(format!("{at}.source: {e}")))?;
     let url = match source.kind.as_ref() {
         "base64" => {
             let (Some(media), Some(data)) = (source.media_type, source.data) else {
-                return Err(invalid(format!(
+                return Err(DoorError::invalid(format!(
                     "{at}.source: a base64 image needs `media_type` and `data`"
                 )));
             };
@@ -552,9 +550,9 @@ fn image_part<'a>(b: Block<'a>, at: &str) -> Result<ChatPart<'a>, DoorError> {
         }
         "url" => source
             .url
-            .ok_or_else(|| invalid(format!("{at}.source: a url image needs `url`")))?,
+            .ok_or_else(|| DoorError::invalid(format!("{at}.source: a url image needs `url`")))?,
         other => {
-            return Err(unsupported(format!(
+            return Err(DoorError::unsupported(format!(
                 "{at}.source.type {other:?} is not supported (base64 and url are)"
             )));
         }
@@ -571,10 +569,10 @@ fn user_part<'a>(b: Block<'a>, at: &str, allowed: &str) -> Result<ChatPart<'a>, 
         "text" => Ok(ChatPart::Text {
             text: b
                 .text
-                .ok_or_else(|| invalid(format!("{at}: `text` is required")))?,
+                .ok_or_else(|| DoorError::invalid(format!("{at}: `text` is required")))?,
         }),
         "image" => image_part(b, at),
-        other => Err(unsupported(format!(
+        other => Err(DoorError::unsupported(format!(
             "{at}: a {other:?} block is not supported here ({allowed})"
         ))),
     }
@@ -607,7 +605,7 @@ fn user_messages<'a>(
         if b.kind == "tool_result" {
             let id = b
                 .tool_use_id
-                .ok_or_else(|| invalid(format!("{at}: `tool_use_id` is required")))?;
+                .ok_or_else(|| DoorError::invalid(format!("{at}: `tool_use_id` is required")))?;
             let content = match b.content {
                 None => ChatContent::Text(Cow::Borrowed("")),
                 Some(c) => match blocks_or_text(c, &at)? {
@@ -672,7 +670,7 @@ fn assistant_message<'a>(
         match b.kind.as_ref() {
             "text" => texts.push(
                 b.text
-                    .ok_or_else(|| invalid(format!("{at}: `text` is required")))?,
+                    .ok_or_else(|| DoorError::invalid(format!("{at}: `text` is required")))?,
             ),
             "thinking" => {
                 let text = b.thinking.unwrap_or_default();
@@ -690,25 +688,25 @@ fn assistant_message<'a>(
             "redacted_thinking" => dropped.redacted_thinking += 1,
             "tool_use" => {
                 let id =
-                    b.id.ok_or_else(|| invalid(format!("{at}: `id` is required")))?;
+                    b.id.ok_or_else(|| DoorError::invalid(format!("{at}: `id` is required")))?;
                 let name = b
                     .name
-                    .ok_or_else(|| invalid(format!("{at}: `name` is required")))?;
+                    .ok_or_else(|| DoorError::invalid(format!("{at}: `name` is required")))?;
                 let input = b
                     .input
-                    .ok_or_else(|| invalid(format!("{at}: `input` is required")))?;
+                    .ok_or_else(|| DoorError::invalid(format!("{at}: `input` is required")))?;
                 calls.push(ChatToolCall {
                     id,
                     kind: "function",
                     function: ChatFunctionCall {
                         name,
                         arguments: python_json(input)
-                            .map_err(|e| invalid(format!("{at}.input: {e}")))?,
+                            .map_err(|e| DoorError::invalid(format!("{at}.input: {e}")))?,
                     },
                 });
             }
             other => {
-                return Err(unsupported(format!(
+                return Err(DoorError::unsupported(format!(
                     "{at}: a {other:?} block is not supported in an assistant message (text, \
                      thinking, redacted_thinking, tool_use)"
                 )));
@@ -773,11 +771,8 @@ impl serde_json::ser::Formatter for PythonFormatter {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        // The same separator between an object's entries as between an array's values.
+        self.begin_array_value(writer, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(

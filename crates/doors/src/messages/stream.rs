@@ -173,7 +173,7 @@ impl EventStream {
             // An aborted answer fails at once, before the chat stream's end, which the caller
             // then does not read: the turn is not trained on, its reply not registered.
             if self.finish_reason.as_deref() == Some("abort") {
-                self.fail(super::answer::ABORTED, out);
+                self.fail(crate::error::ABORTED, out);
             }
         }
     }
@@ -269,7 +269,7 @@ impl EventStream {
             return self.fail("the answer's stream ended without a finish reason", out);
         }
         if self.finish_reason.as_deref() == Some("abort") {
-            return self.fail(super::answer::ABORTED, out);
+            return self.fail(crate::error::ABORTED, out);
         }
         if !self.started {
             self.start(None, out);

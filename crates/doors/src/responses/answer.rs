@@ -8,10 +8,6 @@ use super::request::Namespaces;
 use crate::DoorError;
 use crate::messages::thinking_signature;
 
-/// Why an answer the engine aborted is not a response.
-pub(crate) const ABORTED: &str = "the engine aborted the answer (finish_reason \"abort\": a pause or \
-     a weight update); retry the request";
-
 /// One output item of an answer, in the order it came.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Seg {
@@ -219,7 +215,7 @@ pub fn response_from_chat(
     keep: bool,
 ) -> Result<Whole, DoorError> {
     // Read with borrowed strings: no tree of the answer.
-    let answer: crate::messages::ChatAnswer<'_> = serde_json::from_slice(chat).map_err(|e| {
+    let answer: crate::chunks::ChatAnswer<'_> = serde_json::from_slice(chat).map_err(|e| {
         DoorError::new(
             "upstream_invalid_response",
             format!("the engine's answer does not read as a chat completion: {e}"),
@@ -233,7 +229,7 @@ pub fn response_from_chat(
     })?;
     let finish = choice.finish_reason.map(std::borrow::Cow::into_owned);
     if finish.as_deref() == Some("abort") {
-        return Err(DoorError::new("engine_aborted", ABORTED));
+        return Err(DoorError::aborted());
     }
     let m = choice.message.ok_or_else(|| {
         DoorError::new(
@@ -305,7 +301,7 @@ pub struct Whole {
 /// reason, checked before the turn is captured.
 pub fn check_answer(finish_reason: Option<&str>) -> Result<(), DoorError> {
     match finish_reason {
-        Some("abort") => Err(DoorError::new("engine_aborted", ABORTED)),
+        Some("abort") => Err(DoorError::aborted()),
         _ => Ok(()),
     }
 }

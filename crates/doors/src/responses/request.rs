@@ -200,14 +200,6 @@ struct ChatBody<'a> {
     prompt_cache_key: Option<&'a RawValue>,
 }
 
-fn invalid(message: impl Into<String>) -> DoorError {
-    DoorError::new("invalid_request", message)
-}
-
-fn unsupported(message: impl Into<String>) -> DoorError {
-    DoorError::new("unsupported_content", message)
-}
-
 /// The assistant message being built from a run of output items.
 #[derive(Default)]
 struct Assistant {
@@ -249,11 +241,12 @@ impl Assistant {
 fn content(raw: &RawValue, at: &str, user_side: bool) -> Result<Value, DoorError> {
     let text = raw.get();
     if text.starts_with('"') {
-        let s: String = serde_json::from_str(text).map_err(|e| invalid(format!("{at}: {e}")))?;
+        let s: String =
+            serde_json::from_str(text).map_err(|e| DoorError::invalid(format!("{at}: {e}")))?;
         return Ok(Value::String(s));
     }
     let parts: Vec<Part<'_>> =
-        serde_json::from_str(text).map_err(|e| invalid(format!("{at}: {e}")))?;
+        serde_json::from_str(text).map_err(|e| DoorError::invalid(format!("{at}: {e}")))?;
     let mut out = Vec::with_capacity(parts.len());
     for (j, p) in parts.into_iter().enumerate() {
         let at = format!("{at}[{j}]");
@@ -261,7 +254,7 @@ fn content(raw: &RawValue, at: &str, user_side: bool) -> Result<Value, DoorError
             "input_text" | "output_text" | "text" | "summary_text" | "reasoning_text" => {
                 let t = p
                     .text
-                    .ok_or_else(|| invalid(format!("{at}: `text` is required")))?;
+                    .ok_or_else(|| DoorError::invalid(format!("{at}: `text` is required")))?;
                 out.push(serde_json::json!({"type": "text", "text": t}));
             }
             "refusal" => {
@@ -270,14 +263,14 @@ fn content(raw: &RawValue, at: &str, user_side: bool) -> Result<Value, DoorError
             }
             "input_image" if user_side => {
                 let url = p.image_url.ok_or_else(|| {
-                    unsupported(format!(
+                    DoorError::unsupported(format!(
                         "{at}: an input_image needs `image_url` (a data URL or a URL); file ids are not supported"
                     ))
                 })?;
                 out.push(serde_json::json!({"type": "image_url", "image_url": {"url": url}}));
             }
             other => {
-                return Err(unsupported(format!(
+                return Err(DoorError::unsupported(format!(
                     "{at}: a {other:?} content part is not supported here (input_text, output_text, input_image)"
                 )));
             }
@@ -313,23 +306,23 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
         .model
         .as_deref()
         .filter(|m| !m.trim().is_empty())
-        .ok_or_else(|| invalid("`model` is required (a model name)"))?;
+        .ok_or_else(|| DoorError::invalid("`model` is required (a model name)"))?;
     let input = req
         .input
-        .ok_or_else(|| invalid("`input` is required (a string or a list of items)"))?;
+        .ok_or_else(|| DoorError::invalid("`input` is required (a string or a list of items)"))?;
     let mut dropped = Dropped::default();
     // The conversation without the instructions, which are this request's alone (a continued
     // response's instructions are not carried over, as the API says).
     let mut messages: Vec<Value> = prior.map(<[Value]>::to_vec).unwrap_or_default();
     if input.get().starts_with('"') {
-        let s: String =
-            serde_json::from_str(input.get()).map_err(|e| invalid(format!("input: {e}")))?;
+        let s: String = serde_json::from_str(input.get())
+            .map_err(|e| DoorError::invalid(format!("input: {e}")))?;
         messages.push(serde_json::json!({"role": "user", "content": s}));
     } else {
-        let items: Vec<Item<'_>> =
-            serde_json::from_str(input.get()).map_err(|e| invalid(format!("input: {e}")))?;
+        let items: Vec<Item<'_>> = serde_json::from_str(input.get())
+            .map_err(|e| DoorError::invalid(format!("input: {e}")))?;
         if items.is_empty() && prior.is_none() {
-            return Err(invalid("`input` holds no item"));
+            return Err(DoorError::invalid("`input` holds no item"));
         }
         let mut assistant = Assistant::default();
         for (i, item) in items.into_iter().enumerate() {
@@ -340,10 +333,10 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
                     let role = item
                         .role
                         .as_deref()
-                        .ok_or_else(|| invalid(format!("{at}: `role` is required")))?;
-                    let raw = item
-                        .content
-                        .ok_or_else(|| invalid(format!("{at}: `content` is required")))?;
+                        .ok_or_else(|| DoorError::invalid(format!("{at}: `role` is required")))?;
+                    let raw = item.content.ok_or_else(|| {
+                        DoorError::invalid(format!("{at}: `content` is required"))
+                    })?;
                     match role {
                         "assistant" => {
                             let c = content(raw, &format!("{at}.content"), false)?;
@@ -357,7 +350,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
                             messages.push(serde_json::json!({"role": role, "content": c}));
                         }
                         other => {
-                            return Err(invalid(format!(
+                            return Err(DoorError::invalid(format!(
                                 "{at}.role: {other:?} is not user, assistant, system or developer"
                             )));
                         }
@@ -386,14 +379,14 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
                     assistant.started = true;
                     let name = item
                         .name
-                        .ok_or_else(|| invalid(format!("{at}: `name` is required")))?;
+                        .ok_or_else(|| DoorError::invalid(format!("{at}: `name` is required")))?;
                     let name = match item.namespace.as_deref() {
                         Some(ns) => flat_name(ns, &name),
                         None => name.into_owned(),
                     };
-                    let call_id = item
-                        .call_id
-                        .ok_or_else(|| invalid(format!("{at}: `call_id` is required")))?;
+                    let call_id = item.call_id.ok_or_else(|| {
+                        DoorError::invalid(format!("{at}: `call_id` is required"))
+                    })?;
                     assistant.calls.push(serde_json::json!({
                         "id": call_id, "type": "function",
                         "function": {"name": name, "arguments": item.arguments.unwrap_or(Cow::Borrowed("{}"))}
@@ -401,9 +394,9 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
                 }
                 "function_call_output" => {
                     assistant.flush(&mut messages);
-                    let call_id = item
-                        .call_id
-                        .ok_or_else(|| invalid(format!("{at}: `call_id` is required")))?;
+                    let call_id = item.call_id.ok_or_else(|| {
+                        DoorError::invalid(format!("{at}: `call_id` is required"))
+                    })?;
                     let output = match item.output {
                         None => Value::String(String::new()),
                         Some(o) => content(o, &format!("{at}.output"), true)?,
@@ -413,7 +406,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
                     );
                 }
                 other => {
-                    return Err(unsupported(format!(
+                    return Err(DoorError::unsupported(format!(
                         "{at}: a {other:?} item is not supported (message, reasoning, function_call, \
                          function_call_output)"
                     )));
@@ -423,7 +416,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
         assistant.flush(&mut messages);
     }
     if messages.last().is_some_and(|m| m["role"] == "assistant") {
-        return Err(unsupported(
+        return Err(DoorError::unsupported(
             "the input ends with the assistant's output: this proxy does not continue a started \
              answer; end it with a user message or a function_call_output",
         ));
@@ -439,7 +432,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
             let name = o
                 .get("name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| invalid("tool_choice: a function choice needs `name`"))?;
+                .ok_or_else(|| DoorError::invalid("tool_choice: a function choice needs `name`"))?;
             let name = match o.get("namespace").and_then(Value::as_str) {
                 Some(ns) => flat_name(ns, name),
                 None => name.to_owned(),
@@ -447,7 +440,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
             Some(serde_json::json!({"type": "function", "function": {"name": name}}))
         }
         Some(other) => {
-            return Err(unsupported(format!(
+            return Err(DoorError::unsupported(format!(
                 "tool_choice {other} is not supported (auto, none, required, or a function)"
             )));
         }
@@ -471,7 +464,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
                 schema.insert(
                     "schema".into(),
                     f.get("schema").cloned().ok_or_else(|| {
-                        invalid("text.format: a json_schema format needs `schema`")
+                        DoorError::invalid("text.format: a json_schema format needs `schema`")
                     })?,
                 );
                 if let Some(s) = f.get("strict") {
@@ -480,7 +473,7 @@ pub fn to_chat(body: &[u8], prior: Option<&[Value]>) -> Result<Translated, DoorE
                 Some(serde_json::json!({"type": "json_schema", "json_schema": schema}))
             }
             _ => {
-                return Err(unsupported(format!(
+                return Err(DoorError::unsupported(format!(
                     "text.format {f} is not supported (text, json_object, json_schema)"
                 )));
             }
@@ -559,7 +552,8 @@ fn tools(tools: &[Tool<'_>], dropped: &mut Dropped) -> Result<(Vec<Value>, Names
             f.insert("description".into(), Value::String(d.to_string()));
         }
         let params = match t.parameters {
-            Some(p) => serde_json::from_str(p.get()).map_err(|e| invalid(format!("{at}: {e}")))?,
+            Some(p) => serde_json::from_str(p.get())
+                .map_err(|e| DoorError::invalid(format!("{at}: {e}")))?,
             None => serde_json::json!({"type": "object", "properties": {}}),
         };
         f.insert("parameters".into(), params);
@@ -575,20 +569,20 @@ fn tools(tools: &[Tool<'_>], dropped: &mut Dropped) -> Result<(Vec<Value>, Names
                 let name = t
                     .name
                     .as_deref()
-                    .ok_or_else(|| invalid(format!("{at}: `name` is required")))?;
+                    .ok_or_else(|| DoorError::invalid(format!("{at}: `name` is required")))?;
                 out.push(function(t, name.to_owned(), &at)?);
             }
             Some("namespace") => {
                 let ns = t
                     .name
                     .as_deref()
-                    .ok_or_else(|| invalid(format!("{at}: a namespace needs `name`")))?;
+                    .ok_or_else(|| DoorError::invalid(format!("{at}: a namespace needs `name`")))?;
                 for (j, inner) in t.tools.iter().flatten().enumerate() {
                     let at = format!("{at}.tools[{j}]");
                     let name = inner
                         .name
                         .as_deref()
-                        .ok_or_else(|| invalid(format!("{at}: `name` is required")))?;
+                        .ok_or_else(|| DoorError::invalid(format!("{at}: `name` is required")))?;
                     match inner.kind.as_deref() {
                         Some("function") | None => {}
                         Some(other) => {
@@ -610,12 +604,12 @@ fn tools(tools: &[Tool<'_>], dropped: &mut Dropped) -> Result<(Vec<Value>, Names
                 .hosted_tools
                 .push(t.name.as_deref().unwrap_or(other).to_owned()),
             Some(other) => {
-                return Err(unsupported(format!(
+                return Err(DoorError::unsupported(format!(
                     "{at}: a tool of type {other:?} is not supported (function, namespace; hosted \
                      tools such as web_search are left out)"
                 )));
             }
-            None => return Err(invalid(format!("{at}: `type` is required"))),
+            None => return Err(DoorError::invalid(format!("{at}: `type` is required"))),
         }
     }
     Ok((out, namespaces))

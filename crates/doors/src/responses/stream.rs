@@ -182,7 +182,7 @@ impl EventStream {
             // An aborted answer fails at once, before the chat stream's end, which the caller
             // then does not read: the turn is not trained on, its reply not registered.
             if self.built.finish_reason.as_deref() == Some("abort") {
-                self.fail(super::answer::ABORTED, out);
+                self.fail(crate::error::ABORTED, out);
             }
         }
     }
@@ -279,7 +279,7 @@ impl EventStream {
         match self.built.finish_reason.as_deref() {
             None => return self.fail("the answer's stream ended without a finish reason", out),
             Some("abort") => {
-                return self.fail(super::answer::ABORTED, out);
+                return self.fail(crate::error::ABORTED, out);
             }
             Some(_) => {}
         }
