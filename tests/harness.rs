@@ -97,6 +97,109 @@ pub async fn serve(config: &Path, port: u16) -> (KillOnDrop, String) {
     (child, base)
 }
 
+/// `GET /v1/rollout/status` of the server at `base` (no key).
+pub async fn status(base: &str) -> serde_json::Value {
+    http(std::time::Duration::from_secs(60))
+        .get(format!("{base}/v1/rollout/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// `serve` with the defaults but the fake engine (`chat_url`, `generate_url`), the store in `dir`
+/// and `server_lines` (more `[server]` settings) on a free port: the server and its base URL.
+pub async fn serve_agent_proxy(
+    dir: &Path,
+    chat_url: &str,
+    generate_url: &str,
+    server_lines: &str,
+) -> (KillOnDrop, String) {
+    let port = free_port();
+    let config = dir.join("settings.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nport = {port}\n{server_lines}\n[sglang]\nchat_url = \"{chat_url}\"\n\
+             [prm]\nrouter_url = \"{generate_url}\"\n[store]\npath = \"{}\"\n",
+            dir.join("store").display(),
+        ),
+    )
+    .unwrap();
+    serve(&config, port).await
+}
+
+/// What a real agent's two prompts through a door must give (`tests/real_claude_code.rs`,
+/// `tests/real_codex.rs`): the engine asked for log-probs every time (`engine_bodies`: its chat
+/// requests) and three main requests among them (a tool call, the tool's result, a follow-up);
+/// then, bounded (judging is local), two samples (the follow-up waits for its next state) of one
+/// session recognised from the history, nothing dropped, each through `door`, the first's response
+/// the tool call the agent ran.
+pub async fn an_agents_tool_call_and_follow_up_became_samples(
+    base: &str,
+    engine_bodies: &[serde_json::Value],
+    door: &str,
+) {
+    use serde_json::Value;
+    assert!(engine_bodies.iter().all(|b| b["logprobs"] == true));
+    let main = engine_bodies
+        .iter()
+        .filter(|b| b["tools"].as_array().is_some_and(|t| !t.is_empty()))
+        .count();
+    assert_eq!(
+        main, 3,
+        "three main requests (tool call, tool result, follow-up)"
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    let st = loop {
+        let st = status(base).await;
+        if st["samples"]["submitted"] == 2 {
+            break st;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "samples missing: {st}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(st["turns_dropped"], 0, "{st}");
+    assert_eq!(st["turns_abandoned"], 0, "{st}");
+    let si = &st["session_inference"];
+    assert_eq!(si["inferred_sessions"], 1, "one conversation: {st}");
+    assert_eq!(si["continued"], 2, "{st}");
+    assert_eq!(si["forks"], 0, "{st}");
+    let page: Value = http(std::time::Duration::from_secs(60))
+        .get(format!("{base}/v1/rollout/samples?after=0&max=10"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let samples: Vec<&Value> = page["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["sample"])
+        .collect();
+    assert_eq!(samples.len(), 2);
+    for x in &samples {
+        assert_eq!(x["metadata"]["door"], door, "{}", x["metadata"]);
+        assert_eq!(x["metadata"]["session_source"], "inferred");
+        assert_eq!(x["session_id"], samples[0]["session_id"]);
+    }
+    assert!(
+        samples[0]["response"]
+            .as_str()
+            .unwrap()
+            .contains("<tool_call>"),
+        "the first turn's response is the tool call the agent ran: {}",
+        samples[0]["response"]
+    );
+}
+
 /// The `policy-serving` executable cargo built for this test run.
 pub fn policy_serving() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_policy-serving"))

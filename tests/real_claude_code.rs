@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use harness::{KillOnDrop, free_port};
+use harness::KillOnDrop;
 use ps_fake_sglang::FakeSglang;
 use serde_json::Value;
 
@@ -94,17 +94,6 @@ async fn prompt(
     result
 }
 
-async fn status(base: &str) -> Value {
-    harness::http(Duration::from_secs(60))
-        .get(format!("{base}/v1/rollout/status"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_claude_code_trains_through_the_messages_door() {
     let Some(claude) = claude_code() else {
@@ -112,22 +101,14 @@ async fn the_real_claude_code_trains_through_the_messages_door() {
     };
     let fake = FakeSglang::builder().spawn().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = dir.path().join("settings.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nport = {port}\n\
-             model_names = {{ \"claude-sonnet-4-5\" = \"default\", \"claude-haiku-4-5\" = \"default\" }}\n\
-             side_turn_rules = [ {{ name = \"titles\", model = \"claude-haiku-4-5\" }} ]\n\
-             [sglang]\nchat_url = \"{}\"\n[prm]\nrouter_url = \"{}\"\n[store]\npath = \"{}\"\n",
-            fake.chat_url(),
-            fake.generate_url(),
-            dir.path().join("store").display(),
-        ),
+    let (_server, base) = harness::serve_agent_proxy(
+        dir.path(),
+        &fake.chat_url(),
+        &fake.generate_url(),
+        "model_names = { \"claude-sonnet-4-5\" = \"default\", \"claude-haiku-4-5\" = \"default\" }\n\
+         side_turn_rules = [ { name = \"titles\", model = \"claude-haiku-4-5\" } ]",
     )
-    .unwrap();
-    let (_server, base) = harness::serve(&config, port).await;
+    .await;
     let (home, work) = (dir.path().join("home"), dir.path().join("work"));
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&work).unwrap();
@@ -162,63 +143,7 @@ async fn the_real_claude_code_trains_through_the_messages_door() {
         .requests()
         .into_iter()
         .filter(|r| r.path == "/v1/chat/completions")
+        .map(|r| r.body)
         .collect();
-    assert!(chats.iter().all(|r| r.body["logprobs"] == true));
-    let main = chats
-        .iter()
-        .filter(|r| r.body["tools"].as_array().is_some_and(|t| !t.is_empty()))
-        .count();
-    assert_eq!(
-        main, 3,
-        "three main requests (tool call, tool result, follow-up)"
-    );
-
-    // Two samples; the follow-up waits for its next state (bounded: judging is local).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let st = loop {
-        let st = status(&base).await;
-        if st["samples"]["submitted"] == 2 {
-            break st;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "samples missing: {st}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(st["turns_dropped"], 0, "{st}");
-    assert_eq!(st["turns_abandoned"], 0, "{st}");
-    let si = &st["session_inference"];
-    assert_eq!(si["inferred_sessions"], 1, "one conversation: {st}");
-    assert_eq!(si["continued"], 2, "{st}");
-    assert_eq!(si["forks"], 0, "{st}");
-    let page: Value = harness::http(Duration::from_secs(60))
-        .get(format!("{base}/v1/rollout/samples?after=0&max=10"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let samples: Vec<&Value> = page["samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| &s["sample"])
-        .collect();
-    assert_eq!(samples.len(), 2);
-    for x in &samples {
-        assert_eq!(x["metadata"]["door"], "messages", "{}", x["metadata"]);
-        assert_eq!(x["metadata"]["session_source"], "inferred");
-        assert_eq!(x["session_id"], samples[0]["session_id"]);
-    }
-    // The first turn's response is the tool call Claude Code ran.
-    assert!(
-        samples[0]["response"]
-            .as_str()
-            .unwrap()
-            .contains("<tool_call>"),
-        "{}",
-        samples[0]["response"]
-    );
+    harness::an_agents_tool_call_and_follow_up_became_samples(&base, &chats, "messages").await;
 }

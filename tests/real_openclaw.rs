@@ -109,17 +109,6 @@ async fn turn(openclaw: &Path, home: &Path, session: &str, text: &str) {
     );
 }
 
-async fn status(base: &str) -> Value {
-    harness::http(Duration::from_secs(60))
-        .get(format!("{base}/v1/rollout/status"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// The flattened text of a message's content.
 fn text(m: &Value) -> String {
     content_text(&m["content"])
@@ -214,7 +203,7 @@ async fn the_real_openclaw_agent_trains_with_the_defaults() {
     // Every turn but each conversation's last becomes a sample (bounded: judging is local).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let st = loop {
-        let st = status(&base).await;
+        let st = harness::status(&base).await;
         if st["samples"]["submitted"] == samples {
             break st;
         }

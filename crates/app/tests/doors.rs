@@ -635,19 +635,10 @@ async fn an_answer_the_door_cannot_give_is_refused_and_not_trained_on() {
     )
     .await;
     assert_eq!(m["type"], "message");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let st = s.status().await;
-        if st["turns_abandoned_by_reason"]["door_untranslatable"] == 1 {
-            assert_eq!(st["samples"]["submitted"], 0, "{st}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not abandoned: {st}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
+    let st = s
+        .status_when(|st| st["turns_abandoned_by_reason"]["door_untranslatable"] == 1)
+        .await;
+    assert_eq!(st["samples"]["submitted"], 0, "{st}");
     s.stop().await;
 }
 
@@ -1106,17 +1097,11 @@ async fn a_broken_stream_through_a_door_ends_its_turn_with_its_reason() {
         text.contains("response.failed") && !text.contains("response.completed"),
         "{text}"
     );
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let st = s.status().await;
-        let by = &st["turns_abandoned_by_reason"];
-        if by["stream_error"] == 2 {
-            assert!(by.get("client_cancelled").is_none(), "{st}");
-            assert_eq!(st["samples"]["submitted"], 0);
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{st}");
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
+    let st = s
+        .status_when(|st| st["turns_abandoned_by_reason"]["stream_error"] == 2)
+        .await;
+    let by = &st["turns_abandoned_by_reason"];
+    assert!(by.get("client_cancelled").is_none(), "{st}");
+    assert_eq!(st["samples"]["submitted"], 0);
     s.stop().await;
 }

@@ -96,6 +96,20 @@ impl Server {
         status(&self.url).await
     }
 
+    /// The rollout status once `done` holds for it (bounded: 30 s, so that a turn that never
+    /// resolves fails the test rather than hanging it).
+    pub async fn status_when(&self, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let st = self.status().await;
+            if done(&st) {
+                return st;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "not reached: {st}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// Waits until every turn is resolved (submitted or dropped), then pulls every sample.
     pub async fn settle(&self, turns: u64) -> Vec<Value> {
         self.settle_counting(turns, &["turns_dropped"]).await
