@@ -183,6 +183,7 @@ pub fn options(settings: &Settings, env: EnvLookup<'_>) -> Result<ServerOptions,
         max_messages: s.max_messages,
         max_upstream: settings.sglang.max_concurrency,
         engine: settings.sglang.engine,
+        sampling: settings.capture.sampling,
         inference: ps_server::infer::InferenceOptions {
             mode: s.session_inference,
             idle: s.session_timeout(),
@@ -449,6 +450,7 @@ pub fn opd_parts(
             settings.teacher.max_concurrency.max(1),
         ))),
         engine_prompts,
+        teacher_temperature: settings.opd.teacher_temperature,
     }))
 }
 

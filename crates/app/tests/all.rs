@@ -14,5 +14,6 @@ mod opd;
 mod provider;
 mod redis;
 mod rollout;
+mod sampling;
 mod sessions;
 mod tokenizer;

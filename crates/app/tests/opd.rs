@@ -677,3 +677,106 @@ async fn a_next_state_with_an_image_leaves_the_turn_without_one() {
     );
     server.stop().await;
 }
+
+/// `opd.teacher_temperature` through the server: the default asks both teachers at 0 (as the
+/// reference), a number at that number, `"rollout"` at the turn's own temperature (1.0, marked
+/// assumed, when the client left it to the engine); the sample and the OPD record say which.
+#[tokio::test]
+async fn the_teacher_is_asked_at_the_configured_temperature() {
+    use ps_core::ports::TeacherTemperature;
+    for (backend, setting, client, want, assumed) in [
+        (
+            "sglang",
+            TeacherTemperature::default(),
+            Some(0.7),
+            0.0,
+            false,
+        ),
+        (
+            "completions",
+            TeacherTemperature::default(),
+            None,
+            0.0,
+            false,
+        ),
+        (
+            "sglang",
+            TeacherTemperature::Fixed(0.5),
+            Some(0.7),
+            0.5,
+            false,
+        ),
+        (
+            "completions",
+            TeacherTemperature::Rollout,
+            Some(0.7),
+            0.7,
+            false,
+        ),
+        ("sglang", TeacherTemperature::Rollout, Some(0.7), 0.7, false),
+        ("sglang", TeacherTemperature::Rollout, None, 1.0, true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeSglang::builder().spawn().await.unwrap();
+        let mut set = settings(&fake, Mode::Opd, dir.path());
+        set.opd.teacher_temperature = setting;
+        if backend == "completions" {
+            set.teacher.backend = ps_config::TeacherBackend::OpenaiCompletions;
+            set.teacher.url = Some(fake.base_url());
+            set.teacher.model = Some("teacher".into());
+        }
+        let s = start(&set).await;
+        let first = json!([user("Plan a weekend in Rome.")]);
+        let mut body = json!({"messages": first});
+        if let Some(t) = client {
+            body["temperature"] = json!(t);
+        }
+        let r: Value = s
+            .turn("t", body.clone(), false)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["messages"] = json!([
+            user("Plan a weekend in Rome."),
+            r["choices"][0]["message"],
+            user("I wanted museums, not food. FAKE_VOTES=1,1,1")
+        ]);
+        assert_eq!(s.turn("t", body, true).send().await.unwrap().status(), 200);
+        let samples = s.settle(2).await;
+        let case = format!("{backend} {setting:?} client {client:?}");
+        assert_eq!(samples.len(), 1, "{case}");
+        let m = &samples[0]["metadata"];
+        assert_eq!(m["teacher_temperature"].as_f64(), Some(want), "{case}: {m}");
+        assert_eq!(
+            m.get("teacher_temperature_assumed").is_some(),
+            assumed,
+            "{case}"
+        );
+        let asked: Vec<f64> = fake
+            .requests()
+            .into_iter()
+            .filter_map(|r| match r.path.as_str() {
+                "/generate" if r.body.get("input_ids").is_some() => {
+                    r.body["sampling_params"]["temperature"].as_f64()
+                }
+                "/v1/completions" => r.body["temperature"].as_f64(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(asked, [want], "{case}");
+        let records = wait_records(&dir.path().join("opd"), 1).await;
+        let distilled: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["outcome"] == "distilled")
+            .collect();
+        assert_eq!(
+            distilled[0]["teacher_temperature"].as_f64(),
+            Some(want),
+            "{case}"
+        );
+        s.stop().await;
+    }
+}

@@ -110,6 +110,7 @@ fn job(
         asked_for_ids: engine,
         trainer_weight_version: None,
         origin: Default::default(),
+        sampling: Default::default(),
         // As the capture thread sets it: the texts the trees were parsed from.
         texts: Some(RequestTexts {
             messages: serde_json::to_vec(history).unwrap().into(),

@@ -86,6 +86,8 @@ pub struct CaptureJob {
     pub trainer_weight_version: Option<String>,
     /// How the session was found (header, body, inferred, fork), for the sample's metadata.
     pub origin: ps_core::SessionOrigin,
+    /// The sampling parameters sent upstream, for the sample's metadata.
+    pub sampling: ps_core::Sampling,
     /// The JSON texts `messages` and `tools` were parsed from, when they were (set by the capture
     /// thread); `None`: the trees are written out as text for the captured turn.
     pub texts: Option<RequestTexts>,

@@ -51,6 +51,7 @@ fn job(session: &str, turn: u64, messages: &[Value], session_done: bool) -> Capt
         asked_for_ids: false,
         trainer_weight_version: None,
         origin: Default::default(),
+        sampling: Default::default(),
         texts: None,
     }
 }

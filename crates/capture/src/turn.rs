@@ -296,6 +296,7 @@ pub(crate) fn captured_turn(
         weight_version: None,
         origin: job.origin.clone(),
         engine_prompts_agreed: false,
+        sampling: job.sampling,
     }
 }
 

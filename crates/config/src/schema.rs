@@ -711,6 +711,12 @@ pub struct OpdSettings {
     /// Where the hint judge runs: `sglang` (the judge's `/generate` at `prm.router_url`; default) or
     /// `provider` (the provider's chat endpoint with `provider.hint_model`).
     pub hint_backend: PrmBackend,
+    /// The temperature the teacher is asked to score at: a number (default 0, the reference's) or
+    /// `"rollout"` (each turn's own sampling temperature; 1.0, marked assumed, when its request
+    /// left it to the engine). Sent to both teacher backends and recorded in OPD records and
+    /// samples; SGLang and vLLM do not apply it to prompt log-probs (docs/upstream-protocols.md
+    /// section 9).
+    pub teacher_temperature: ps_core::ports::TeacherTemperature,
 }
 
 impl Default for OpdSettings {
@@ -723,6 +729,7 @@ impl Default for OpdSettings {
             drop_without_next_state: d::OPD_DROP_WITHOUT_NEXT_STATE,
             min_hint_chars: d::OPD_MIN_HINT_CHARS,
             hint_backend: PrmBackend::default(),
+            teacher_temperature: ps_core::ports::TeacherTemperature::default(),
         }
     }
 }
@@ -858,6 +865,11 @@ pub struct CaptureSettings {
     /// …nor one with more images than this in its prompt (`too_many_images`). Default 64, at
     /// least 1.
     pub max_images_per_turn: usize,
+    /// What main turns are sampled with: `as_sent` (the client's parameters; each sample records
+    /// them and a truncated one is marked `truncated_sampling_without_sets`) or
+    /// `full_distribution` (`top_p = 1`, `top_k = -1`, `min_p = 0` sent upstream on main turns, the
+    /// temperature kept). Default `as_sent`.
+    pub sampling: ps_core::SamplingMode,
 }
 
 impl Default for CaptureSettings {
@@ -870,6 +882,7 @@ impl Default for CaptureSettings {
             max_queued_mib: d::CAPTURE_MAX_QUEUED_MIB,
             max_image_mib: d::CAPTURE_MAX_IMAGE_MIB,
             max_images_per_turn: d::CAPTURE_MAX_IMAGES_PER_TURN,
+            sampling: ps_core::SamplingMode::AsSent,
         }
     }
 }

@@ -109,6 +109,24 @@ fn bad_value_names_key_value_and_expectation() {
 
     let (_, text, _) = load_error("settings.json", r#"{ "server": 5 }"#);
     assert!(text.contains("server = 5"), "{text}");
+
+    let (_, text, _) = load_error("settings.toml", "[capture]\nsampling = \"top_p\"\n");
+    assert!(text.contains("capture.sampling = \"top_p\""), "{text}");
+    assert!(text.contains("`as_sent`, `full_distribution`"), "{text}");
+    for bad in ["-0.5", "\"warm\""] {
+        let (_, text, _) = load_error(
+            "settings.toml",
+            &format!("[opd]\nteacher_temperature = {bad}\n"),
+        );
+        assert!(
+            text.contains(&format!("opd.teacher_temperature = {bad}")),
+            "{text}"
+        );
+        assert!(
+            text.contains("a temperature of at least 0, or \"rollout\""),
+            "{text}"
+        );
+    }
 }
 
 #[test]

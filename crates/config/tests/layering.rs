@@ -266,3 +266,33 @@ fn eval_mode_accepts_strings_and_booleans() {
         );
     }
 }
+
+/// `opd.teacher_temperature` takes a number or `"rollout"`; `capture.sampling` its two words.
+#[test]
+fn teacher_temperature_and_sampling_load() {
+    use ps_core::ports::TeacherTemperature;
+    for (written, want) in [
+        ("0", TeacherTemperature::Fixed(0.0)),
+        ("0.7", TeacherTemperature::Fixed(0.7)),
+        ("1", TeacherTemperature::Fixed(1.0)),
+        ("\"rollout\"", TeacherTemperature::Rollout),
+    ] {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "settings.toml",
+                &format!(
+                    "[opd]\nteacher_temperature = {written}\n[capture]\nsampling = \"full_distribution\"\n"
+                ),
+            )?;
+            let s = load_in_jail(jail, Some("settings.toml"), &Overrides::default())?;
+            assert_eq!(s.opd.teacher_temperature, want);
+            assert_eq!(s.capture.sampling, ps_core::SamplingMode::FullDistribution);
+            Ok(())
+        });
+    }
+    assert_eq!(
+        Settings::default().opd.teacher_temperature,
+        TeacherTemperature::Fixed(0.0)
+    );
+}

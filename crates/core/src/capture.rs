@@ -57,6 +57,9 @@ pub struct CapturedTurn {
     /// again from `messages` when a persisted turn is resumed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<crate::sample::SampleImage>,
+    /// The sampling parameters sent upstream (after `capture.sampling`).
+    #[serde(default)]
+    pub sampling: crate::sampling::Sampling,
 }
 
 /// Where a captured turn's token ids came from.
@@ -274,6 +277,7 @@ mod tests {
         );
         let turn = CapturedTurn {
             images: Vec::new(),
+            sampling: Default::default(),
             session_id: "s".into(),
             turn: 1,
             arrival_seq: 1,

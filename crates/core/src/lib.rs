@@ -5,7 +5,7 @@
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
 //! the captured main turn ([`capture`]) and the compact JSON its request parts wait in
 //! ([`json_text`]), the trainer's [`sample::Sample`] and the traits of where
-//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, the engine serving the policy ([`engine`]), the wire
+//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, the engine serving the policy ([`engine`]), the sampling parameters a turn was sampled with ([`sampling`]), the wire
 //! enums several crates read ([`modes`]), and the events
 //! observers of sessions and turns are told ([`observe`]).
 //!
@@ -28,6 +28,7 @@ pub mod ports;
 pub mod rollout;
 pub mod rollout_control;
 pub mod sample;
+pub mod sampling;
 pub mod secret;
 pub mod session;
 pub mod sink;
@@ -38,11 +39,12 @@ pub use engine::{Engine, EngineCell, EngineSetting};
 pub use errors::error_chain;
 pub use json_text::JsonText;
 pub use log::{EncodedSample, LogError, SampleLog, StoreStats, StoredSample};
-pub use modes::{PauseMode, SessionInference, TokenIdsMode};
+pub use modes::{PauseMode, SamplingMode, SessionInference, TokenIdsMode};
 pub use observe::{NoObserver, Observers, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};
 pub use rollout_control::{BufferStatus, PendingCounts, RolloutControl};
+pub use sampling::{Sampling, SamplingKind};
 pub use secret::Secret;
 pub use session::{DefaultTurnType, Door, SessionHeaders, SessionOrigin, SessionSource, TurnType};
 pub use sink::{SampleSink, SinkError};

@@ -46,6 +46,10 @@ pub const CAPTURE_SECONDS: &str = "policy_serving_capture_seconds";
 
 /// RL samples handed to the trainer, labelled `outcome` (`effective`|`excluded`).
 pub const SAMPLES_SUBMITTED_TOTAL: &str = "policy_serving_samples_submitted_total";
+/// Stored samples by what their sampling means for their log-probs, labelled `kind`
+/// (`full`|`truncated`|`greedy`|`engine_defaults`; `truncated` and `greedy` samples carry
+/// `metadata.truncated_sampling_without_sets`).
+pub const SAMPLES_BY_SAMPLING_TOTAL: &str = "policy_serving_samples_by_sampling_total";
 /// Samples excluded from training (all-zero loss mask), labelled `reason`
 /// (`no_next_state`|`score_zero`|`prm_disabled`).
 pub const SAMPLES_EXCLUDED_TOTAL: &str = "policy_serving_samples_excluded_total";
@@ -189,6 +193,7 @@ pub const CATALOGUE: &[MetricSpec] = {
         spec(UPSTREAM_SECONDS, Histogram, &[]),
         spec(CAPTURE_SECONDS, Histogram, &[]),
         spec(SAMPLES_SUBMITTED_TOTAL, Counter, &["outcome"]),
+        spec(SAMPLES_BY_SAMPLING_TOTAL, Counter, &["kind"]),
         spec(SAMPLES_EXCLUDED_TOTAL, Counter, &["reason"]),
         spec(SAMPLES_DROPPED_TOTAL, Counter, &["reason"]),
         spec(TURNS_ABANDONED_TOTAL, Counter, &["reason"]),

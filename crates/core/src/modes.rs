@@ -48,6 +48,27 @@ impl TokenIdsMode {
     }
 }
 
+/// `capture.sampling`: what a main turn is sampled with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplingMode {
+    /// The client's sampling parameters, untouched (each sample records them).
+    #[default]
+    AsSent,
+    /// `top_p = 1`, `top_k = -1`, `min_p = 0` sent upstream on main turns (temperature kept): the
+    /// log-probs are of the full distribution the trainer recomputes.
+    FullDistribution,
+}
+
+impl SamplingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AsSent => "as_sent",
+            Self::FullDistribution => "full_distribution",
+        }
+    }
+}
+
 /// How a request without a session key finds its session (`server.session_inference`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -87,6 +108,11 @@ mod tests {
         }
         assert_eq!(PauseMode::Serve.as_str(), "serve");
         assert_eq!(TokenIdsMode::Engine.as_str(), "engine");
+        assert_eq!(SamplingMode::FullDistribution.as_str(), "full_distribution");
+        assert_eq!(
+            serde_json::to_value(SamplingMode::FullDistribution).ok(),
+            Some(serde_json::json!("full_distribution"))
+        );
         assert_eq!(SessionInference::Always.as_str(), "always");
     }
 }

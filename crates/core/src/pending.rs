@@ -41,6 +41,7 @@ pub mod testing {
         PendingTurn {
             turn: CapturedTurn {
                 images: Vec::new(),
+                sampling: Default::default(),
                 session_id: session.into(),
                 turn,
                 arrival_seq: turn,

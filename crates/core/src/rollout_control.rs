@@ -55,6 +55,10 @@ pub struct BufferStatus {
     /// Stored samples by policy version (`none` when unknown; at most
     /// the session buffer's `MAX_TRACKED_VERSIONS` versions, later ones under `other`).
     pub samples_by_weight_version: BTreeMap<String, u64>,
+    /// Stored samples by what their sampling means for the log-probs (`full`, `truncated`,
+    /// `greedy`, `engine_defaults`: [`crate::SamplingKind`]).
+    #[serde(default)]
+    pub samples_by_sampling: BTreeMap<String, u64>,
 }
 
 /// What the server asks of the session buffer.

@@ -294,11 +294,32 @@ fn open_turn(
     // SGLang refuses `return_token_ids` on a streamed request; vLLM answers it chunk by chunk.
     let asks_for_ids = opts.token_ids != TokenIdsMode::Retokenize
         && (!upstream_stream || app.engine().is_some_and(ps_core::Engine::streams_token_ids));
+    // Only turns that become samples are sampled from the full distribution: side turns and
+    // turns served while paused keep the client's parameters.
+    let full_distribution =
+        guard.is_some() && opts.sampling == ps_core::SamplingMode::FullDistribution;
+    let sent = req.sampling();
+    let sampling = if full_distribution {
+        if app.first_warning("\0full-distribution") {
+            tracing::info!(
+                client_top_p = sent.top_p,
+                client_top_k = sent.top_k,
+                client_min_p = sent.min_p,
+                "capture.sampling = \"full_distribution\": main turns are sent upstream with top_p \
+                 1, top_k -1, min_p 0 in place of the client's (the temperature is kept), so \
+                 their log-probs are of the full distribution the trainer recomputes (logged once)"
+            );
+        }
+        ps_core::Sampling::full_distribution(sent.temperature)
+    } else {
+        sent
+    };
     let forward_opts = ForwardOptions {
         served_model_name: &opts.served_model_name,
         model,
         stream: upstream_stream,
         return_token_ids: asks_for_ids,
+        full_distribution,
     };
     let forwarded = request::forward_body(req, &forward_opts);
     let turn = guard.map(|(guard, _)| TurnContext {
@@ -316,6 +337,7 @@ fn open_turn(
         asked_for_ids: forwarded.return_token_ids,
         trainer_weight_version: app.trainer_weight_version(),
         origin,
+        sampling,
     });
     OpenedTurn {
         shape: ClientShape::of(req, &forwarded),

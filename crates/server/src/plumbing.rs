@@ -24,6 +24,8 @@ pub(crate) struct TurnContext {
     pub asked_for_ids: bool,
     pub trainer_weight_version: Option<String>,
     pub origin: ps_core::SessionOrigin,
+    /// The sampling parameters sent upstream.
+    pub sampling: ps_core::Sampling,
 }
 
 impl TurnContext {
@@ -63,6 +65,7 @@ impl TurnContext {
             asked_for_ids: self.asked_for_ids,
             trainer_weight_version: self.trainer_weight_version,
             origin: self.origin,
+            sampling: self.sampling,
             texts: None,
         };
         capture.submit_json(job, request)

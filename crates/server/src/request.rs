@@ -419,6 +419,25 @@ impl<'a> ChatRequest<'a> {
     pub fn u64_of(&self, key: &str) -> Option<u64> {
         self.get(key).and_then(raw::as_u64)
     }
+
+    /// `key` as a number (`None` when absent, null or not a number).
+    fn number<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
+        self.get(key)
+            .and_then(|v| serde_json::from_str::<Option<T>>(v.get()).ok())
+            .flatten()
+    }
+
+    /// The sampling parameters this request sets (each `None` when absent or null: the engine's
+    /// default applies).
+    pub fn sampling(&self) -> ps_core::Sampling {
+        ps_core::Sampling {
+            temperature: self.number("temperature"),
+            top_p: self.number("top_p"),
+            top_k: self.number("top_k"),
+            min_p: self.number("min_p"),
+            rewritten: false,
+        }
+    }
 }
 
 /// The model name sent upstream in place of the client's (`server.model_names`), or the refusal
@@ -465,6 +484,9 @@ pub struct ForwardOptions<'a> {
     /// Ask the engine for its ids (`return_token_ids: true`) unless the client set the flag. The
     /// caller decides: never on a streamed call to SGLang, which refuses it (vLLM streams them).
     pub return_token_ids: bool,
+    /// Send `top_p: 1`, `top_k: -1`, `min_p: 0` in place of the client's (`capture.sampling =
+    /// "full_distribution"`, main turns that are captured).
+    pub full_distribution: bool,
 }
 
 /// The body sent upstream, as JSON text.
@@ -476,6 +498,10 @@ pub struct Forwarded {
     /// Whether the ask is ours (the client did not set the flag): it is the body's last entry.
     pub injected_ids: bool,
 }
+
+/// What `capture.sampling = "full_distribution"` sends: no truncation by `top_p`, `top_k` (-1 is
+/// "all" to SGLang and vLLM alike) or `min_p`; the temperature is the client's.
+const FULL_DISTRIBUTION: [(&str, &[u8]); 3] = [("top_p", b"1"), ("top_k", b"-1"), ("min_p", b"0")];
 
 /// The ids flag `forward_body` adds, the last entry of the body it writes.
 const INJECTED_IDS: &[u8] = br#","return_token_ids":true}"#;
@@ -528,6 +554,14 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
     if !req.contains_key("stream") {
         append.push(("stream", stream));
     }
+    if opts.full_distribution {
+        for (key, value) in FULL_DISTRIBUTION {
+            if !req.contains_key(key) {
+                append.push((key, value));
+            }
+        }
+    }
+    // Last: `without_injected_ids` takes it off the end again.
     if add_ids {
         append.push(("return_token_ids", b"true"));
     }
@@ -550,6 +584,10 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
             "model" if !model_ok => Edit::Replace(model.as_bytes().into()),
             "stream" => Edit::Replace(stream.into()),
             "stream_options" if !opts.stream => Edit::Drop,
+            k if opts.full_distribution => FULL_DISTRIBUTION
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map_or(Edit::Keep, |(_, v)| Edit::Replace((*v).into())),
             _ => Edit::Keep,
         },
         &append,

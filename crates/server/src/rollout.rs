@@ -483,6 +483,7 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         "capture_queue": app.capture().queued().to_json(),
         "samples_by_token_source": b.samples_by_token_source,
         "samples_by_weight_version": b.samples_by_weight_version,
+        "samples_by_sampling": b.samples_by_sampling,
         "trainer_weight_version": app.trainer_weight_version(),
         "positions_without_logprob": {
             "trained": b.positions_trained_without_logprob,

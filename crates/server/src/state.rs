@@ -62,6 +62,8 @@ pub struct ServerOptions {
     /// The engine behind the upstream URL (`sglang.engine`): vLLM is asked for its ids on
     /// streamed calls too.
     pub engine: ps_core::EngineSetting,
+    /// What main turns are sampled with (`capture.sampling`).
+    pub sampling: ps_core::SamplingMode,
 }
 
 /// `Retry-After` of a request refused while paused.
@@ -87,6 +89,7 @@ impl Default for ServerOptions {
             max_upstream: 256,
             inference: crate::infer::InferenceOptions::default(),
             engine: ps_core::EngineSetting::Auto,
+            sampling: ps_core::SamplingMode::AsSent,
         }
     }
 }

@@ -49,6 +49,8 @@ pub struct OpdParts {
     pub tokenizer: Arc<ChatTokenizer>,
     pub teacher_permits: Option<Arc<Semaphore>>,
     pub engine_prompts: ps_core::EnginePrompts,
+    /// `opd.teacher_temperature`.
+    pub teacher_temperature: ps_core::ports::TeacherTemperature,
 }
 
 impl std::fmt::Debug for OpdParts {
@@ -226,14 +228,16 @@ async fn score_and_check(
         None => None,
     };
     let started = tokio::time::Instant::now();
-    let result = if image_data.is_empty() {
-        parts.teacher.score(ids, t, top_k).await
-    } else {
-        parts
-            .teacher
-            .score_with_images(ids, t, top_k, image_data)
-            .await
-    };
+    let (temperature, assumed) = parts.teacher_temperature.for_turn(&turn.sampling);
+    let result = parts
+        .teacher
+        .score_at(ids, t, top_k, image_data, temperature)
+        .await
+        .map(|mut s| {
+            s.temperature = temperature;
+            s.temperature_assumed = assumed;
+            s
+        });
     metrics::histogram!(ps_core::metric_names::TEACHER_SECONDS)
         .record(started.elapsed().as_secs_f64());
     let signal = result.map_err(|e| TeacherFailure {
@@ -427,6 +431,12 @@ pub(crate) fn distill_sample(
     let mut s = rl_sample(turn, &decision, eval);
     s.loss_mask = vec![1; turn.response_ids.len()];
     list_trained_placeholders(&mut s, turn);
+    s.metadata
+        .insert("teacher_temperature".into(), json!(signal.temperature));
+    if signal.temperature_assumed {
+        s.metadata
+            .insert("teacher_temperature_assumed".into(), json!(true));
+    }
     s.teacher_log_probs = Some(signal.log_probs);
     s.teacher_topk_log_probs = signal.topk_log_probs;
     s.teacher_topk_indices = signal.topk_indices;

@@ -160,6 +160,7 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
     metadata.insert("finish_reason".into(), json!(turn.finish_reason));
     metadata.insert("streamed".into(), json!(turn.streamed));
     turn.origin.write_metadata(&mut metadata);
+    turn.sampling.write_metadata(&mut metadata);
     let mut sample = Sample {
         images: turn.images.clone(),
         index: 0,

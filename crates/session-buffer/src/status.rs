@@ -64,6 +64,7 @@ struct Tallies {
     dropped: BTreeMap<String, u64>,
     token_source: BTreeMap<String, u64>,
     weight_version: BTreeMap<String, u64>,
+    sampling: BTreeMap<String, u64>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -124,8 +125,36 @@ impl Stats {
             .and_then(Value::as_str)
             .unwrap_or("retokenized")
             .to_owned();
+        // `full`, `truncated`, `greedy`, `engine_defaults` (ps_core::SamplingKind); samples
+        // stored before the field existed count as `unknown`.
+        let sampling = sample
+            .metadata
+            .get("sampling_kind")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_owned();
         let mut t = lock(&self.tallies);
         *t.token_source.entry(source).or_default() += 1;
+        let first_truncated = sample
+            .metadata
+            .contains_key(ps_core::sampling::TRUNCATED_WITHOUT_SETS)
+            && !t.sampling.contains_key(&sampling);
+        metrics::counter!(m::SAMPLES_BY_SAMPLING_TOTAL, "kind" => sampling.clone()).increment(1);
+        *t.sampling.entry(sampling).or_default() += 1;
+        if first_truncated {
+            tracing::warn!(
+                session = %sample.session_id,
+                turn = sample.turn,
+                sampling = %sample.metadata.get("sampling").unwrap_or(&serde_json::Value::Null),
+                "a sample's response was sampled from a truncated distribution (top_p < 1, \
+                 top_k > 0, min_p > 0 or temperature 0) and the kept token sets are not \
+                 available from the engine: its rollout log-probs are not those of the full \
+                 distribution the trainer recomputes. Marked \
+                 metadata.truncated_sampling_without_sets and counted in /v1/rollout/status \
+                 samples_by_sampling; set capture.sampling = \"full_distribution\" to sample \
+                 main turns from the full distribution (logged once per kind)"
+            );
+        }
         let version = sample
             .weight_versions
             .last()
@@ -221,6 +250,7 @@ impl Stats {
             turns_dropped_by_reason: tallies.dropped,
             samples_by_token_source: tallies.token_source,
             samples_by_weight_version: tallies.weight_version,
+            samples_by_sampling: tallies.sampling,
         }
     }
 }

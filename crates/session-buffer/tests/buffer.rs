@@ -155,6 +155,7 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
     );
     CapturedTurn {
         images: Vec::new(),
+        sampling: Default::default(),
         session_id: session.into(),
         turn,
         arrival_seq: turn,

@@ -107,6 +107,8 @@ fn echo_teacher(top_k_seen: Arc<Mutex<Vec<usize>>>) -> MockTeacherScorer {
             topk_indices: (k > 0).then(|| tail.iter().map(|&id| vec![id; k]).collect()),
             echoed_ids: tail.to_vec(),
             echo_verified: true,
+            temperature: 0.0,
+            temperature_assumed: false,
         })
     });
     t.expect_describe().return_const("echo teacher".to_owned());
@@ -168,6 +170,7 @@ fn rig_parts(
             tokenizer: tok.clone(),
             teacher_permits: Some(teacher_permits),
             engine_prompts,
+            teacher_temperature: Default::default(),
         }),
         sink.clone(),
         Some(records.clone()),
@@ -229,6 +232,7 @@ fn captured_unreported(
     );
     CapturedTurn {
         images: Vec::new(),
+        sampling: Default::default(),
         session_id: session.into(),
         turn,
         arrival_seq: turn,
@@ -370,6 +374,8 @@ async fn a_teacher_that_scored_other_tokens_drops_the_sample_and_never_pads() {
             topk_indices: None,
             echoed_ids: echoed,
             echo_verified: true,
+            temperature: 0.0,
+            temperature_assumed: false,
         })
     });
     t.expect_describe()
@@ -633,6 +639,8 @@ impl TeacherScorer for GatedTeacher {
             topk_indices: None,
             echoed_ids: ids[ids.len() - n..].to_vec(),
             echo_verified: true,
+            temperature: 0.0,
+            temperature_assumed: false,
         })
     }
 
@@ -721,6 +729,7 @@ fn captured_from(
     };
     CapturedTurn {
         images: Vec::new(),
+        sampling: Default::default(),
         session_id: session.into(),
         turn,
         arrival_seq: turn,
@@ -778,6 +787,8 @@ async fn teach_agent_session(
             topk_indices: None,
             echoed_ids: ids[ids.len() - n..].to_vec(),
             echo_verified: true,
+            temperature: 0.0,
+            temperature_assumed: false,
         })
     });
     teacher

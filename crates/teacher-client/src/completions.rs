@@ -117,15 +117,20 @@ impl CompletionsTeacher {
 
     /// The request body scoring `input_ids` with the top `top_k` (at least 1 is asked for).
     pub fn request_body(&self, input_ids: &[u32], top_k: usize) -> serde_json::Value {
-        serde_json::to_value(self.body(input_ids, top_k)).unwrap_or_default()
+        serde_json::to_value(self.body(input_ids, top_k, 0.0)).unwrap_or_default()
     }
 
-    fn body<'a>(&'a self, input_ids: &'a [u32], top_k: usize) -> CompletionsBody<'a> {
+    fn body<'a>(
+        &'a self,
+        input_ids: &'a [u32],
+        top_k: usize,
+        temperature: f64,
+    ) -> CompletionsBody<'a> {
         CompletionsBody {
             model: &self.model,
             prompt: input_ids,
             max_tokens: 1,
-            temperature: 0.0,
+            temperature,
             prompt_logprobs: top_k.max(1),
             return_token_ids: true,
         }
@@ -141,8 +146,23 @@ impl CompletionsTeacher {
         response_len: usize,
         top_k: usize,
     ) -> Result<TeacherLogprobs, TeacherError> {
+        self.score_at(input_ids, response_len, top_k, 0.0).await
+    }
+
+    /// See [`TeacherScorer::score_at`]: `temperature` is sent as the request's (vLLM does not
+    /// apply it to `prompt_logprobs`).
+    pub async fn score_at(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        temperature: f64,
+    ) -> Result<TeacherLogprobs, TeacherError> {
         if response_len == 0 {
-            return Ok(TeacherLogprobs::empty(top_k));
+            return Ok(TeacherLogprobs {
+                temperature,
+                ..TeacherLogprobs::empty(top_k)
+            });
         }
         if response_len >= input_ids.len() {
             return Err(TeacherError::NoContext {
@@ -152,7 +172,11 @@ impl CompletionsTeacher {
                 config_key: URL_KEY,
             });
         }
-        let bytes = match self.endpoint.post(&self.body(input_ids, top_k)).await {
+        let bytes = match self
+            .endpoint
+            .post(&self.body(input_ids, top_k, temperature))
+            .await
+        {
             // vLLM answers an unknown model with 404 "The model `x` does not exist.".
             Err(TeacherError::Status {
                 url,
@@ -169,8 +193,10 @@ impl CompletionsTeacher {
             }
             other => other?,
         };
-        parse_completions(&bytes, input_ids, response_len, top_k)
-            .map_err(|e| self.endpoint.parse_error(e, top_k))
+        let mut scored = parse_completions(&bytes, input_ids, response_len, top_k)
+            .map_err(|e| self.endpoint.parse_error(e, top_k))?;
+        scored.temperature = temperature;
+        Ok(scored)
     }
 
     /// See [`TeacherScorer::describe`].
@@ -192,6 +218,23 @@ impl TeacherScorer for CompletionsTeacher {
         top_k: usize,
     ) -> Result<TeacherLogprobs, CallError> {
         Ok(CompletionsTeacher::score(self, input_ids, response_len, top_k).await?)
+    }
+
+    async fn score_at(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+        temperature: f64,
+    ) -> Result<TeacherLogprobs, CallError> {
+        if !image_data.is_empty() {
+            // Ids only: the port's refusal, with its reason.
+            return self
+                .score_with_images(input_ids, response_len, top_k, image_data)
+                .await;
+        }
+        Ok(CompletionsTeacher::score_at(self, input_ids, response_len, top_k, temperature).await?)
     }
 
     fn describe(&self) -> String {
@@ -313,6 +356,8 @@ pub(crate) fn parse_completions(
         topk_indices: (top_k > 0).then_some(topk_ids),
         echoed_ids: echoed_all[first..].to_vec(),
         echo_verified,
+        temperature: 0.0,
+        temperature_assumed: false,
     })
 }
 

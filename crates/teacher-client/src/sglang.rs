@@ -99,12 +99,14 @@ struct GenerateBody<'a> {
 }
 
 impl<'a> GenerateBody<'a> {
-    fn new(input_ids: &'a [u32], start: usize, top_k: usize) -> Self {
+    fn new(input_ids: &'a [u32], start: usize, top_k: usize, temperature: f64) -> Self {
         Self {
             input_ids,
-            // Greedy and prefill only: the teacher scores the given tokens and samples none.
+            // Prefill only: the teacher scores the given tokens and samples none. The temperature
+            // is `opd.teacher_temperature` (0, greedy, as the reference); SGLang does not apply it
+            // to input log-probs.
             sampling_params: SamplingParams {
-                temperature: 0.0,
+                temperature,
                 max_new_tokens: 0,
                 skip_special_tokens: false,
             },
@@ -163,7 +165,7 @@ impl SglangTeacher {
         top_k: usize,
     ) -> Option<serde_json::Value> {
         let start = logprob_start_len(input_ids.len(), response_len)?;
-        serde_json::to_value(GenerateBody::new(input_ids, start, top_k)).ok()
+        serde_json::to_value(GenerateBody::new(input_ids, start, top_k, 0.0)).ok()
     }
 }
 
@@ -193,8 +195,25 @@ impl SglangTeacher {
         top_k: usize,
         image_data: &[String],
     ) -> Result<TeacherLogprobs, TeacherError> {
+        self.score_at(input_ids, response_len, top_k, image_data, 0.0)
+            .await
+    }
+
+    /// See [`TeacherScorer::score_at`]: `temperature` is the request's
+    /// `sampling_params.temperature`.
+    pub async fn score_at(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+        temperature: f64,
+    ) -> Result<TeacherLogprobs, TeacherError> {
         if response_len == 0 {
-            return Ok(TeacherLogprobs::empty(top_k));
+            return Ok(TeacherLogprobs {
+                temperature,
+                ..TeacherLogprobs::empty(top_k)
+            });
         }
         let start = logprob_start_len(input_ids.len(), response_len).ok_or_else(|| {
             TeacherError::NoContext {
@@ -204,11 +223,13 @@ impl SglangTeacher {
                 config_key: URL_KEY,
             }
         })?;
-        let mut body = GenerateBody::new(input_ids, start, top_k);
+        let mut body = GenerateBody::new(input_ids, start, top_k, temperature);
         body.image_data = (!image_data.is_empty()).then_some(image_data);
         let bytes = self.endpoint.post(&body).await?;
-        parse_generate(&bytes, start, response_len, top_k)
-            .map_err(|e| self.endpoint.parse_error(e, top_k))
+        let mut scored = parse_generate(&bytes, start, response_len, top_k)
+            .map_err(|e| self.endpoint.parse_error(e, top_k))?;
+        scored.temperature = temperature;
+        Ok(scored)
     }
 
     /// See [`TeacherScorer::describe`].
@@ -230,6 +251,25 @@ impl TeacherScorer for SglangTeacher {
 
     fn takes_images(&self) -> bool {
         SglangTeacher::takes_images(self)
+    }
+
+    async fn score_at(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+        temperature: f64,
+    ) -> Result<TeacherLogprobs, CallError> {
+        Ok(SglangTeacher::score_at(
+            self,
+            input_ids,
+            response_len,
+            top_k,
+            image_data,
+            temperature,
+        )
+        .await?)
     }
 
     async fn score_with_images(
@@ -411,6 +451,8 @@ pub(crate) fn parse_generate(
         topk_indices,
         echoed_ids,
         echo_verified: true,
+        temperature: 0.0,
+        temperature_assumed: false,
     })
 }
 

@@ -437,3 +437,67 @@ fn chat_endpoint_error_names_what_works() {
         assert!(text.contains(needle), "{needle}: {text}");
     }
 }
+
+/// `opd.teacher_temperature` reaches each backend's request as the temperature it is asked at;
+/// the answer records it, and the values are the same (neither engine applies a temperature to
+/// prompt log-probs; the fake follows them).
+#[tokio::test]
+async fn the_teacher_temperature_reaches_both_backends() {
+    let fake = fake().await;
+    let (ids, t) = input(&fake);
+    let by_sglang: Arc<dyn TeacherScorer> =
+        Arc::new(sglang(&fake.generate_url(), Duration::from_secs(30), None));
+    let by_completions: Arc<dyn TeacherScorer> = Arc::new(completions(&fake.base_url(), None));
+    for (teacher, path) in [
+        (by_sglang, "/generate"),
+        (by_completions, "/v1/completions"),
+    ] {
+        for temperature in [0.0, 0.7, 1.0] {
+            let r = teacher
+                .score_at(&ids, t, 2, &[], temperature)
+                .await
+                .unwrap();
+            assert_eq!(r.temperature, temperature);
+            assert!(!r.temperature_assumed);
+            assert_fake_values(&r, &ids, t, 2);
+            let sent = fake.requests().pop().unwrap();
+            assert_eq!(sent.path, path);
+            let asked = if path == "/generate" {
+                &sent.body["sampling_params"]["temperature"]
+            } else {
+                &sent.body["temperature"]
+            };
+            assert_eq!(asked.as_f64(), Some(temperature), "{path}: {}", sent.body);
+        }
+    }
+}
+
+/// A teacher that does not say how it takes a temperature refuses any but 0 rather than ignore
+/// it; 0 is its plain score.
+#[tokio::test]
+async fn a_teacher_without_temperatures_refuses_one() {
+    struct Plain;
+    #[async_trait::async_trait]
+    impl TeacherScorer for Plain {
+        async fn score(
+            &self,
+            _: &[u32],
+            t: usize,
+            k: usize,
+        ) -> Result<TeacherLogprobs, ps_core::ports::CallError> {
+            let mut r = TeacherLogprobs::empty(k);
+            r.log_probs = vec![-1.0; t];
+            Ok(r)
+        }
+        fn describe(&self) -> String {
+            "plain".into()
+        }
+    }
+    let r = Plain.score_at(&[1, 2, 3], 2, 0, &[], 0.0).await.unwrap();
+    assert_eq!(r.log_probs, [-1.0, -1.0]);
+    let e = Plain
+        .score_at(&[1, 2, 3], 2, 0, &[], 0.5)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("opd.teacher_temperature"), "{e}");
+}

@@ -34,7 +34,7 @@ pub use records::{ConversationRecord, OpdFacts, OpdRecord, PrmRecord, RecordSink
 pub use teacher::MockTeacherScorer;
 pub use teacher::{
     Mismatch, TEACHER_TOKEN_MISMATCH, TEACHER_WITHOUT_IMAGES, TeacherLogprobs, TeacherScorer,
-    check_alignment,
+    TeacherTemperature, check_alignment,
 };
 
 use std::error::Error;

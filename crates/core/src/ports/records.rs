@@ -136,6 +136,8 @@ pub struct OpdRecord {
     /// The operators' field name for the teacher log-probs themselves.
     pub teacher_lp: Option<Vec<f64>>,
     pub teacher_log_probs_sum: Option<f64>,
+    /// The temperature the teacher was asked to score at (`opd.teacher_temperature`).
+    pub teacher_temperature: Option<f64>,
     pub reason: Option<String>,
     pub detail: Option<String>,
 }
@@ -183,6 +185,7 @@ impl OpdRecord {
             teacher_log_probs_len: f.signal.map(|s| s.log_probs.len()),
             teacher_lp: f.signal.map(|s| s.log_probs.clone()),
             teacher_log_probs_sum: f.signal.map(|s| s.log_probs.iter().sum::<f64>()),
+            teacher_temperature: f.signal.map(|s| s.temperature),
             reason: f.dropped.map(|d| d.0.to_owned()),
             detail: f.dropped.map(|d| d.1.to_owned()),
         }
@@ -222,6 +225,7 @@ mod tests {
         );
         CapturedTurn {
             images: Vec::new(),
+            sampling: Default::default(),
             session_id: "s".into(),
             turn: 3,
             arrival_seq: 3,
@@ -351,6 +355,8 @@ mod tests {
             topk_indices: None,
             echoed_ids: vec![1, 2],
             echo_verified: true,
+            temperature: 0.0,
+            temperature_assumed: false,
         };
         let facts = |mode, hint, eval, signal, dropped| OpdFacts {
             session_id: "s",

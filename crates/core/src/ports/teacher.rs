@@ -26,6 +26,84 @@ pub struct TeacherLogprobs {
     /// Whether [`Self::echoed_ids`] came from the teacher. `false` when a completions server does not
     /// echo `prompt_token_ids` (older vLLM builds): the ids are then the ones we sent.
     pub echo_verified: bool,
+    /// The temperature the teacher was asked to score at (`opd.teacher_temperature`; 0 as the
+    /// reference).
+    #[serde(default)]
+    pub temperature: f64,
+    /// `opd.teacher_temperature = "rollout"` and the turn's request left the temperature to the
+    /// engine: [`Self::temperature`] is the assumed 1.0.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub temperature_assumed: bool,
+}
+
+/// `opd.teacher_temperature`: the temperature the teacher is asked to score at. Neither SGLang nor
+/// vLLM applies a temperature to prompt log-probs (docs/upstream-protocols.md section 9): a value
+/// other than 0 reaches the teacher's request and is recorded, and only a teacher patched to scale
+/// its log-probs changes its answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TeacherTemperature {
+    /// A fixed temperature (0: the reference's greedy scoring, the default).
+    Fixed(f64),
+    /// Each turn's own rollout temperature (Slime's #2085); 1.0, marked as assumed, when the
+    /// turn's request left it to the engine.
+    Rollout,
+}
+
+impl Default for TeacherTemperature {
+    fn default() -> Self {
+        Self::Fixed(0.0)
+    }
+}
+
+impl TeacherTemperature {
+    /// The temperature for a turn sampled with `sampling`, and whether it was assumed.
+    pub fn for_turn(self, sampling: &crate::Sampling) -> (f64, bool) {
+        match self {
+            Self::Fixed(t) => (t, false),
+            Self::Rollout => sampling.temperature.map_or((1.0, true), |t| (t, false)),
+        }
+    }
+}
+
+impl Serialize for TeacherTemperature {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Fixed(t) => s.serialize_f64(*t),
+            Self::Rollout => s.serialize_str("rollout"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TeacherTemperature {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = TeacherTemperature;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a temperature of at least 0, or \"rollout\"")
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                if v.is_finite() && v >= 0.0 {
+                    Ok(TeacherTemperature::Fixed(v))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Float(v), &self))
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "rollout" => Ok(TeacherTemperature::Rollout),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl TeacherLogprobs {
@@ -37,6 +115,8 @@ impl TeacherLogprobs {
             topk_indices: (top_k > 0).then(Vec::new),
             echoed_ids: Vec::new(),
             echo_verified: true,
+            temperature: 0.0,
+            temperature_assumed: false,
         }
     }
 
@@ -122,6 +202,35 @@ pub trait TeacherScorer: Send + Sync {
     /// A short description for logs, such as `sglang /generate at http://…` (never the key).
     fn describe(&self) -> String;
 
+    /// [`Self::score`] (or [`Self::score_with_images`] when `image_data` is not empty) with the
+    /// teacher asked to score at `temperature` (`opd.teacher_temperature`). By default only 0 is
+    /// taken; another temperature is an error, never ignored.
+    async fn score_at(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+        temperature: f64,
+    ) -> Result<TeacherLogprobs, CallError> {
+        if temperature != 0.0 {
+            return Err(CallError::new(
+                "teacher_error",
+                format!(
+                    "the teacher ({}) cannot be asked for a temperature ({temperature}): set \
+                     opd.teacher_temperature = 0",
+                    self.describe()
+                ),
+            ));
+        }
+        if image_data.is_empty() {
+            self.score(input_ids, response_len, top_k).await
+        } else {
+            self.score_with_images(input_ids, response_len, top_k, image_data)
+                .await
+        }
+    }
+
     /// Whether [`Self::score_with_images`] can score an input whose prompt holds images. By
     /// default not: such a turn gets no teacher values (`teacher_without_images`).
     fn takes_images(&self) -> bool {
@@ -163,6 +272,19 @@ impl<S: TeacherScorer + ?Sized> TeacherScorer for std::sync::Arc<S> {
 
     fn describe(&self) -> String {
         (**self).describe()
+    }
+
+    async fn score_at(
+        &self,
+        input_ids: &[u32],
+        response_len: usize,
+        top_k: usize,
+        image_data: &[String],
+        temperature: f64,
+    ) -> Result<TeacherLogprobs, CallError> {
+        (**self)
+            .score_at(input_ids, response_len, top_k, image_data, temperature)
+            .await
     }
 
     fn takes_images(&self) -> bool {

@@ -114,6 +114,7 @@ fn forward_body_forces_logprobs_and_keeps_unknown_fields() {
         model: None,
         stream: false,
         return_token_ids: true,
+        full_distribution: false,
     };
     let f = forward_body(&r, &opts);
     assert_eq!(f["logprobs"], true);
@@ -129,6 +130,7 @@ fn forward_body_forces_logprobs_and_keeps_unknown_fields() {
         &ForwardOptions {
             stream: true,
             return_token_ids: false,
+            full_distribution: false,
             ..opts
         },
     );
@@ -157,6 +159,7 @@ fn forward_body_forces_logprobs_and_keeps_unknown_fields() {
         &ForwardOptions {
             stream: true,
             return_token_ids: false,
+            full_distribution: false,
             ..opts
         },
     );
@@ -179,6 +182,7 @@ fn model_kept_when_given() {
             model: None,
             stream: false,
             return_token_ids: false,
+            full_distribution: false,
         },
     );
     assert_eq!(f["model"], "mine");
@@ -228,6 +232,7 @@ mod typed_tests {
                 model: upstream,
                 stream: false,
                 return_token_ids: false,
+                full_distribution: false,
             },
         );
         let sent: Value = serde_json::from_slice(&fwd.body).unwrap();
@@ -509,6 +514,7 @@ mod typed_tests {
             model: None,
             stream: false,
             return_token_ids: true,
+            full_distribution: false,
         };
         let f = forward_body(&r, &opts);
         let text = std::str::from_utf8(&f.body).expect("utf-8");
@@ -578,4 +584,49 @@ mod typed_tests {
             ]
         );
     }
+}
+
+/// `full_distribution` replaces the three truncating parameters in place, appends the missing
+/// ones before the ids flag (which stays last, so that it can be taken off again), and keeps
+/// everything else byte for byte.
+#[test]
+fn full_distribution_sets_three_parameters_and_keeps_the_ids_flag_last() {
+    let req = parse(
+        br#"{"messages":[{"role":"user","content":"hi"}],"top_p":0.9,"temperature":0.7,"x":[1.50]}"#,
+        &HeaderMap::new(),
+    )
+    .expect("valid");
+    let f = super::forward_body(
+        &req,
+        &ForwardOptions {
+            served_model_name: "m",
+            model: None,
+            stream: false,
+            return_token_ids: true,
+            full_distribution: true,
+        },
+    );
+    let text = std::str::from_utf8(&f.body).unwrap();
+    assert!(
+        text.ends_with(r#","top_k":-1,"min_p":0,"return_token_ids":true}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#""top_p":1,"temperature":0.7,"x":[1.50]"#),
+        "{text}"
+    );
+    let without = without_injected_ids(&f.body);
+    assert!(
+        !std::str::from_utf8(&without)
+            .unwrap()
+            .contains("return_token_ids")
+    );
+    assert_eq!(
+        req.sampling(),
+        ps_core::Sampling {
+            temperature: Some(0.7),
+            top_p: Some(0.9),
+            ..Default::default()
+        }
+    );
 }
