@@ -189,15 +189,24 @@ class RolloutClient:
         )
 
     def _attach_images(self, samples: List[PulledSample], inline: Mapping[str, bytes]) -> None:
-        """Puts each referenced image's bytes in its entry (``images[i]["bytes"]``): from the
+        """Puts each referenced image's bytes in its entry (``images[i]["bytes"]``) and a
+        sample's routed experts' blocks, joined, in ``rollout_routed_experts["bytes"]``: from the
         page when it carries them (MessagePack), else fetched once per hash."""
         fetched: Dict[str, bytes] = dict(inline)
+
+        def get(h: str) -> bytes:
+            if h not in fetched:
+                fetched[h] = self.blob(h)
+            return fetched[h]
+
         for item in samples:
-            for image in (item.get("sample") or {}).get("images") or []:
-                h = image["hash"]
-                if h not in fetched:
-                    fetched[h] = self.blob(h)
-                image["bytes"] = fetched[h]
+            sample = item.get("sample") or {}
+            for image in sample.get("images") or []:
+                image["bytes"] = get(image["hash"])
+            # Routed experts: their blocks, joined in order (convert.routed_experts_array reads them).
+            experts = sample.get("rollout_routed_experts")
+            if isinstance(experts, dict) and "bytes" not in experts:
+                experts["bytes"] = b"".join(get(h) for h in experts.get("blocks") or [])
 
     def commit(self, through: int) -> Dict[str, Any]:
         """Mark every sample with ``seq <= through`` consumed. Returns ``{"committed_seq", "last_seq"}``.

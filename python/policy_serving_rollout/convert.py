@@ -94,6 +94,31 @@ def multimodal_inputs(sample: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     return {"images": out}
 
 
+def routed_experts_array(sample: Mapping[str, Any]) -> Any:
+    """Slime's ``rollout_routed_experts`` of an API sample: a NumPy int32 array of shape
+    ``(len(tokens) - 1, layers, top_k)`` from the bytes ``RolloutClient.pull`` joined from its
+    blocks; ``None`` without routed experts."""
+    experts = sample.get("rollout_routed_experts")
+    if not experts:
+        return None
+    np = _import("numpy")
+    if np is None:
+        raise ImportError("samples with routed experts need NumPy (pip install numpy)")
+    if "bytes" not in experts:
+        raise ValueError(
+            "the sample's routed experts have no bytes: pull samples with RolloutClient.pull, "
+            "which fetches their blocks"
+        )
+    dtype = {"uint8": np.uint8, "uint16": "<u2", "int32": "<i4"}[experts["dtype"]]
+    shape = tuple(int(d) for d in experts["shape"])
+    arr = np.frombuffer(experts["bytes"], dtype=dtype)
+    if arr.size != int(np.prod(shape)):
+        raise ValueError(
+            f"the sample's routed experts hold {arr.size} indices, not {shape} (a block is missing)"
+        )
+    return arr.reshape(shape).astype(np.int32)
+
+
 def sample_to_slime(sample: Mapping[str, Any], sample_cls: Optional[type] = None) -> Any:
     """Convert one API sample (the ``"sample"`` of a pulled page entry).
 
@@ -101,13 +126,17 @@ def sample_to_slime(sample: Mapping[str, Any], sample_cls: Optional[type] = None
     ``status`` turned into ``Sample.Status``, and the extra fields (``session_id``, ``turn``,
     ``teacher_*``) set as attributes; teacher fields are float32 / int64 torch tensors when torch
     is installed. Without Slime: a plain dict (``plain_sample``), teacher fields left as lists.
-    A sample with images gets ``multimodal_inputs`` (:func:`multimodal_inputs`).
+    A sample with images gets ``multimodal_inputs`` (:func:`multimodal_inputs`); one with routed
+    experts gets ``rollout_routed_experts`` as a NumPy int32 array (:func:`routed_experts_array`).
     """
     cls = sample_cls if sample_cls is not None else slime_sample_class()
     mm = multimodal_inputs(sample)
+    experts = routed_experts_array(sample)
     fields = plain_sample(sample)
     if mm is not None:
         fields["multimodal_inputs"] = mm
+    if experts is not None:
+        fields["rollout_routed_experts"] = experts
     if cls is None:
         return fields
     torch = _import("torch")

@@ -71,12 +71,14 @@ pub async fn build_full(
         None => policy_tokenizer_and_engine(settings, &policy).await?,
     };
     tracing::info!("policy tokenizer: {}", tokenizer.source);
+    let moe_shape = tokenizer.source.dir().and_then(crate::parts::moe_shape);
+    let mut options = options(settings, env)?;
+    options.ask_routed_experts = ask_routed_experts(settings, &policy).await;
     // One tokenizer in memory: capture, the OPD teacher's input, the inspection page and (unless
     // `prm.model_dir` holds another tokenizer) the judges all share this `Arc`.
     let judge_tokenizer = judge_tokenizer(settings, &tokenizer)?;
     let tokenizer = tokenizer.tokenizer;
     let history = crate::inspect::history(settings);
-    let options = options(settings, env)?;
     let store = open_store(settings).await?;
     let records = Arc::new(Records::start(settings)?);
     let judge = judge_backend_with(settings, judge_tokenizer)?;
@@ -132,6 +134,7 @@ pub async fn build_full(
                 max_images: settings.capture.max_images_per_turn,
             })
             .with_store_keeping_images(store.keeps_images())
+            .with_routed_experts(settings.capture.routed_experts, moe_shape)
     })
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {
@@ -525,4 +528,36 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutdown requested: finishing in-flight requests and queued captures");
+}
+
+/// Whether main turns ask the engine for routed experts (`return_routed_experts`, which only SGLang
+/// takes): always under `capture.routed_experts = "require"`; under `auto` when the engine says it
+/// returns them (SGLang's `enable_return_routed_experts`).
+async fn ask_routed_experts(settings: &Settings, policy: &ps_sglang_client::SglangClient) -> bool {
+    use ps_core::RoutedExpertsMode as M;
+    match settings.capture.routed_experts {
+        M::Off => false,
+        M::Require => true,
+        M::Auto => match policy.returns_routed_experts().await {
+            Ok(Some(on)) => {
+                if on {
+                    tracing::info!(
+                        "the policy server returns routed experts: main turns ask for them and \
+                         samples carry them (capture.routed_experts = \"auto\")"
+                    );
+                }
+                on
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "could not ask the policy server whether it returns routed experts: main \
+                     turns do not ask for them (set capture.routed_experts = \"require\" to \
+                     ask regardless)"
+                );
+                false
+            }
+        },
+    }
 }

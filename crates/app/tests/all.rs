@@ -7,6 +7,7 @@ mod common;
 
 mod bad_input;
 mod doors;
+mod experts;
 mod faults;
 mod images;
 mod inspect;

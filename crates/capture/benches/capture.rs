@@ -100,6 +100,8 @@ fn job(
             }),
             weight_version: None,
             unexplained_chars: 0,
+            routed_experts: None,
+            routed_experts_error: None,
         },
         session_done: false,
         token_ids: if engine {

@@ -11,10 +11,11 @@
 //!
 //! One pipeline in modules: [`job`] (what a turn carries in) → [`queue`] (the bounded queue and
 //! its workers) → [`turn`] (one turn captured, with the session's [`prefix`] cache and the
-//! [`drift`] check) → the sink; [`stats`] counts, [`error`] says why a turn was not captured.
+//! [`drift`] check, and the turn's routed [`experts`]) → the sink; [`stats`] counts, [`error`] says why a turn was not captured.
 
 pub mod drift;
 pub mod error;
+pub mod experts;
 pub mod job;
 pub mod prefix;
 pub mod queue;
@@ -25,6 +26,7 @@ pub mod turn;
 
 pub use drift::*;
 pub use error::*;
+pub use experts::ExpertStats;
 pub use job::*;
 pub use prefix::*;
 pub use queue::*;

@@ -268,6 +268,17 @@ impl CaptureQueue {
         self
     }
 
+    /// `capture.routed_experts`, and the model's routing shape when known (SGLang's experts are
+    /// flat: their layers and top-k come from it).
+    pub fn with_routed_experts(
+        self,
+        mode: ps_core::RoutedExpertsMode,
+        shape: Option<ps_core::MoeShape>,
+    ) -> Self {
+        self.stats.experts.configure(mode, shape);
+        self
+    }
+
     /// Whether turns with images are captured (the policy's directory has an image processor
     /// and the store keeps images); otherwise they are refused on the chat path
     /// (`image_unsupported`).

@@ -22,6 +22,8 @@ pub struct CaptureStats {
     /// The sample store does not keep images (`SampleLog::keeps_images`): turns with images are
     /// refused even for a vision-language model.
     pub(crate) store_without_images: std::sync::atomic::AtomicBool,
+    /// Routed experts: the mode, the model's routing shape, what was counted.
+    pub experts: crate::ExpertStats,
 }
 
 impl CaptureStats {

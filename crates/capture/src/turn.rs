@@ -37,6 +37,30 @@ pub fn capture_turn_with(
     cache: Option<&PrefixCache>,
     stats: &CaptureStats,
 ) -> Result<CapturedTurn, CaptureError> {
+    let mut turn = capture_tokens(tok, job, policy, cache, stats)?;
+    let missing = crate::experts::attach(&mut turn, &job.rollout, &stats.experts)?;
+    if let Some(reason) = missing
+        && stats.first_time(reason)
+    {
+        tracing::warn!(
+            session_id = %job.guard.session_id(), turn = job.guard.turn(), reason,
+            "a turn's sample has no routed experts although the engine returned them for earlier \
+             turns: counted in /v1/rollout/status routed_experts and marked \
+             metadata.routed_experts_missing (capture.routed_experts = \"require\" drops such \
+             turns instead; logged once per reason)"
+        );
+    }
+    Ok(turn)
+}
+
+/// The turn's ids, log-probs and texts: the engine's or re-tokenized.
+fn capture_tokens(
+    tok: &ChatTokenizer,
+    job: &CaptureJob,
+    policy: AlignPolicy,
+    cache: Option<&PrefixCache>,
+    stats: &CaptureStats,
+) -> Result<CapturedTurn, CaptureError> {
     // A prompt with audio, a video, a file or any part that is not text (nor an image, for a
     // vision-language model) is not captured exactly (not even on the engine's ids, which hold
     // its pads but not what the trainer needs): the turn is dropped with its reason, whichever
@@ -297,6 +321,8 @@ pub(crate) fn captured_turn(
         origin: job.origin.clone(),
         engine_prompts_agreed: false,
         sampling: job.sampling,
+        routed_experts: None,
+        routed_experts_missing: None,
     }
 }
 

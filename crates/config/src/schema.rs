@@ -870,6 +870,12 @@ pub struct CaptureSettings {
     /// `full_distribution` (`top_p = 1`, `top_k = -1`, `min_p = 0` sent upstream on main turns, the
     /// temperature kept). Default `as_sent`.
     pub sampling: ps_core::SamplingMode,
+    /// A mixture-of-experts policy's routed experts on samples (routing replay): `off`, `auto`
+    /// (the default: kept when the engine returns them; SGLang asked when it reports
+    /// `enable_return_routed_experts`) or `require` (always asked for; a turn without them, or
+    /// whose shape does not fit its tokens, gives no sample: `routed_experts_missing`,
+    /// `routed_experts_mismatch`).
+    pub routed_experts: ps_core::RoutedExpertsMode,
 }
 
 impl Default for CaptureSettings {
@@ -883,6 +889,7 @@ impl Default for CaptureSettings {
             max_image_mib: d::CAPTURE_MAX_IMAGE_MIB,
             max_images_per_turn: d::CAPTURE_MAX_IMAGES_PER_TURN,
             sampling: ps_core::SamplingMode::AsSent,
+            routed_experts: ps_core::RoutedExpertsMode::Auto,
         }
     }
 }

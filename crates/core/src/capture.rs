@@ -60,6 +60,14 @@ pub struct CapturedTurn {
     /// The sampling parameters sent upstream (after `capture.sampling`).
     #[serde(default)]
     pub sampling: crate::sampling::Sampling,
+    /// A mixture-of-experts policy's routed experts for the turn's tokens (but the last),
+    /// checked against them and narrowed ([`crate::ExpertRows`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<crate::ExpertRows>,
+    /// Why a turn of an engine that returned routed experts for earlier turns has none
+    /// (`routed_experts_missing`, `routed_experts_mismatch`; `capture.routed_experts = "auto"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts_missing: Option<String>,
 }
 
 /// Where a captured turn's token ids came from.
@@ -278,6 +286,8 @@ mod tests {
         let turn = CapturedTurn {
             images: Vec::new(),
             sampling: Default::default(),
+            routed_experts: None,
+            routed_experts_missing: None,
             session_id: "s".into(),
             turn: 1,
             arrival_seq: 1,

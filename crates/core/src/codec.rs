@@ -309,6 +309,7 @@ mod tests {
             Sample::default(),
             Sample {
                 images: Vec::new(),
+                rollout_routed_experts: None,
                 index: 77,
                 group_index: 78,
                 prompt: "<|im_start|>user\nhi \"there\"<|im_end|>".into(),

@@ -5,7 +5,7 @@
 //! response ([`rollout`]), the alignment of those tokens to the re-rendered response ([`align`]),
 //! the captured main turn ([`capture`]) and the compact JSON its request parts wait in
 //! ([`json_text`]), the trainer's [`sample::Sample`] and the traits of where
-//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, the engine serving the policy ([`engine`]), the sampling parameters a turn was sampled with ([`sampling`]), the wire
+//! samples go ([`sink`], [`log`]), the [`secret::Secret`] an API key travels in, the engine serving the policy ([`engine`]), the sampling parameters a turn was sampled with ([`sampling`]), a mixture-of-experts policy's routed experts ([`experts`]), the wire
 //! enums several crates read ([`modes`]), and the events
 //! observers of sessions and turns are told ([`observe`]).
 //!
@@ -17,6 +17,7 @@ pub mod capture;
 pub mod codec;
 pub mod engine;
 pub mod errors;
+pub mod experts;
 pub mod json_text;
 pub mod log;
 pub mod message;
@@ -37,9 +38,10 @@ pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, EnginePrompts, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use engine::{Engine, EngineCell, EngineSetting};
 pub use errors::error_chain;
+pub use experts::{EngineExperts, ExpertRows, ExpertWidth, MoeShape, SampleExperts};
 pub use json_text::JsonText;
 pub use log::{EncodedSample, LogError, SampleLog, StoreStats, StoredSample};
-pub use modes::{PauseMode, SamplingMode, SessionInference, TokenIdsMode};
+pub use modes::{PauseMode, RoutedExpertsMode, SamplingMode, SessionInference, TokenIdsMode};
 pub use observe::{NoObserver, Observers, TeacherOutcome, TurnEvent, TurnObserver};
 pub use pending::{PendingStore, PendingTurn};
 pub use rollout::{EngineIds, FinishReason, RolloutResponse, SampledToken};

@@ -69,6 +69,32 @@ impl SamplingMode {
     }
 }
 
+/// `capture.routed_experts`: whether main turns carry a mixture-of-experts engine's routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutedExpertsMode {
+    /// Never asked for nor kept.
+    Off,
+    /// Kept when the engine returns them (vLLM with `--enable-return-routed-experts`), asked of
+    /// SGLang when it reports `enable_return_routed_experts`; once an engine returned them, a turn
+    /// without them is counted and marked.
+    #[default]
+    Auto,
+    /// Always asked for; a turn without them (or whose shape does not fit its tokens) gives no
+    /// sample, with its reason.
+    Require,
+}
+
+impl RoutedExpertsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Auto => "auto",
+            Self::Require => "require",
+        }
+    }
+}
+
 /// How a request without a session key finds its session (`server.session_inference`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -42,6 +42,8 @@ pub mod testing {
             turn: CapturedTurn {
                 images: Vec::new(),
                 sampling: Default::default(),
+                routed_experts: None,
+                routed_experts_missing: None,
                 session_id: session.into(),
                 turn,
                 arrival_seq: turn,

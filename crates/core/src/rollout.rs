@@ -78,4 +78,11 @@ pub struct RolloutResponse {
     /// stream's when it carries usage), image pads included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
+    /// A mixture-of-experts engine's routed experts for the turn's tokens (SGLang's
+    /// `sglext.routed_experts`, vLLM's `choices[0].routed_experts`), when it returned them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<crate::EngineExperts>,
+    /// Why routed experts the answer carried could not be read (the turn then has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts_error: Option<String>,
 }

@@ -59,15 +59,51 @@ pub struct Sample {
     /// hash by the store and delivered beside the sample (docs/rollout-api.md, "Images").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<SampleImage>,
+    /// A mixture-of-experts policy's routed experts (Slime's `rollout_routed_experts` and
+    /// `routed_experts_start_len`), by reference: blocks of rows whose bytes the store keeps once
+    /// per hash, as images (docs/rollout-api.md, "Routed experts").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_routed_experts: Option<crate::SampleExperts>,
+}
+
+/// Content a sample references by hash (an image, a block of routed experts): the store keeps
+/// each hash once and delivers its bytes beside the sample.
+#[derive(Debug, Clone, Copy)]
+pub struct BlobRef<'a> {
+    pub hash: &'a str,
+    /// The bytes while the sample travels to its store.
+    pub bytes: Option<&'a std::sync::Arc<[u8]>>,
 }
 
 impl Sample {
-    /// The sample's images, each hash once, in prompt order: what a store keeps for it.
+    /// The sample's images, each hash once, in prompt order.
     pub fn distinct_images(&self) -> Vec<&SampleImage> {
         let mut seen = std::collections::HashSet::new();
         self.images
             .iter()
             .filter(|i| seen.insert(i.hash.as_str()))
+            .collect()
+    }
+
+    /// Everything the sample references by hash, each hash once: its images in prompt order,
+    /// then its blocks of routed experts. What a store keeps for it.
+    pub fn blobs(&self) -> Vec<BlobRef<'_>> {
+        let mut seen = std::collections::HashSet::new();
+        let images = self.images.iter().map(|i| BlobRef {
+            hash: &i.hash,
+            bytes: i.bytes.as_ref(),
+        });
+        let blocks = self
+            .rollout_routed_experts
+            .iter()
+            .flat_map(|e| &e.blocks)
+            .map(|b| BlobRef {
+                hash: &b.hash,
+                bytes: b.bytes.as_ref(),
+            });
+        images
+            .chain(blocks)
+            .filter(|b| seen.insert(b.hash))
             .collect()
     }
 }

@@ -27,20 +27,27 @@ pub struct Sampling {
     /// client's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rewritten: bool,
+    /// The request set one of the four to a value that is not a number the proxy reads (a
+    /// string, say) which the engine may still take: counted as truncated, never as full.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreadable: bool,
 }
+
+/// Below this temperature SGLang and vLLM sample greedily (vLLM's cut-off is 1e-5, SGLang's
+/// 1e-6).
+pub const GREEDY_BELOW: f64 = 1e-5;
 
 /// What a turn's sampling means for its log-probs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SamplingKind {
-    /// `top_p`, `top_k` and `min_p` all sent and none truncates: the full distribution (at the
-    /// recorded temperature).
+    /// All four sent and none truncates: the full distribution at the recorded temperature.
     Full,
     /// A sent parameter truncates the distribution, and the kept sets are not carried.
     Truncated,
-    /// `temperature: 0`: the engine took the most likely token.
+    /// A temperature below [`GREEDY_BELOW`]: the engine took the most likely token.
     Greedy,
-    /// Nothing sent truncates, but some of `top_p`, `top_k`, `min_p` were left to the engine's
-    /// defaults, which may.
+    /// Nothing sent truncates, but some of the four were left to the engine's defaults (the
+    /// model's `generation_config.json`), which may truncate or set another temperature.
     EngineDefaults,
 }
 
@@ -73,19 +80,25 @@ impl Sampling {
             top_k: Some(-1),
             min_p: Some(0.0),
             rewritten: true,
+            unreadable: false,
         }
     }
 
     pub fn kind(&self) -> SamplingKind {
-        if self.temperature == Some(0.0) {
+        if self.temperature.is_some_and(|t| t < GREEDY_BELOW) {
             return SamplingKind::Greedy;
         }
-        let truncates = self.top_p.is_some_and(|p| p < 1.0)
+        let truncates = self.unreadable
+            || self.top_p.is_some_and(|p| p < 1.0)
             || self.top_k.is_some_and(|k| k > 0)
             || self.min_p.is_some_and(|m| m > 0.0);
         if truncates {
             SamplingKind::Truncated
-        } else if self.top_p.is_none() || self.top_k.is_none() || self.min_p.is_none() {
+        } else if self.temperature.is_none()
+            || self.top_p.is_none()
+            || self.top_k.is_none()
+            || self.min_p.is_none()
+        {
             SamplingKind::EngineDefaults
         } else {
             SamplingKind::Full
@@ -124,6 +137,7 @@ mod tests {
             top_k: k,
             min_p: m,
             rewritten: false,
+            unreadable: false,
         }
     }
 
@@ -132,7 +146,9 @@ mod tests {
         use SamplingKind::*;
         for (sampling, kind) in [
             (s(Some(1.0), Some(1.0), Some(-1), Some(0.0)), Full),
-            (s(None, Some(1.0), Some(0), Some(0.0)), Full),
+            (s(Some(0.6), Some(1.0), Some(0), Some(0.0)), Full),
+            (s(None, Some(1.0), Some(0), Some(0.0)), EngineDefaults),
+            (s(Some(1e-6), Some(1.0), Some(-1), Some(0.0)), Greedy),
             (s(Some(0.7), Some(0.9), Some(-1), Some(0.0)), Truncated),
             (s(Some(0.7), Some(1.0), Some(20), Some(0.0)), Truncated),
             (s(Some(0.7), Some(1.0), Some(-1), Some(0.05)), Truncated),
@@ -141,6 +157,14 @@ mod tests {
             (s(Some(0.7), None, None, None), EngineDefaults),
             (s(Some(0.7), Some(1.0), None, Some(0.0)), EngineDefaults),
             (Sampling::full_distribution(Some(0.6)), Full),
+            (Sampling::full_distribution(None), EngineDefaults),
+            (
+                Sampling {
+                    unreadable: true,
+                    ..Sampling::full_distribution(Some(0.6))
+                },
+                Truncated,
+            ),
         ] {
             assert_eq!(sampling.kind(), kind, "{sampling:?}");
         }
@@ -157,7 +181,7 @@ mod tests {
             json!({"temperature": 0.7, "top_p": 0.9, "top_k": null, "min_p": null, "rewritten": false})
         );
         let mut m = Map::new();
-        Sampling::full_distribution(None).write_metadata(&mut m);
+        Sampling::full_distribution(Some(1.0)).write_metadata(&mut m);
         assert!(!m.contains_key(TRUNCATED_WITHOUT_SETS));
         assert_eq!(m["sampling_kind"], "full");
         assert_eq!(m["sampling"]["rewritten"], true);

@@ -973,12 +973,13 @@ impl SampleLog for RedisStore {
     }
 }
 
-/// The distinct images of `sample` (hash, bytes while they travel), in prompt order.
+/// Everything `sample` references by hash (hash, bytes while they travel), each once: its images
+/// in prompt order, then its blocks of routed experts (kept as images are).
 fn images_of(sample: &Sample) -> Vec<(String, Option<Arc<[u8]>>)> {
     sample
-        .distinct_images()
+        .blobs()
         .into_iter()
-        .map(|i| (i.hash.clone(), i.bytes.clone()))
+        .map(|b| (b.hash.to_owned(), b.bytes.cloned()))
         .collect()
 }
 

@@ -110,6 +110,7 @@ fn sample(n: u64) -> Sample {
     );
     Sample {
         images: Vec::new(),
+        rollout_routed_experts: None,
         index: 0,
         group_index: 0,
         prompt: text(&mut rng, PROMPT_TOKENS),

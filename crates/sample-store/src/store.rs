@@ -675,14 +675,15 @@ struct ImageBlob {
     bytes: Option<Arc<[u8]>>,
 }
 
-/// The distinct images of `sample`, in prompt order.
+/// Everything `sample` references by hash, each once: its images in prompt order, then its
+/// blocks of routed experts (kept, counted and released as images are).
 fn image_blobs(sample: &Sample) -> Vec<ImageBlob> {
     sample
-        .distinct_images()
+        .blobs()
         .into_iter()
-        .map(|i| ImageBlob {
-            hash: i.hash.clone(),
-            bytes: i.bytes.clone(),
+        .map(|b| ImageBlob {
+            hash: b.hash.to_owned(),
+            bytes: b.bytes.cloned(),
         })
         .collect()
 }

@@ -266,6 +266,7 @@ fn full_sample() -> Sample {
         json!({"judge": {"votes": [1, -1, 0.5, true, null, "x"], "empty": {}, "list": []}}),
     );
     Sample {
+        rollout_routed_experts: None,
         images: Vec::new(),
         index: 12345,
         group_index: 999,

@@ -320,6 +320,11 @@ fn open_turn(
         stream: upstream_stream,
         return_token_ids: asks_for_ids,
         full_distribution,
+        // Only for turns that become samples; vLLM returns them unasked (and refuses nothing
+        // for it, but would not use the flag either).
+        routed_experts: guard.is_some()
+            && opts.ask_routed_experts
+            && app.engine() != Some(ps_core::Engine::Vllm),
     };
     let forwarded = request::forward_body(req, &forward_opts);
     let turn = guard.map(|(guard, _)| TurnContext {

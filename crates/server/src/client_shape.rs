@@ -20,6 +20,9 @@ pub struct ClientShape {
     injected_token_ids: bool,
     /// The client asked for `return_prompt_token_ids` itself: its prompt ids stay.
     client_prompt_ids: bool,
+    /// We asked for routed experts (`return_routed_experts`): SGLang's `sglext.routed_experts`
+    /// is taken out again.
+    injected_experts: bool,
 }
 
 impl ClientShape {
@@ -30,11 +33,37 @@ impl ClientShape {
             injected_token_ids: forwarded.return_token_ids
                 && !client.contains_key("return_token_ids"),
             client_prompt_ids: client.is_true("return_prompt_token_ids"),
+            injected_experts: forwarded.injected_experts,
         }
     }
 
     pub(crate) fn needs_reshape(&self) -> bool {
-        !self.logprobs || self.top_logprobs == 0 || self.injected_token_ids
+        !self.logprobs || self.top_logprobs == 0 || self.injected_token_ids || self.injected_experts
+    }
+
+    /// A stream chunk that carried nothing but the experts we asked for (SGLang's final
+    /// `choices: []` chunk with `sglext`): not sent to the client at all.
+    pub(crate) fn drops_chunk(&self, chunk: &RawObject<'_>) -> bool {
+        self.injected_experts
+            && chunk
+                .get("choices")
+                .and_then(raw::array)
+                .is_some_and(|c| c.is_empty())
+            && !chunk.contains_key("usage")
+            && chunk
+                .get("sglext")
+                .is_some_and(|x| sglext_without_experts(x).is_none())
+    }
+
+    /// What the top-level `sglext` becomes: kept, without `routed_experts`, or dropped.
+    fn sglext_edit(&self, value: &RawValue) -> Edit<'static> {
+        if !self.injected_experts {
+            return Edit::Keep;
+        }
+        match sglext_without_experts(value) {
+            Some(b) => Edit::Replace(b.into()),
+            None => Edit::Drop,
+        }
     }
 
     /// Writes an answer or chunk (an object read raw) as [`Self::reshape`] would leave it, without
@@ -79,8 +108,9 @@ impl ClientShape {
         raw::write_object(
             out,
             obj,
-            |k, _| match k {
+            |k, v| match k {
                 "prompt_token_ids" if drop_prompt_ids => Edit::Drop,
+                "sglext" => self.sglext_edit(v),
                 "choices" if choices.is_some() => {
                     Edit::Replace(choices.as_deref().unwrap_or_default().into())
                 }
@@ -106,8 +136,12 @@ impl ClientShape {
         let choice = reshape.then_some(|k: &str, v: &[u8]| self.choice_edit(k, v));
         answer.write(
             out,
-            |k, _| match k {
+            |k, v| match k {
                 "prompt_token_ids" if drop_prompt_ids => Edit::Drop,
+                "sglext" => match serde_json::from_slice::<&RawValue>(v) {
+                    Ok(raw) => self.sglext_edit(raw),
+                    Err(_) => Edit::Keep,
+                },
                 _ => match extra {
                     Some((key, v)) if key == k => Edit::Replace(v.into()),
                     _ => Edit::Keep,
@@ -168,6 +202,28 @@ impl ClientShape {
     }
 }
 
+/// An `sglext` object without `routed_experts`; `None` when nothing else is left in it. Not an
+/// object: kept as it is.
+fn sglext_without_experts(sglext: &RawValue) -> Option<Vec<u8>> {
+    let Some(obj) = RawObject::of(sglext) else {
+        return Some(sglext.get().as_bytes().to_vec());
+    };
+    if obj.entries().all(|(k, _)| k == "routed_experts") {
+        return None;
+    }
+    let mut out = Vec::with_capacity(64);
+    raw::write_object(
+        &mut out,
+        &obj,
+        |k, _| match k {
+            "routed_experts" => Edit::Drop,
+            _ => Edit::Keep,
+        },
+        &[],
+    );
+    Some(out)
+}
+
 /// `logprobs` with every `content[]` entry's `top_logprobs` set to `[]`; `None` when there is no
 /// `content` array (nothing changes).
 fn without_top_logprobs(logprobs: &RawValue) -> Option<Vec<u8>> {
@@ -219,6 +275,15 @@ impl ClientShape {
             // vLLM answers the prompt ids at the response level.
             top.remove("prompt_token_ids");
         }
+        if self.injected_experts
+            && let Some(top) = answer.as_object_mut()
+            && let Some(sglext) = top.get_mut("sglext").and_then(Value::as_object_mut)
+        {
+            sglext.remove("routed_experts");
+            if sglext.is_empty() {
+                top.remove("sglext");
+            }
+        }
         let Some(choices) = answer.get_mut("choices").and_then(Value::as_array_mut) else {
             return;
         };
@@ -265,12 +330,15 @@ mod tests {
             for top_logprobs in [0, 2] {
                 for injected_token_ids in [false, true] {
                     for client_prompt_ids in [false, true] {
-                        out.push(ClientShape {
-                            logprobs,
-                            top_logprobs,
-                            injected_token_ids,
-                            client_prompt_ids,
-                        });
+                        for injected_experts in [false, true] {
+                            out.push(ClientShape {
+                                logprobs,
+                                top_logprobs,
+                                injected_token_ids,
+                                client_prompt_ids,
+                                injected_experts,
+                            });
+                        }
                     }
                 }
             }
@@ -295,7 +363,49 @@ mod tests {
                 "logprobs": null}, 3, {"index": 1, "logprobs": {"content": "x"}}]}),
             json!({"choices": "none", "prompt_token_ids": [1]}),
             json!({"choices": [], "usage": {}}),
+            // SGLang's routed experts, whole, beside ids, alone (a stream's last chunk), odd
+            json!({"choices": [{"index": 0, "message": {"content": "a"}}],
+                "sglext": {"routed_experts": "AAAA", "output_ids": [[5]]}}),
+            json!({"id": "c", "choices": [], "sglext": {"routed_experts": "AAAA"}}),
+            json!({"choices": [], "sglext": 5}),
         ]
+    }
+
+    /// The experts we asked for are taken out of `sglext` (and an `sglext` left empty with
+    /// them); a stream chunk that carried only them is not sent; a client's own ask keeps them.
+    #[test]
+    fn asked_experts_are_taken_out_again() {
+        let shape = |injected_experts| ClientShape {
+            logprobs: true,
+            top_logprobs: 1,
+            injected_token_ids: false,
+            client_prompt_ids: false,
+            injected_experts,
+        };
+        let written = |shape: ClientShape, v: &Value| {
+            let text = v.to_string();
+            let mut out = Vec::new();
+            shape.write(&RawObject::parse(&text).unwrap(), None, None, &mut out);
+            serde_json::from_slice::<Value>(&out).unwrap()
+        };
+        let whole = json!({"choices": [], "sglext": {"routed_experts": "AAAA", "output_ids": [1]}});
+        assert_eq!(
+            written(shape(true), &whole),
+            json!({"choices": [], "sglext": {"output_ids": [1]}})
+        );
+        assert_eq!(written(shape(false), &whole), whole);
+        let last = json!({"id": "c", "choices": [], "sglext": {"routed_experts": "AAAA"}});
+        let text = last.to_string();
+        let chunk = RawObject::parse(&text).unwrap();
+        assert!(shape(true).drops_chunk(&chunk));
+        assert!(!shape(false).drops_chunk(&chunk));
+        assert_eq!(
+            written(shape(true), &last),
+            json!({"id": "c", "choices": []})
+        );
+        let with_usage = json!({"choices": [], "usage": {"prompt_tokens": 3}, "sglext": {"routed_experts": "A"}});
+        let text = with_usage.to_string();
+        assert!(!shape(true).drops_chunk(&RawObject::parse(&text).unwrap()));
     }
 
     /// The raw writer leaves every answer as reshaping its tree did (the same keys and values);
@@ -363,6 +473,7 @@ mod tests {
             top_logprobs: 1,
             injected_token_ids: false,
             client_prompt_ids: false,
+            injected_experts: false,
         };
         let text = r#"{"id":"x","choices":[{"index":0,"logprobs":{"content":[{"token":"a","logprob":-0.10000000000000001,"top_logprobs":[]}]}}]}"#;
         let obj = RawObject::parse(text).expect("object");

@@ -114,6 +114,9 @@ impl ProxyStream {
             if !self.shape.needs_reshape() || chunk.contains_key("error") {
                 return sse_bytes(&data);
             }
+            if self.shape.drops_chunk(&chunk) {
+                return Bytes::new();
+            }
             let mut out = Vec::with_capacity(data.len() + 8);
             out.extend_from_slice(b"data: ");
             self.shape.write(&chunk, None, None, &mut out);

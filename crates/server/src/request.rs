@@ -420,22 +420,49 @@ impl<'a> ChatRequest<'a> {
         self.get(key).and_then(raw::as_u64)
     }
 
-    /// `key` as a number (`None` when absent, null or not a number).
-    fn number<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
-        self.get(key)
-            .and_then(|v| serde_json::from_str::<Option<T>>(v.get()).ok())
-            .flatten()
+    /// `key` as a number: `Ok(None)` when absent or null; a number written as a string (the
+    /// engines' validators take `"0.9"`) is read; anything else is `Err`.
+    fn number(&self, key: &str) -> Result<Option<f64>, ()> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        match serde_json::from_str::<Value>(v.get()) {
+            Ok(Value::Null) => Ok(None),
+            Ok(Value::Number(n)) => n.as_f64().map(Some).ok_or(()),
+            Ok(Value::String(t)) => t.trim().parse::<f64>().map(Some).map_err(|_| ()),
+            _ => Err(()),
+        }
     }
 
     /// The sampling parameters this request sets (each `None` when absent or null: the engine's
-    /// default applies).
+    /// default applies); one the proxy cannot read as a number marks the whole `unreadable`.
     pub fn sampling(&self) -> ps_core::Sampling {
+        let mut unreadable = false;
+        let mut read = |key| {
+            self.number(key).unwrap_or_else(|()| {
+                unreadable = true;
+                None
+            })
+        };
+        let temperature = read("temperature");
+        let top_p = read("top_p");
+        let top_k = read("top_k");
+        let min_p = read("min_p");
         ps_core::Sampling {
-            temperature: self.number("temperature"),
-            top_p: self.number("top_p"),
-            top_k: self.number("top_k"),
-            min_p: self.number("min_p"),
+            temperature,
+            top_p,
+            // -1 and 20.0 alike; a fraction is no engine's top-k and reads as unreadable.
+            top_k: top_k.and_then(|k| {
+                if k.fract() == 0.0 && k.abs() < 1e15 {
+                    Some(k as i64)
+                } else {
+                    unreadable = true;
+                    None
+                }
+            }),
+            min_p,
             rewritten: false,
+            unreadable,
         }
     }
 }
@@ -487,6 +514,8 @@ pub struct ForwardOptions<'a> {
     /// Send `top_p: 1`, `top_k: -1`, `min_p: 0` in place of the client's (`capture.sampling =
     /// "full_distribution"`, main turns that are captured).
     pub full_distribution: bool,
+    /// Ask for routed experts (`return_routed_experts: true`) unless the client set the flag.
+    pub routed_experts: bool,
 }
 
 /// The body sent upstream, as JSON text.
@@ -497,6 +526,8 @@ pub struct Forwarded {
     pub return_token_ids: bool,
     /// Whether the ask is ours (the client did not set the flag): it is the body's last entry.
     pub injected_ids: bool,
+    /// Whether we asked for routed experts (the client did not set `return_routed_experts`).
+    pub injected_experts: bool,
 }
 
 /// What `capture.sampling = "full_distribution"` sends: no truncation by `top_p`, `top_k` (-1 is
@@ -561,6 +592,10 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
             }
         }
     }
+    let add_experts = opts.routed_experts && !req.contains_key("return_routed_experts");
+    if add_experts {
+        append.push(("return_routed_experts", b"true"));
+    }
     // Last: `without_injected_ids` takes it off the end again.
     if add_ids {
         append.push(("return_token_ids", b"true"));
@@ -596,6 +631,7 @@ pub fn forward_body(req: &ChatRequest<'_>, opts: &ForwardOptions<'_>) -> Forward
         body: Bytes::from(out),
         return_token_ids,
         injected_ids: add_ids,
+        injected_experts: add_experts,
     }
 }
 

@@ -206,24 +206,29 @@ pub async fn blob(
 /// `GET /v1/rollout/blobs/{hash}` (the Python bridge fetches what a page does not carry).
 pub const MAX_PAGE_IMAGE_BYTES: usize = 64 << 20;
 
-/// The images the samples of a page reference, each once (hash → bytes), up to
-/// [`MAX_PAGE_IMAGE_BYTES`]: a MessagePack page carries them inline. Only records that hold an
-/// `images` key are decoded to find them. An image gone since the records were read (compacted
+/// The images and blocks of routed experts the samples of a page reference, each once (hash →
+/// bytes), up to [`MAX_PAGE_IMAGE_BYTES`]: a MessagePack page carries them inline. Only records
+/// that hold an `images` or `rollout_routed_experts` key are decoded to find them. An image gone since the records were read (compacted
 /// in between) is left out, as are those beyond the budget.
 async fn page_images(
     r: &Rollout,
     records: &[EncodedSample],
 ) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
     let mut hashes: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for rec in records {
-        if memchr::memmem::find(rec.record(), b"\xa6images").is_none() {
+        // The keys as MessagePack writes them: `images` and `rollout_routed_experts` (fixstr).
+        let references = [&b"\xa6images"[..], b"\xb6rollout_routed_experts"]
+            .iter()
+            .any(|key| memchr::memmem::find(rec.record(), key).is_some());
+        if !references {
             continue;
         }
         let sample = ps_core::codec::decode_sample(rec.seq(), rec.record())
             .map_err(|e| ApiError::Encode(format!("sample {}: {e}", rec.seq())))?;
-        for image in sample.images {
-            if !hashes.contains(&image.hash) {
-                hashes.push(image.hash);
+        for blob in sample.blobs() {
+            if seen.insert(blob.hash.to_owned()) {
+                hashes.push(blob.hash.to_owned());
             }
         }
     }
@@ -480,6 +485,7 @@ pub async fn status(State(app): State<AppState>) -> Result<Json<Value>, ApiError
         "turns_abandoned_by_reason": b.turns_abandoned_by_reason,
         "turns_dropped_by_reason": b.turns_dropped_by_reason,
         "token_ids": app.capture().stats().to_json(),
+        "routed_experts": app.capture().stats().experts.to_json(),
         "capture_queue": app.capture().queued().to_json(),
         "samples_by_token_source": b.samples_by_token_source,
         "samples_by_weight_version": b.samples_by_weight_version,

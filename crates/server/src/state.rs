@@ -64,6 +64,10 @@ pub struct ServerOptions {
     pub engine: ps_core::EngineSetting,
     /// What main turns are sampled with (`capture.sampling`).
     pub sampling: ps_core::SamplingMode,
+    /// Ask for routed experts (`return_routed_experts: true`) on main turns to an engine other
+    /// than vLLM (which returns them unasked): `capture.routed_experts = "require"`, or `auto` and
+    /// SGLang said it returns them.
+    pub ask_routed_experts: bool,
 }
 
 /// `Retry-After` of a request refused while paused.
@@ -90,6 +94,7 @@ impl Default for ServerOptions {
             inference: crate::infer::InferenceOptions::default(),
             engine: ps_core::EngineSetting::Auto,
             sampling: ps_core::SamplingMode::AsSent,
+            ask_routed_experts: false,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! template's scaffolding follows `capture.*` (see the README), instead of the reference's all-ones.
 
 use ps_core::CapturedTurn;
+use ps_core::SampleExperts;
 use ps_core::ports::PrmScore;
 use ps_core::sample::{Reward, Sample, SampleStatus};
 use serde::Serialize;
@@ -161,8 +162,15 @@ pub fn rl_sample(turn: &CapturedTurn, decision: &RlDecision, judged: Option<&Prm
     metadata.insert("streamed".into(), json!(turn.streamed));
     turn.origin.write_metadata(&mut metadata);
     turn.sampling.write_metadata(&mut metadata);
+    if let Some(reason) = &turn.routed_experts_missing {
+        // `auto`: an engine that returned experts for earlier turns gave none (or none that fit)
+        // for this one.
+        metadata.insert("routed_experts_missing".into(), json!(reason));
+    }
     let mut sample = Sample {
         images: turn.images.clone(),
+        // Split into blocks and hashed here, once per sample; the store keeps each block once.
+        rollout_routed_experts: turn.routed_experts.as_ref().map(SampleExperts::of),
         index: 0,
         group_index: 0,
         prompt: turn.prompt_text.clone(),

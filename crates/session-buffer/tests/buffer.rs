@@ -156,6 +156,8 @@ fn captured(session: &str, turn: u64) -> CapturedTurn {
     CapturedTurn {
         images: Vec::new(),
         sampling: Default::default(),
+        routed_experts: None,
+        routed_experts_missing: None,
         session_id: session.into(),
         turn,
         arrival_seq: turn,

@@ -98,7 +98,7 @@ fn hint_judge() -> MockHintJudge {
 /// A teacher that echoes what it was sent and gives position-dependent values.
 fn echo_teacher(top_k_seen: Arc<Mutex<Vec<usize>>>) -> MockTeacherScorer {
     let mut t = MockTeacherScorer::new();
-    t.expect_score().returning(move |ids, n, k| {
+    t.expect_score_at().returning(move |ids, n, k, _, _| {
         top_k_seen.lock().unwrap().push(k);
         let tail = &ids[ids.len() - n..];
         Ok(TeacherLogprobs {
@@ -233,6 +233,8 @@ fn captured_unreported(
     CapturedTurn {
         images: Vec::new(),
         sampling: Default::default(),
+        routed_experts: None,
+        routed_experts_missing: None,
         session_id: session.into(),
         turn,
         arrival_seq: turn,
@@ -365,7 +367,7 @@ async fn turns_without_a_hint_or_a_next_state_give_no_sample_and_are_recorded() 
 #[tokio::test]
 async fn a_teacher_that_scored_other_tokens_drops_the_sample_and_never_pads() {
     let mut t = MockTeacherScorer::new();
-    t.expect_score().returning(|ids, n, _| {
+    t.expect_score_at().returning(|ids, n, _, _, _| {
         let mut echoed = ids[ids.len() - n..].to_vec();
         echoed[3] += 1; // a different tokenizer split
         Ok(TeacherLogprobs {
@@ -399,7 +401,7 @@ async fn a_teacher_that_scored_other_tokens_drops_the_sample_and_never_pads() {
 #[tokio::test]
 async fn a_failing_teacher_drops_the_turn_with_its_reason() {
     let mut t = MockTeacherScorer::new();
-    t.expect_score().returning(|_, _, _| {
+    t.expect_score_at().returning(|_, _, _, _, _| {
         Err(TeacherError::Timeout {
             url: "http://t/generate".into(),
             after: Duration::from_secs(1),
@@ -730,6 +732,8 @@ fn captured_from(
     CapturedTurn {
         images: Vec::new(),
         sampling: Default::default(),
+        routed_experts: None,
+        routed_experts_missing: None,
         session_id: session.into(),
         turn,
         arrival_seq: turn,
@@ -779,7 +783,7 @@ async fn teach_agent_session(
     let sent: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
     let mut teacher = MockTeacherScorer::new();
     let seen = sent.clone();
-    teacher.expect_score().returning(move |ids, n, _| {
+    teacher.expect_score_at().returning(move |ids, n, _, _, _| {
         seen.lock().unwrap().push(ids.to_vec());
         Ok(TeacherLogprobs {
             log_probs: vec![-0.1; n],

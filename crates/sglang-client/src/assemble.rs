@@ -556,7 +556,12 @@ impl Answer {
             None => Value::Null,
         };
         ps_core::message::reasoning_to_content_key(&mut message);
+        let experts = crate::experts::from_sglext(resp.field("sglext"))
+            .or_else(|| crate::experts::from_choice(choice.field("routed_experts")));
+        let (routed_experts, routed_experts_error) = split(experts);
         Ok(RolloutResponse {
+            routed_experts,
+            routed_experts_error,
             message,
             tokens,
             finish: finish_of(&choice)?,
@@ -644,6 +649,8 @@ pub struct StreamAssembler {
     /// Characters of answer text received, and of the reported tokens' texts.
     text_chars: usize,
     token_chars: usize,
+    /// Streamed routed experts (SGLang: `sglext` of the final `choices: []` chunk).
+    experts: Option<Result<ps_core::EngineExperts, String>>,
     /// Streamed `sglext` ids (a final `choices: []` chunk before `[DONE]`).
     sglext_prompt: Option<Vec<u32>>,
     sglext_response: Option<Vec<u32>>,
@@ -729,6 +736,9 @@ impl StreamAssembler {
     pub fn feed_raw(&mut self, chunk: &RawObject<'_>) {
         self.chunks += 1;
         let sglext = chunk.get("sglext").map(RawValue::get);
+        if let Some(experts) = crate::experts::from_sglext(sglext) {
+            self.experts = Some(experts);
+        }
         if let Some(ids) = sglext_ids(sglext, "output_ids") {
             self.sglext_response = Some(ids);
         }
@@ -917,7 +927,10 @@ impl StreamAssembler {
             }),
             _ => None,
         };
+        let (routed_experts, routed_experts_error) = split(self.experts);
         RolloutResponse {
+            routed_experts,
+            routed_experts_error,
             message: Value::Object(message),
             tokens: self.tokens,
             finish: self.finish,
@@ -980,6 +993,17 @@ pub fn synthesize_chunks(resp: &Value) -> Vec<Value> {
         last.insert("usage".into(), u.clone());
     }
     vec![Value::Object(first), Value::Object(last)]
+}
+
+/// Experts read, or why they could not be.
+fn split(
+    experts: Option<Result<ps_core::EngineExperts, String>>,
+) -> (Option<ps_core::EngineExperts>, Option<String>) {
+    match experts {
+        Some(Ok(e)) => (Some(e), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    }
 }
 
 #[cfg(test)]

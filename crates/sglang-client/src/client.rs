@@ -186,6 +186,17 @@ impl SglangClient {
         })
     }
 
+    /// Whether the policy server returns routed experts when asked: SGLang's `GET /get_server_info`
+    /// (`enable_return_routed_experts`, its server flag). `None` when the route is missing (vLLM,
+    /// which returns them unasked when started with the flag) or does not say.
+    pub async fn returns_routed_experts(&self) -> Result<Option<bool>, SglangError> {
+        let url = self.sibling_url("/get_server_info");
+        Ok(self.get_json(&url).await?.and_then(|v| {
+            v.get("enable_return_routed_experts")
+                .and_then(Value::as_bool)
+        }))
+    }
+
     /// `scheme://host:port/get_model_info` of the chat URL: the first URL [`Self::model_info`] asks.
     pub fn model_info_url(&self) -> String {
         self.sibling_url("/get_model_info")

@@ -3,12 +3,14 @@
 //! This crate owns the wire side of one chat completion: sending the forwarded body, streamed
 //! (server-sent events, parsed by `eventsource-stream`) or not, classifying failures (refused,
 //! timed out, upstream status, broken body), and assembling an answer's message and per-token
-//! log-probs from a response or from stream chunks ([`assemble`]). It knows nothing about sessions,
+//! log-probs from a response or from stream chunks ([`assemble`]), with a mixture-of-experts
+//! engine's routed experts ([`experts`]). It knows nothing about sessions,
 //! templates or HTTP serving; it depends only on `ps-core`.
 
 pub mod assemble;
 mod client;
 mod error;
+pub mod experts;
 mod model_info;
 
 pub use assemble::{

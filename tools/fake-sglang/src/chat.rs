@@ -2,6 +2,7 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::MoeRouting;
 use axum::{
     body::Bytes,
     extract::{Request, State},
@@ -146,6 +147,47 @@ fn entry(tok: &ChatTokenizer, t: &SampledToken, pos: usize, top: usize, q: &Quir
     e
 }
 
+/// The routed experts of a sample's tokens (prompt and sampled, but the last) in SGLang's form:
+/// base64 of little-endian int32.
+fn sglang_experts(routing: &MoeRouting, sample: &ChatSample) -> Value {
+    use base64::Engine as _;
+    let bytes: Vec<u8> = routing
+        .route(&all_ids(sample))
+        .iter()
+        .flat_map(|&e| (e as i32).to_le_bytes())
+        .collect();
+    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// The same in vLLM's form: base64 of a `.npy` file, shape `(rows, layers, top_k)`, uint8.
+fn vllm_experts(routing: &MoeRouting, sample: &ChatSample) -> Value {
+    use base64::Engine as _;
+    use npyz::WriterBuilder as _;
+    let ids = all_ids(sample);
+    let rows = ids.len().saturating_sub(1) as u64;
+    let mut out = Vec::new();
+    let written = npyz::WriteOptions::<u8>::new()
+        .default_dtype()
+        .shape(&[rows, routing.layers as u64, routing.top_k as u64])
+        .writer(&mut out)
+        .begin_nd()
+        .and_then(|mut w| {
+            w.extend(routing.route(&ids).iter().map(|&e| e as u8))?;
+            w.finish()
+        });
+    match written {
+        Ok(()) => json!(base64::engine::general_purpose::STANDARD.encode(out)),
+        Err(_) => Value::Null,
+    }
+}
+
+/// The prompt's ids and the sampled ones.
+fn all_ids(sample: &ChatSample) -> Vec<u32> {
+    let mut ids = sample.prompt_ids.clone();
+    ids.extend(sample.sampled_ids());
+    ids
+}
+
 /// `sglext` with the engine's ids (one list per choice for the outputs).
 fn sglext_json(sample: &ChatSample) -> Value {
     let mut ext = json!({"input_ids": null, "output_ids": null});
@@ -240,6 +282,14 @@ fn completion_json(
         }
         if q.id_field == IdField::Sglext {
             top_level.insert("sglext".into(), sglext_json(sample));
+        }
+        if let Some(routing) = &q.routed_experts {
+            if q.vllm {
+                c.insert("routed_experts".into(), vllm_experts(routing, sample));
+            } else if p.return_routed_experts {
+                let ext = top_level.entry("sglext").or_insert_with(|| json!({}));
+                ext["routed_experts"] = sglang_experts(routing, sample);
+            }
         }
         if p.return_meta_info {
             let mut meta = Map::new();
@@ -547,13 +597,26 @@ fn stream_events(
         }
         events.push(usage_chunk);
     }
-    if q.id_field == IdField::Sglext {
-        // Streamed sglext ids come once, in a final `choices: []` chunk.
-        let mut ids_chunk = chunk(json!([]));
-        if let Some(o) = ids_chunk.as_object_mut() {
-            o.insert("sglext".into(), sglext_json(sample));
+    let experts = q
+        .routed_experts
+        .as_ref()
+        .filter(|_| p.return_routed_experts)
+        .map(|r| sglang_experts(r, sample));
+    if q.id_field == IdField::Sglext || experts.is_some() {
+        // Streamed sglext (ids, routed experts) comes once, in a final `choices: []` chunk.
+        let mut ext = if q.id_field == IdField::Sglext {
+            sglext_json(sample)
+        } else {
+            json!({})
+        };
+        if let Some(e) = experts {
+            ext["routed_experts"] = e;
         }
-        events.push(ids_chunk);
+        let mut ext_chunk = chunk(json!([]));
+        if let Some(o) = ext_chunk.as_object_mut() {
+            o.insert("sglext".into(), ext);
+        }
+        events.push(ext_chunk);
     }
     events.iter().map(|e| sse(&e.to_string())).collect()
 }

@@ -88,7 +88,7 @@ pub use model::{PROMPT_DRIFT, drift_prompt};
 pub use provider::{
     FakeProvider, FakeProviderBuilder, FakeProviderHandle, ProviderFault, ProviderRequest,
 };
-pub use quirks::{IdField, Quirks, StreamLogprobs};
+pub use quirks::{IdField, MoeRouting, Quirks, StreamLogprobs};
 pub use state::{FakeState, RecordedRequest};
 
 use crate::server_task::ServerTask;
@@ -412,6 +412,7 @@ pub fn router(state: FakeState) -> Router {
         .route("/health_generate", get(health))
         .route("/v1/models", get(models))
         .route("/get_model_info", get(model_info))
+        .route("/get_server_info", get(server_info))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route(
@@ -451,6 +452,25 @@ async fn models(State(state): State<FakeState>, headers: axum::http::HeaderMap) 
 }
 
 /// SGLang's `GET /get_model_info`: 404 when the fake reports no path (or plays vLLM).
+/// SGLang's `GET /get_server_info` (its server arguments; the fake states the one the proxy
+/// reads, `enable_return_routed_experts`). vLLM has no such route.
+async fn server_info(State(state): State<FakeState>, headers: axum::http::HeaderMap) -> Response {
+    if !state.authorized(&headers) {
+        return json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}));
+    }
+    let quirks = &state.config().quirks;
+    if quirks.vllm {
+        return not_found().await;
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "enable_return_routed_experts": quirks.routed_experts.is_some(),
+            "version": "fake",
+        }),
+    )
+}
+
 async fn model_info(State(state): State<FakeState>, headers: axum::http::HeaderMap) -> Response {
     if !state.authorized(&headers) {
         return json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}));

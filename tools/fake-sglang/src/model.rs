@@ -77,6 +77,8 @@ pub(crate) struct ChatParams {
     pub return_token_ids: bool,
     pub return_prompt_token_ids: bool,
     pub return_meta_info: bool,
+    /// SGLang's ask for routed experts.
+    pub return_routed_experts: bool,
     /// vLLM's `structured_outputs.regex` spells a whole `<tool_call>`: the grammar forces a call
     /// (the real engine's tests force one so), answered as `tool_choice: "required"` is.
     pub forced_tool_call: bool,
@@ -160,6 +162,7 @@ pub(crate) fn parse_chat(body: &Value, streams_ids: bool) -> Result<ChatParams, 
         return_token_ids: flag("return_token_ids"),
         return_prompt_token_ids: flag("return_prompt_token_ids"),
         return_meta_info: flag("return_meta_info"),
+        return_routed_experts: flag("return_routed_experts"),
         forced_tool_call: obj
             .get("structured_outputs")
             .and_then(|s| s.get("regex"))

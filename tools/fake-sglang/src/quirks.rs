@@ -57,6 +57,54 @@ pub struct Quirks {
     /// choice, one sampled token and its log-prob per chunk). Default false ([`Quirks::vllm`]
     /// sets it with the ids and weight version vLLM gives).
     pub vllm: bool,
+    /// A mixture-of-experts model served with `--enable-return-routed-experts`: SGLang answers
+    /// `sglext.routed_experts` (base64 int32, no shape) to a request that asks
+    /// (`return_routed_experts`), streamed in a final `choices: []` chunk, and reports the flag in
+    /// `GET /get_server_info`; vLLM (`vllm`) answers every whole answer with
+    /// `choices[0].routed_experts` (base64 `.npy`, uint8) and streams none. Default none (a dense
+    /// model, or the flag off).
+    pub routed_experts: Option<MoeRouting>,
+}
+
+/// The fake's mixture-of-experts routing: `layers` × `top_k` experts of `experts` per token.
+/// Each token's experts are a function of its position and the tokens up to it only, as a real
+/// causal model's, so a later turn routes its prompt's shared prefix exactly as the earlier turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeRouting {
+    pub layers: usize,
+    pub top_k: usize,
+    pub experts: u32,
+}
+
+impl Default for MoeRouting {
+    /// 4 layers, top-2 of 16 experts.
+    fn default() -> Self {
+        Self {
+            layers: 4,
+            top_k: 2,
+            experts: 16,
+        }
+    }
+}
+
+impl MoeRouting {
+    /// The experts of every token of `tokens` but the last, row-major (`rows × layers × top_k`).
+    pub fn route(&self, tokens: &[u32]) -> Vec<u32> {
+        let rows = tokens.len().saturating_sub(1);
+        let mut out = Vec::with_capacity(rows * self.layers * self.top_k);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for (i, &t) in tokens.iter().take(rows).enumerate() {
+            // The running state stands for the prefix: position i sees tokens 0..=i only.
+            state = crate::det::mix(state, u64::from(t) ^ ((i as u64) << 32));
+            for layer in 0..self.layers {
+                for k in 0..self.top_k {
+                    let h = crate::det::mix(state, ((layer as u64) << 16) | k as u64);
+                    out.push((h % u64::from(self.experts.max(1))) as u32);
+                }
+            }
+        }
+        out
+    }
 }
 
 impl Quirks {
@@ -69,6 +117,7 @@ impl Quirks {
             weight_version: None,
             short_top_lists: false,
             vllm: true,
+            routed_experts: None,
         }
     }
 }
@@ -82,6 +131,7 @@ impl Default for Quirks {
             weight_version: Some("default".into()),
             short_top_lists: false,
             vllm: false,
+            routed_experts: None,
         }
     }
 }

@@ -34,6 +34,7 @@ pub fn sample(n: u64) -> Sample {
     metadata.insert("n".into(), json!(n));
     metadata.insert("model".into(), json!("policy-7b"));
     metadata.insert("ratio".into(), json!(n as f64 / 3.0));
+    let tokens_len = tokens.len();
     Sample {
         images: if n.is_multiple_of(3) {
             vec![image(n % 4)]
@@ -58,6 +59,25 @@ pub fn sample(n: u64) -> Sample {
         teacher_log_probs: None,
         teacher_topk_log_probs: None,
         teacher_topk_indices: None,
+        // Every fifth sample has routed experts: their blocks are kept by the store as images
+        // are, and must survive the crash with the sample.
+        rollout_routed_experts: n
+            .is_multiple_of(5)
+            .then(|| {
+                let rows = tokens_len.saturating_sub(1);
+                let values: Vec<i32> = (0..rows * 4)
+                    .map(|i| ((i as u64 * 7 + n) % 60) as i32)
+                    .collect();
+                let engine = ps_core::EngineExperts {
+                    width: ps_core::ExpertWidth::Int32,
+                    data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    shape: Some([rows, 2, 2]),
+                    field: "crash".into(),
+                };
+                ps_core::ExpertRows::of_turn(&engine, tokens_len, None).ok()
+            })
+            .flatten()
+            .map(|rows| ps_core::SampleExperts::of(&rows)),
         metadata,
     }
 }

@@ -145,6 +145,9 @@ pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
         }
     }
     RolloutResponse {
+        // Routed experts are checked by the parsers' own tests, not by this oracle.
+        routed_experts: None,
+        routed_experts_error: None,
         prompt_tokens: resp
             .get("usage")
             .and_then(|u| u.get("prompt_tokens"))
@@ -355,6 +358,8 @@ impl StreamAssembler {
             _ => None,
         };
         RolloutResponse {
+            routed_experts: None,
+            routed_experts_error: None,
             prompt_tokens: self.prompt_tokens,
             message: Value::Object(message),
             tokens: self.tokens,

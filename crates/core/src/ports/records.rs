@@ -226,6 +226,8 @@ mod tests {
         CapturedTurn {
             images: Vec::new(),
             sampling: Default::default(),
+            routed_experts: None,
+            routed_experts_missing: None,
             session_id: "s".into(),
             turn: 3,
             arrival_seq: 3,
@@ -413,6 +415,7 @@ mod tests {
                 "teacher_log_probs_len": signal.map(|s| s.log_probs.len()),
                 "teacher_lp": signal.map(|s| &s.log_probs),
                 "teacher_log_probs_sum": signal.map(|s| s.log_probs.iter().sum::<f64>()),
+                "teacher_temperature": signal.map(|s| s.temperature),
                 "reason": dropped.map(|d| d.0),
                 "detail": dropped.map(|d| d.1),
             });

@@ -309,6 +309,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_teacher_temperature_of_a_turn() {
+        let sent = |t| crate::Sampling {
+            temperature: t,
+            ..Default::default()
+        };
+        assert_eq!(
+            TeacherTemperature::default().for_turn(&sent(Some(0.7))),
+            (0.0, false)
+        );
+        assert_eq!(
+            TeacherTemperature::Fixed(0.3).for_turn(&sent(Some(0.7))),
+            (0.3, false)
+        );
+        assert_eq!(
+            TeacherTemperature::Rollout.for_turn(&sent(Some(0.7))),
+            (0.7, false)
+        );
+        assert_eq!(
+            TeacherTemperature::Rollout.for_turn(&sent(None)),
+            (1.0, true)
+        );
+        for (text, want) in [
+            ("0", TeacherTemperature::Fixed(0.0)),
+            ("0.5", TeacherTemperature::Fixed(0.5)),
+            ("\"rollout\"", TeacherTemperature::Rollout),
+        ] {
+            let t: TeacherTemperature = serde_json::from_str(text).unwrap();
+            assert_eq!(t, want);
+            assert_eq!(
+                serde_json::to_string(&t).unwrap().trim_end_matches(".0"),
+                text
+            );
+        }
+        for bad in ["-1", "\"hot\"", "null"] {
+            assert!(
+                serde_json::from_str::<TeacherTemperature>(bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn equal_ids_align() {
         assert_eq!(check_alignment(&[1, 2, 3], &[1, 2, 3]), Ok(()));
         assert_eq!(check_alignment(&[], &[]), Ok(()));

@@ -115,6 +115,7 @@ fn forward_body_forces_logprobs_and_keeps_unknown_fields() {
         stream: false,
         return_token_ids: true,
         full_distribution: false,
+        routed_experts: false,
     };
     let f = forward_body(&r, &opts);
     assert_eq!(f["logprobs"], true);
@@ -131,6 +132,7 @@ fn forward_body_forces_logprobs_and_keeps_unknown_fields() {
             stream: true,
             return_token_ids: false,
             full_distribution: false,
+            routed_experts: false,
             ..opts
         },
     );
@@ -160,6 +162,7 @@ fn forward_body_forces_logprobs_and_keeps_unknown_fields() {
             stream: true,
             return_token_ids: false,
             full_distribution: false,
+            routed_experts: false,
             ..opts
         },
     );
@@ -183,6 +186,7 @@ fn model_kept_when_given() {
             stream: false,
             return_token_ids: false,
             full_distribution: false,
+            routed_experts: false,
         },
     );
     assert_eq!(f["model"], "mine");
@@ -233,6 +237,7 @@ mod typed_tests {
                 stream: false,
                 return_token_ids: false,
                 full_distribution: false,
+                routed_experts: false,
             },
         );
         let sent: Value = serde_json::from_slice(&fwd.body).unwrap();
@@ -515,6 +520,7 @@ mod typed_tests {
             stream: false,
             return_token_ids: true,
             full_distribution: false,
+            routed_experts: false,
         };
         let f = forward_body(&r, &opts);
         let text = std::str::from_utf8(&f.body).expect("utf-8");
@@ -604,6 +610,7 @@ fn full_distribution_sets_three_parameters_and_keeps_the_ids_flag_last() {
             stream: false,
             return_token_ids: true,
             full_distribution: true,
+            routed_experts: false,
         },
     );
     let text = std::str::from_utf8(&f.body).unwrap();
@@ -629,4 +636,33 @@ fn full_distribution_sets_three_parameters_and_keeps_the_ids_flag_last() {
             ..Default::default()
         }
     );
+    for (body, top_p, top_k, unreadable) in [
+        (
+            &br#"{"messages":[{"role":"user","content":"x"}],"top_p":"0.9","top_k":20.0}"#[..],
+            Some(0.9),
+            Some(20),
+            false,
+        ),
+        (
+            br#"{"messages":[{"role":"user","content":"x"}],"top_p":null,"top_k":-1}"#,
+            None,
+            Some(-1),
+            false,
+        ),
+        (
+            br#"{"messages":[{"role":"user","content":"x"}],"top_p":"most","top_k":2}"#,
+            None,
+            Some(2),
+            true,
+        ),
+        (
+            br#"{"messages":[{"role":"user","content":"x"}],"top_k":2.5}"#,
+            None,
+            None,
+            true,
+        ),
+    ] {
+        let s = parse(body, &HeaderMap::new()).expect("valid").sampling();
+        assert_eq!((s.top_p, s.top_k, s.unreadable), (top_p, top_k, unreadable));
+    }
 }

@@ -53,6 +53,24 @@ struct Args {
     /// Fault applied to every request: refuse, delay:MS, status:CODE[:BODY], garbage, cut:N, error:N.
     #[arg(long)]
     fault: Option<Fault>,
+    /// Serve a mixture-of-experts model with `--enable-return-routed-experts`: LAYERS:TOP_K:EXPERTS
+    /// (for example 4:2:16). Answers carry `sglext.routed_experts` when asked
+    /// (`return_routed_experts`) and `GET /get_server_info` reports the flag.
+    #[arg(long, value_name = "LAYERS:TOP_K:EXPERTS", value_parser = parse_routing)]
+    routed_experts: Option<ps_fake_sglang::MoeRouting>,
+}
+
+fn parse_routing(text: &str) -> Result<ps_fake_sglang::MoeRouting, String> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let [layers, top_k, experts] = parts.as_slice() else {
+        return Err(format!("{text:?} is not LAYERS:TOP_K:EXPERTS"));
+    };
+    let n = |s: &str| s.parse::<usize>().map_err(|e| format!("{s:?}: {e}"));
+    Ok(ps_fake_sglang::MoeRouting {
+        layers: n(layers)?,
+        top_k: n(top_k)?,
+        experts: u32::try_from(n(experts)?).map_err(|e| e.to_string())?,
+    })
 }
 
 #[tokio::main]
@@ -73,6 +91,12 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let mut builder = FakeSglang::builder().tokenizer(Arc::new(tokenizer));
+    if let Some(routing) = args.routed_experts {
+        builder = builder.quirks(ps_fake_sglang::Quirks {
+            routed_experts: Some(routing),
+            ..Default::default()
+        });
+    }
     // Report the directory the model was loaded from, as SGLang does (the mini model's by default).
     if let Some(dir) = &args.model_dir {
         let dir = dir.canonicalize().unwrap_or_else(|_| dir.clone());

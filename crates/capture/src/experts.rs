@@ -1,0 +1,124 @@
+//! A captured turn's routed experts (`capture.routed_experts`): the engine's, checked against the
+//! turn's tokens (rows = tokens − 1; layers × top-k from the engine's shape or the model's
+//! `config.json`) and narrowed ([`attach`]); what was counted ([`ExpertStats`]).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use ps_core::{CapturedTurn, ExpertRows, MoeShape, RolloutResponse, RoutedExpertsMode};
+use serde_json::json;
+
+use crate::CaptureError;
+
+/// What capture knows and counted of routed experts.
+#[derive(Debug, Default)]
+pub struct ExpertStats {
+    mode: AtomicU8,
+    shape: Mutex<Option<MoeShape>>,
+    /// Turns captured with their experts.
+    pub captured: AtomicU64,
+    /// Turns without experts after an engine returned some (`auto`), or refused for it
+    /// (`require`).
+    pub missing: AtomicU64,
+    /// Turns whose experts did not fit their tokens or could not be read.
+    pub mismatched: AtomicU64,
+    /// The first mismatch, for the status.
+    last: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl ExpertStats {
+    /// `capture.routed_experts`, and the model's routing shape when its `config.json` states it
+    /// (needed for SGLang's flat experts; vLLM's carry their shape).
+    pub fn configure(&self, mode: RoutedExpertsMode, shape: Option<MoeShape>) {
+        let m = match mode {
+            RoutedExpertsMode::Auto => 0,
+            RoutedExpertsMode::Off => 1,
+            RoutedExpertsMode::Require => 2,
+        };
+        self.mode.store(m, Ordering::Relaxed);
+        *lock(&self.shape) = shape;
+    }
+
+    pub fn mode(&self) -> RoutedExpertsMode {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => RoutedExpertsMode::Off,
+            2 => RoutedExpertsMode::Require,
+            _ => RoutedExpertsMode::Auto,
+        }
+    }
+
+    pub fn shape(&self) -> Option<MoeShape> {
+        *lock(&self.shape)
+    }
+
+    /// `/v1/rollout/status`'s `routed_experts` section.
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "mode": self.mode().as_str(),
+            "model_shape": self.shape(),
+            "captured": self.captured.load(Ordering::Relaxed),
+            "missing": self.missing.load(Ordering::Relaxed),
+            "mismatched": self.mismatched.load(Ordering::Relaxed),
+            "last_mismatch": lock(&self.last).clone(),
+        })
+    }
+}
+
+/// Attaches the engine's experts to `turn`. Under `require` a turn without them, or whose
+/// experts do not fit its tokens, is refused with its reason (`routed_experts_missing`,
+/// `routed_experts_mismatch`); under `auto` it keeps no experts and is counted, and its sample says
+/// why (`metadata.routed_experts_missing`).
+/// Returns the reason a turn kept under `auto` has none, to be logged once.
+pub(crate) fn attach(
+    turn: &mut CapturedTurn,
+    rollout: &RolloutResponse,
+    stats: &ExpertStats,
+) -> Result<Option<&'static str>, CaptureError> {
+    let mode = stats.mode();
+    if mode == RoutedExpertsMode::Off {
+        return Ok(None);
+    }
+    let tokens = turn.prompt_ids.len() + turn.response_ids.len();
+    let found = match (&rollout.routed_experts, &rollout.routed_experts_error) {
+        (Some(engine), _) => ExpertRows::of_turn(engine, tokens, stats.shape())
+            .map_err(|e| ("routed_experts_mismatch", e.to_string())),
+        (None, Some(e)) => Err(("routed_experts_mismatch", e.clone())),
+        (None, None) => Err((
+            "routed_experts_missing",
+            "the engine returned no routed experts with the answer (SGLang: started without \
+             --enable-return-routed-experts, or a build without them on this endpoint; vLLM: \
+             started without it, or a streamed answer, which carries none)"
+                .to_owned(),
+        )),
+    };
+    match found {
+        Ok(rows) => {
+            stats.captured.fetch_add(1, Ordering::Relaxed);
+            turn.routed_experts = Some(rows);
+            Ok(None)
+        }
+        Err((reason, detail)) => {
+            let seen_before = stats.captured.load(Ordering::Relaxed) > 0
+                || stats.mismatched.load(Ordering::Relaxed) > 0;
+            if reason == "routed_experts_mismatch" {
+                stats.mismatched.fetch_add(1, Ordering::Relaxed);
+                lock(&stats.last).get_or_insert_with(|| detail.clone());
+            } else if mode == RoutedExpertsMode::Require || seen_before {
+                stats.missing.fetch_add(1, Ordering::Relaxed);
+            } else {
+                // `auto` and no engine has returned experts yet: a dense model, or an engine
+                // that does not return them. Nothing to say.
+                return Ok(None);
+            }
+            if mode == RoutedExpertsMode::Require {
+                return Err(CaptureError::Refused { reason, detail });
+            }
+            turn.routed_experts_missing = Some(reason.to_owned());
+            Ok(Some(reason))
+        }
+    }
+}
