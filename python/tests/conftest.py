@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -95,13 +96,14 @@ class Stack:
         admin_key: Optional[str] = None,
         store: str = "embedded",
         model_dir: Optional[Path] = None,
+        fake_args: Optional[List[str]] = None,
     ) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         fport = free_port()
         self.model_dir = model_dir
         model = ["--model-dir", str(model_dir)] if model_dir else []
         self.fake = Proc(
-            [str(FAKE_BIN), "--port", str(fport), *model],
+            [str(FAKE_BIN), "--port", str(fport), *model, *(fake_args or [])],
             f"http://127.0.0.1:{fport}",
             tmp / "fake.log",
         )
@@ -255,6 +257,22 @@ def rl_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
 def vl_stack(tmp_path: Path) -> Iterator[Stack]:
     """The RL stack serving the mini vision-language model (config/mini-vl-model)."""
     s = Stack(tmp_path / "vl", "rl", model_dir=REPO / "config" / "mini-vl-model")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def moe_stack(tmp_path: Path) -> Iterator[Stack]:
+    """The RL stack serving the mini model as a mixture of experts (4 layers, top-2 of 16) whose
+    engine returns routed experts: its `config.json` beside the tokenizer gives the shape."""
+    model = tmp_path / "moe-model"
+    model.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(REPO / "config" / "mini-model" / f, model / f)
+    (model / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 4, "num_experts_per_tok": 2, "num_experts": 16})
+    )
+    s = Stack(tmp_path / "moe", "rl", model_dir=model, fake_args=["--routed-experts", "4:2:16"])
     yield s
     s.stop()
 

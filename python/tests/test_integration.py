@@ -313,3 +313,54 @@ def test_image_turns_reach_the_trainer_with_their_images_byte_identical(
     assert second["tokens"].count(989) == sum(e["tokens"] for e in second["images"])
     first_sample = sample_to_slime(page[0]["sample"])
     assert len(first_sample["multimodal_inputs"]["images"]) == 1
+
+
+@pytest.mark.parametrize("use_msgpack", [True, False])
+def test_routed_experts_reach_slime_as_the_engine_returned_them(
+    moe_stack: Stack, use_msgpack: bool
+) -> None:
+    if os.environ.get("POLICY_SERVING_REQUIRE_MSGPACK") == "1":
+        import msgpack  # noqa: F401  (CI installs both: this test must not skip there)
+        import numpy  # noqa: F401
+    if use_msgpack:
+        pytest.importorskip("msgpack")
+    np = pytest.importorskip("numpy")
+    import base64
+    import json
+    import urllib.request
+
+    moe_stack.two_turns("moe", "I wanted museums, not food. FAKE_VOTES=1,1,1")
+    moe_stack.settled(2)
+    client = RolloutClient(moe_stack.url, use_msgpack=use_msgpack)
+    page, _ = client.pull(0, max=10)
+    assert len(page) == 2
+    from policy_serving_rollout import sample_to_slime
+
+    first = sample_to_slime(page[0]["sample"])
+    experts = first["rollout_routed_experts"]
+    assert isinstance(experts, np.ndarray) and experts.dtype == np.int32
+    assert experts.shape == (len(first["tokens"]) - 1, 4, 2)
+    # The engine's own answer to the same request (the fake is deterministic): its routed
+    # experts, as SGLang sends them (base64 int32), are the array Slime gets.
+    body = json.dumps(
+        {
+            "model": "default",
+            "messages": [{"role": "user", "content": "Plan a weekend in Rome."}],
+            "logprobs": True,
+            "top_logprobs": 1,
+            "return_token_ids": True,
+            "return_routed_experts": True,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        moe_stack.fake.url + "/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        answer = json.loads(r.read())
+    raw = np.frombuffer(base64.b64decode(answer["sglext"]["routed_experts"]), dtype="<i4")
+    choice = answer["choices"][0]
+    assert list(first["tokens"]) == choice["prompt_token_ids"] + choice["response_token_ids"]
+    assert np.array_equal(experts.reshape(-1), raw)

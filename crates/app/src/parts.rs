@@ -110,26 +110,6 @@ impl PauseHook for Records {
     }
 }
 
-/// A mixture-of-experts model's routing shape from its `config.json` in `dir`:
-/// `num_hidden_layers` and `num_experts_per_tok` (Qwen3-MoE, DeepSeek, Mixtral alike). `None`
-/// for a dense model or a directory without it.
-pub fn moe_shape(dir: &std::path::Path) -> Option<ps_core::MoeShape> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let config: serde_json::Value = serde_json::from_str(&text).ok()?;
-    // Multimodal configs nest the language model's.
-    let config = config.get("text_config").unwrap_or(&config);
-    let read = |k: &str| {
-        config
-            .get(k)?
-            .as_u64()
-            .and_then(|v| usize::try_from(v).ok())
-    };
-    Some(ps_core::MoeShape {
-        layers: read("num_hidden_layers")?,
-        top_k: read("num_experts_per_tok")?,
-    })
-}
-
 /// Asks the policy server what it serves (SGLang `GET /get_model_info`, else `GET /v1/models`).
 pub async fn ask_policy_server(settings: &Settings, policy: &SglangClient) -> Reported {
     match policy.model_info(&settings.server.served_model_name).await {

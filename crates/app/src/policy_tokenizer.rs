@@ -74,6 +74,43 @@ impl PolicyTokenizer {
             source: TokenizerSource::EmbeddedDemo,
         }
     }
+
+    /// The model's routing shape when it is a mixture of experts: its `config.json`'s
+    /// `num_hidden_layers` and `num_experts_per_tok`; for the embedded demo model, the demo's fake
+    /// policy's routing ([`DEMO_MOE_SHAPE`]).
+    pub fn moe_shape(&self) -> Option<ps_core::MoeShape> {
+        match self.source.dir() {
+            Some(dir) => moe_shape(dir),
+            None => Some(DEMO_MOE_SHAPE),
+        }
+    }
+}
+
+/// How the demo's fake policy routes (`ps_fake_sglang::MoeRouting::default()`, checked by the demo's
+/// tests): 4 layers, top-2.
+pub const DEMO_MOE_SHAPE: ps_core::MoeShape = ps_core::MoeShape {
+    layers: 4,
+    top_k: 2,
+};
+
+/// A mixture-of-experts model's routing shape from its `config.json` in `dir`:
+/// `num_hidden_layers` and `num_experts_per_tok` (Qwen3-MoE, DeepSeek, Mixtral alike). `None`
+/// for a dense model or a directory without it.
+pub fn moe_shape(dir: &std::path::Path) -> Option<ps_core::MoeShape> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let config: serde_json::Value = serde_json::from_str(&text).ok()?;
+    // Multimodal configs nest the language model's.
+    let config = config.get("text_config").unwrap_or(&config);
+    let read = |k: &str| {
+        config
+            .get(k)?
+            .as_u64()
+            .and_then(|v| usize::try_from(v).ok())
+    };
+    Some(ps_core::MoeShape {
+        layers: read("num_hidden_layers")?,
+        top_k: read("num_experts_per_tok")?,
+    })
 }
 
 /// What the policy server said when asked at start.

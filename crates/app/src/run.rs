@@ -71,7 +71,7 @@ pub async fn build_full(
         None => policy_tokenizer_and_engine(settings, &policy).await?,
     };
     tracing::info!("policy tokenizer: {}", tokenizer.source);
-    let moe_shape = tokenizer.source.dir().and_then(crate::parts::moe_shape);
+    let moe_shape = tokenizer.moe_shape();
     let mut options = options(settings, env)?;
     options.ask_routed_experts = ask_routed_experts(settings, &policy).await;
     // One tokenizer in memory: capture, the OPD teacher's input, the inspection page and (unless

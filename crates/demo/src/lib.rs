@@ -92,6 +92,12 @@ pub async fn run_with(
 
     let tokenizer = Arc::new(ChatTokenizer::mini_vl());
     let fake = FakeSglang::builder()
+        // A mixture-of-experts policy started with `--enable-return-routed-experts`: samples
+        // carry the experts each token was routed to.
+        .quirks(ps_fake_sglang::Quirks {
+            routed_experts: Some(ps_fake_sglang::MoeRouting::default()),
+            ..Default::default()
+        })
         .tokenizer(tokenizer.clone())
         .model_name(&settings.server.served_model_name)
         .spawn()
@@ -499,6 +505,33 @@ pub fn describe(s: &Sample, tok: &ChatTokenizer) -> String {
             image.tokens,
             &image.hash[..12]
         );
+    }
+    match (
+        &s.rollout_routed_experts,
+        s.metadata.get("routed_experts_missing"),
+    ) {
+        (Some(e), _) => {
+            let _ = writeln!(
+                out,
+                "  routed experts: {} rows x {} layers x top-{} as {}, in {} block(s) of up to {} rows (each stored once)",
+                e.shape[0],
+                e.shape[1],
+                e.shape[2],
+                e.dtype.numpy(),
+                e.blocks.len(),
+                e.block_rows
+            );
+        }
+        (None, Some(why)) => {
+            let why = why.as_str().unwrap_or("?");
+            let note = if why == "routed_experts_mismatch" {
+                ": the re-rendered tokens are not the engine's"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "  routed experts: none ({why}{note})");
+        }
+        (None, None) => {}
     }
     let teacher = s.teacher_log_probs.as_ref();
     if teacher.is_some() {

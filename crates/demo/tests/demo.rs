@@ -66,6 +66,32 @@ async fn the_demo_runs_end_to_end_and_the_trainer_side_gets_every_main_turn() {
         report_samples[2].sample.metadata["logprob_missing_positions"],
         serde_json::json!([])
     );
+    // The fake policy is a mixture of experts: the engine-id turns carry its routing of their
+    // very tokens; the re-tokenized streamed turn's re-rendered tokens are not the engine's, so
+    // it says why it has none.
+    for (s, source) in report_samples.iter().zip(&sources) {
+        let e = s.sample.rollout_routed_experts.as_ref();
+        if *source == "engine" {
+            let e = e.expect("experts on an engine-id turn");
+            assert_eq!(e.shape, [s.sample.tokens.len() - 1, 4, 2]);
+            assert_eq!(e.dtype, ps_core::ExpertWidth::Uint8);
+        } else {
+            assert!(e.is_none());
+            assert_eq!(
+                s.sample.metadata["routed_experts_missing"],
+                "routed_experts_mismatch"
+            );
+        }
+    }
+    let routing = ps_fake_sglang::MoeRouting::default();
+    assert_eq!(
+        ps_app::policy_tokenizer::DEMO_MOE_SHAPE,
+        ps_core::MoeShape {
+            layers: routing.layers,
+            top_k: routing.top_k
+        }
+    );
+    assert!(text.contains("routed experts: "), "{text}");
     assert!(text.contains("ids from the engine") && text.contains("ids re-tokenized"));
     assert!(text.contains("=== samples pulled from GET /v1/rollout/samples ==="));
     assert!(text.contains("not captured"));

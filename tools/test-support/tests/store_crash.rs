@@ -129,6 +129,21 @@ fn every_printed_seq_survives_kill_9() {
                     image.hash
                 );
             }
+            // So are its blocks of routed experts.
+            for block in want
+                .rollout_routed_experts
+                .iter_mut()
+                .flat_map(|e| e.blocks.iter_mut())
+            {
+                let bytes = block.bytes.take().unwrap();
+                let kept = store.blob(&block.hash).await.unwrap();
+                assert_eq!(
+                    kept.as_deref(),
+                    Some(&bytes[..]),
+                    "seq {seq}: experts block {}",
+                    block.hash
+                );
+            }
             assert_eq!(*sample, want, "seq {seq}");
         }
 
