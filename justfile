@@ -33,6 +33,7 @@ bench *ARGS:
     cargo run --release -p loadgen -- agent --runs 3 --fake-latency-ms 200 --ramp-ms 200 --json target/bench-agent-200ms.json --svg docs/img
     cargo run --release -p loadgen -- agent --mode opd --runs 3 --json target/bench-agent-opd.json
     cargo bench -p ps-sample-store --bench store
+    cargo bench -p ps-sample-store --bench experts
     cargo bench -p ps-app --bench pull
     cargo bench -p ps-app --bench opd
     cargo bench -p ps-capture --bench capture
