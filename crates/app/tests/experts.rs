@@ -327,6 +327,37 @@ async fn a_long_conversation_stores_each_position_once() {
         samples: Vec<ps_core::StoredSample>,
         images: HashMap<String, serde_bytes::ByteBuf>,
     }
+    // The inspection page shows each response token's experts per layer.
+    let view: Value = http()
+        .get(format!("{}/v1/inspect/samples/3", r.server.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids = tokens(&samples[2]);
+    let prompt_len = view["prompt_tokens"].as_u64().unwrap() as usize;
+    let routed = MoeRouting::default().route(&ids);
+    let row = |r: usize| -> Value {
+        json!(
+            routed[r * 8..(r + 1) * 8]
+                .chunks(2)
+                .map(|l| l.to_vec())
+                .collect::<Vec<_>>()
+        )
+    };
+    assert_eq!(
+        view["tokens"][0]["experts"],
+        row(prompt_len),
+        "{}",
+        view["tokens"][0]
+    );
+    let last = view["tokens"].as_array().unwrap().last().unwrap();
+    assert!(
+        last.get("experts").is_none(),
+        "the last token was never routed"
+    );
     let page: Page = rmp_serde::from_slice(&bytes).unwrap();
     assert_eq!(page.images.len(), distinct.len());
     for (stored, json) in page.samples.iter().zip(&samples) {

@@ -316,6 +316,8 @@ function tipFor(t, i) {
       row('source', t.source),
       t.marks && t.marks.length ? row('marked', t.marks.join(', ')) : null),
     top.length ? el('div', {}, el('div', { class: 'muted' }, 'teacher top-' + top.length), el('table', {}, top)) : null,
+    t.experts ? el('div', {}, el('div', { class: 'muted' }, 'routed experts (layer: experts)'),
+      el('table', {}, t.experts.map((ex, l) => row('layer ' + l, ex.join(', '))))) : null,
   ];
 }
 

@@ -246,6 +246,11 @@ pub struct TokenView {
     pub marks: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top: Vec<TopEntry>,
+    /// A mixture-of-experts policy's routed experts of this token: per layer, its top-k expert
+    /// indices (`rollout_routed_experts`; none for the sample's last token, whose routing never
+    /// ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<Vec<Vec<u32>>>,
 }
 
 /// `GET /v1/inspect/samples/{seq}`: a stored sample, read from the store.

@@ -180,7 +180,25 @@ async fn sample(
             what: "sample",
             id: seq.to_string(),
         })?;
-    Ok(Json(sample_view(&stored, st.tokens.as_deref())))
+    let mut view = sample_view(&stored, st.tokens.as_deref());
+    if let Some(e) = &stored.sample.rollout_routed_experts {
+        // Each block from the store (a block gone since the sample was read: no experts shown).
+        let mut bytes = Vec::new();
+        let mut complete = true;
+        for b in &e.blocks {
+            match log.blob(&b.hash).await {
+                Ok(Some(block)) => bytes.extend_from_slice(&block),
+                _ => {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        if complete {
+            crate::sample_view::attach_experts(&mut view, e, &bytes);
+        }
+    }
+    Ok(Json(view))
 }
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");

@@ -95,6 +95,7 @@ pub fn sample_view(stored: &StoredSample, tokens: Option<&dyn TokenText>) -> Sam
                 source: source.to_owned(),
                 marks,
                 top,
+                experts: None,
             }
         })
         .collect();
@@ -125,6 +126,37 @@ pub fn sample_view(stored: &StoredSample, tokens: Option<&dyn TokenText>) -> Sam
         has_teacher: teacher.is_some(),
         tokens: views,
         metadata: m.clone(),
+    }
+}
+
+/// Puts each response token's routed experts into `view` from the sample's experts `e` and their
+/// bytes (its blocks joined): row `r` is the routing of token `r` of `tokens`.
+pub fn attach_experts(view: &mut SampleView, e: &ps_core::SampleExperts, bytes: &[u8]) {
+    let [rows, layers, top_k] = e.shape;
+    let width = e.dtype.bytes();
+    let row_bytes = layers * top_k * width;
+    if bytes.len() != rows * row_bytes || layers * top_k == 0 {
+        return;
+    }
+    let read = |b: &[u8]| -> u32 {
+        match e.dtype {
+            ps_core::ExpertWidth::Uint8 => u32::from(b[0]),
+            ps_core::ExpertWidth::Uint16 => u32::from(u16::from_le_bytes([b[0], b[1]])),
+            ps_core::ExpertWidth::Int32 => {
+                u32::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(u32::MAX)
+            }
+        }
+    };
+    for (i, t) in view.tokens.iter_mut().enumerate() {
+        let r = view.prompt_tokens + i;
+        let Some(row) = bytes.get(r * row_bytes..(r + 1) * row_bytes) else {
+            continue;
+        };
+        t.experts = Some(
+            row.chunks(top_k * width)
+                .map(|layer| layer.chunks(width).map(read).collect())
+                .collect(),
+        );
     }
 }
 
@@ -218,5 +250,45 @@ mod tests {
         assert_eq!((v.prompt_tokens, v.tokens.len()), (0, 1));
         assert_eq!(v.tokens[0].mask, 0);
         assert_eq!(v.tokens[0].lp, None);
+    }
+
+    #[test]
+    fn each_response_token_gets_its_row_of_experts_but_the_last() {
+        let stored = StoredSample {
+            seq: 1,
+            sample: Sample {
+                tokens: vec![1, 2, 10, 11],
+                response_length: 2,
+                loss_mask: vec![1, 1],
+                rollout_log_probs: vec![-0.1, -0.2],
+                ..Sample::default()
+            },
+        };
+        let mut v = sample_view(&stored, None);
+        // 3 rows (tokens − 1) of 2 layers × top-1.
+        let rows = ps_core::ExpertRows::of_turn(
+            &ps_core::EngineExperts {
+                width: ps_core::ExpertWidth::Int32,
+                data: [1i32, 2, 3, 4, 5, 6]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                shape: Some([3, 2, 1]),
+                field: "test".into(),
+            },
+            4,
+            None,
+        )
+        .unwrap();
+        let e = ps_core::SampleExperts::of(&rows);
+        attach_experts(&mut v, &e, &rows.data);
+        assert_eq!(v.tokens[0].experts, Some(vec![vec![5], vec![6]]));
+        assert_eq!(v.tokens[1].experts, None, "the last token was never routed");
+        let json = serde_json::to_value(&v).unwrap();
+        assert_eq!(json["tokens"][0]["experts"], json!([[5], [6]]));
+        // Bytes of another length (a block missing) leave the view without experts.
+        let mut w = sample_view(&stored, None);
+        attach_experts(&mut w, &e, &rows.data[1..]);
+        assert!(w.tokens.iter().all(|t| t.experts.is_none()));
     }
 }
