@@ -329,13 +329,26 @@ def test_routed_experts_reach_slime_as_the_engine_returned_them(
     import json
     import urllib.request
 
-    moe_stack.two_turns("moe", "I wanted museums, not food. FAKE_VOTES=1,1,1")
+    # A prompt of more than 256 tokens: its experts span several blocks, joined in order.
+    question = "Plan a weekend in Rome. " + "Museums, churches, food and walks. " * 60
+    first_turn = [{"role": "user", "content": question}]
+    a = moe_stack.chat("moe", first_turn, done=False)
+    moe_stack.chat(
+        "moe",
+        first_turn
+        + [
+            {"role": "assistant", "content": a["choices"][0]["message"].get("content") or ""},
+            {"role": "user", "content": "I wanted museums, not food. FAKE_VOTES=1,1,1"},
+        ],
+        done=True,
+    )
     moe_stack.settled(2)
     client = RolloutClient(moe_stack.url, use_msgpack=use_msgpack)
     page, _ = client.pull(0, max=10)
     assert len(page) == 2
     from policy_serving_rollout import sample_to_slime
 
+    assert len(page[0]["sample"]["rollout_routed_experts"]["blocks"]) >= 2
     first = sample_to_slime(page[0]["sample"])
     experts = first["rollout_routed_experts"]
     assert isinstance(experts, np.ndarray) and experts.dtype == np.int32
@@ -345,7 +358,7 @@ def test_routed_experts_reach_slime_as_the_engine_returned_them(
     body = json.dumps(
         {
             "model": "default",
-            "messages": [{"role": "user", "content": "Plan a weekend in Rome."}],
+            "messages": first_turn,
             "logprobs": True,
             "top_logprobs": 1,
             "return_token_ids": True,

@@ -134,7 +134,11 @@ pub async fn build_full(
                 max_images: settings.capture.max_images_per_turn,
             })
             .with_store_keeping_images(store.keeps_images())
-            .with_routed_experts(settings.capture.routed_experts, moe_shape)
+            .with_routed_experts(
+                settings.capture.routed_experts,
+                moe_shape,
+                options.ask_routed_experts,
+            )
     })
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {

@@ -101,6 +101,7 @@ fn job(
             weight_version: None,
             unexplained_chars: 0,
             routed_experts: None,
+            routed_experts_encoded: None,
             routed_experts_error: None,
         },
         session_done: false,

@@ -5,7 +5,9 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use ps_core::{CapturedTurn, ExpertRows, MoeShape, RolloutResponse, RoutedExpertsMode};
+use ps_core::{
+    CapturedTurn, ExpertRows, MoeShape, RolloutResponse, RoutedExpertsMode, TokenSource,
+};
 use serde_json::json;
 
 use crate::CaptureError;
@@ -15,6 +17,8 @@ use crate::CaptureError;
 pub struct ExpertStats {
     mode: AtomicU8,
     shape: Mutex<Option<MoeShape>>,
+    /// Main turns ask the engine for experts: a turn without them is missing from the first.
+    asked: std::sync::atomic::AtomicBool,
     /// Turns captured with their experts.
     pub captured: AtomicU64,
     /// Turns without experts after an engine returned some (`auto`), or refused for it
@@ -33,7 +37,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl ExpertStats {
     /// `capture.routed_experts`, and the model's routing shape when its `config.json` states it
     /// (needed for SGLang's flat experts; vLLM's carry their shape).
-    pub fn configure(&self, mode: RoutedExpertsMode, shape: Option<MoeShape>) {
+    pub fn configure(&self, mode: RoutedExpertsMode, shape: Option<MoeShape>, asked: bool) {
+        self.asked.store(asked, Ordering::Relaxed);
         let m = match mode {
             RoutedExpertsMode::Auto => 0,
             RoutedExpertsMode::Off => 1,
@@ -83,11 +88,35 @@ pub(crate) fn attach(
         return Ok(None);
     }
     let tokens = turn.prompt_ids.len() + turn.response_ids.len();
-    let found = match (&rollout.routed_experts, &rollout.routed_experts_error) {
-        (Some(engine), _) => ExpertRows::of_turn(engine, tokens, stats.shape())
+    // A stream's experts arrive as SGLang's base64 text, decoded here, off the chat path.
+    let decoded = rollout
+        .routed_experts_encoded
+        .as_deref()
+        .map(ps_sglang_client::experts::decode_sglang);
+    let engine = match (&rollout.routed_experts, decoded) {
+        (Some(e), _) => Ok(Some(std::borrow::Cow::Borrowed(e))),
+        (None, Some(Ok(e))) => Ok(Some(std::borrow::Cow::Owned(e))),
+        (None, Some(Err(e))) => Err(e),
+        (None, None) => match &rollout.routed_experts_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(None),
+        },
+    };
+    let found = match engine {
+        // Rows are the engine's tokens: only a turn whose ids are the engine's has them one for
+        // one (a re-rendered response holds template tokens the engine never routed, and may
+        // hold as many tokens by chance).
+        Ok(Some(_)) if turn.token_source != TokenSource::Engine => Err((
+            "routed_experts_mismatch",
+            "the turn's ids are re-tokenized, not the engine's: the engine's rows of routed \
+             experts cannot be matched to them (ask the engine for its ids: sglang.token_ids, \
+             or SGLang's --return-output-ids for streams)"
+                .to_owned(),
+        )),
+        Ok(Some(engine)) => ExpertRows::of_turn(&engine, tokens, stats.shape())
             .map_err(|e| ("routed_experts_mismatch", e.to_string())),
-        (None, Some(e)) => Err(("routed_experts_mismatch", e.clone())),
-        (None, None) => Err((
+        Err(e) => Err(("routed_experts_mismatch", e)),
+        Ok(None) => Err((
             "routed_experts_missing",
             "the engine returned no routed experts with the answer (SGLang: started without \
              --enable-return-routed-experts, or a build without them on this endpoint; vLLM: \
@@ -102,7 +131,8 @@ pub(crate) fn attach(
             Ok(None)
         }
         Err((reason, detail)) => {
-            let seen_before = stats.captured.load(Ordering::Relaxed) > 0
+            let seen_before = stats.asked.load(Ordering::Relaxed)
+                || stats.captured.load(Ordering::Relaxed) > 0
                 || stats.mismatched.load(Ordering::Relaxed) > 0;
             if reason == "routed_experts_mismatch" {
                 stats.mismatched.fetch_add(1, Ordering::Relaxed);

@@ -51,7 +51,13 @@ pub(crate) fn queued_bytes(job: &CaptureJob, request: Option<&RequestJson>) -> u
             + r.template_kwargs.as_ref().map_or(0, Bytes::len)
             + r.answer.as_ref().map_or(0, |a| a.bytes().len())
     });
-    request + ids + tokens + message
+    // A streamed answer's routed experts (SGLang's base64, decoded on the capture thread).
+    let experts = rollout.routed_experts.as_ref().map_or(0, |e| e.data.len())
+        + rollout
+            .routed_experts_encoded
+            .as_ref()
+            .map_or(0, String::len);
+    request + ids + tokens + message + experts
 }
 
 /// What the capture queue holds now, at most, and its byte bound.
@@ -270,12 +276,15 @@ impl CaptureQueue {
 
     /// `capture.routed_experts`, and the model's routing shape when known (SGLang's experts are
     /// flat: their layers and top-k come from it).
+    /// `asked`: main turns ask the engine for them (a turn without them is then missing from
+    /// the first).
     pub fn with_routed_experts(
         self,
         mode: ps_core::RoutedExpertsMode,
         shape: Option<ps_core::MoeShape>,
+        asked: bool,
     ) -> Self {
-        self.stats.experts.configure(mode, shape);
+        self.stats.experts.configure(mode, shape, asked);
         self
     }
 

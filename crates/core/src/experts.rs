@@ -145,6 +145,12 @@ pub enum ExpertsMismatch {
         top_k: usize,
         field: String,
     },
+    #[error(
+        "the engine's routed experts ({field}) have {per_row} indices per row and no shape, and \
+         the model's layers and top-k are unknown: put the model's config.json \
+         (num_hidden_layers, num_experts_per_tok) in its directory (server.model_dir)"
+    )]
+    NoShape { per_row: usize, field: String },
     #[error("the engine's routed experts ({field}) hold a negative index")]
     Negative { field: String },
 }
@@ -162,7 +168,10 @@ impl ExpertRows {
         let n = engine.len();
         let (layers, top_k) = match engine.shape {
             Some(shape) => {
-                if shape[0] != rows || shape[0] * shape[1] * shape[2] != n {
+                let total = shape[0]
+                    .checked_mul(shape[1])
+                    .and_then(|x| x.checked_mul(shape[2]));
+                if shape[0] != rows || total != Some(n) {
                     return Err(ExpertsMismatch::Shape {
                         shape,
                         rows,
@@ -192,7 +201,12 @@ impl ExpertRows {
                             field: engine.field.clone(),
                         });
                     }
-                    None => (1, per_row),
+                    None => {
+                        return Err(ExpertsMismatch::NoShape {
+                            per_row,
+                            field: engine.field.clone(),
+                        });
+                    }
                 }
             }
         };
@@ -305,20 +319,50 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// Bytes as one base64 string in JSON (and MessagePack: the stores' codec).
+/// Bytes as one base64 string in JSON, as bytes in MessagePack (the stores' codec of pending
+/// turns); either is read back.
 mod base64_bytes {
     use base64::Engine as _;
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+        if s.is_human_readable() {
+            s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+        } else {
+            s.serialize_bytes(bytes)
+        }
+    }
+
+    struct Visitor;
+
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("bytes, or a base64 string")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<u8>, E> {
+            base64::engine::general_purpose::STANDARD
+                .decode(v)
+                .map_err(E::custom)
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
+        if d.is_human_readable() {
+            d.deserialize_str(Visitor)
+        } else {
+            d.deserialize_bytes(Visitor)
+        }
     }
 }
 
@@ -353,10 +397,18 @@ mod tests {
         assert_eq!(rows.width, ExpertWidth::Uint8);
         assert_eq!(rows.data.len(), 8);
         assert_eq!(rows.to_i32(), values);
-        let wide = ExpertRows::of_turn(&sglang(&[300, 1]), 3, None).unwrap();
+        let one = Some(MoeShape {
+            layers: 1,
+            top_k: 1,
+        });
+        let wide = ExpertRows::of_turn(&sglang(&[300, 1]), 3, one).unwrap();
         assert_eq!(wide.width, ExpertWidth::Uint16);
-        assert_eq!((wide.layers, wide.top_k), (1, 1));
         assert_eq!(wide.to_i32(), [300, 1]);
+        // Flat values without the model's shape are not guessed at.
+        assert!(matches!(
+            ExpertRows::of_turn(&sglang(&[300, 1]), 3, None),
+            Err(ExpertsMismatch::NoShape { per_row: 1, .. })
+        ));
     }
 
     #[test]
@@ -376,8 +428,18 @@ mod tests {
             Err(ExpertsMismatch::Layers { .. })
         ));
         assert!(matches!(
-            ExpertRows::of_turn(&sglang(&[1, -1, 2, 3]), 3, None),
+            ExpertRows::of_turn(&sglang(&[1, -1, 2, 3]), 2, model),
             Err(ExpertsMismatch::Negative { .. })
+        ));
+        let huge = EngineExperts {
+            width: ExpertWidth::Uint8,
+            data: vec![1; 4],
+            shape: Some([3, usize::MAX, 2]),
+            field: "x".into(),
+        };
+        assert!(matches!(
+            ExpertRows::of_turn(&huge, 4, None),
+            Err(ExpertsMismatch::Shape { .. })
         ));
         let shaped = EngineExperts {
             width: ExpertWidth::Uint8,
@@ -425,5 +487,22 @@ mod tests {
         assert_eq!(json["blocks"][0], serde_json::json!(b.blocks[0].hash));
         assert_eq!(json["shape"], serde_json::json!([700, 1, 2]));
         assert_eq!(json["dtype"], "uint8");
+    }
+
+    #[test]
+    fn rows_round_trip_as_base64_in_json_and_as_bytes_in_messagepack() {
+        let rows = ExpertRows {
+            rows: 1,
+            layers: 1,
+            top_k: 3,
+            width: ExpertWidth::Uint8,
+            data: vec![0, 255, 7],
+        };
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json["data"], "AP8H");
+        assert_eq!(serde_json::from_value::<ExpertRows>(json).unwrap(), rows);
+        let packed = rmp_serde::to_vec_named(&rows).unwrap();
+        assert!(packed.windows(3).any(|w| w == [0, 255, 7]), "raw bytes");
+        assert_eq!(rmp_serde::from_slice::<ExpertRows>(&packed).unwrap(), rows);
     }
 }

@@ -82,6 +82,10 @@ pub struct RolloutResponse {
     /// `sglext.routed_experts`, vLLM's `choices[0].routed_experts`), when it returned them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routed_experts: Option<crate::EngineExperts>,
+    /// A stream's routed experts as SGLang sent them (base64 of int32), read on the capture
+    /// thread rather than on the chat path that assembled the stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts_encoded: Option<String>,
     /// Why routed experts the answer carried could not be read (the turn then has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routed_experts_error: Option<String>,

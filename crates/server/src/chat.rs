@@ -401,7 +401,28 @@ async fn whole_answer(
     permit: OwnedSemaphorePermit,
 ) -> Result<(Response, Duration), ApiError> {
     let started = Instant::now();
-    let bytes = app.0.policy.chat(t.forwarded.body).await?;
+    let bytes = match app.0.policy.chat(t.forwarded.body.clone()).await {
+        // Routed experts take layers × top-k × 16/3 bytes a token in SGLang's base64: a long
+        // answer asked for them can pass the answer's size bound. The flag was ours, for
+        // training: the request is sent again without it (the turn then has no experts, counted).
+        Err(ps_sglang_client::SglangError::TooLarge { limit, .. })
+            if t.forwarded.injected_experts =>
+        {
+            if app.first_warning("\0experts-too-large") {
+                tracing::warn!(
+                    limit,
+                    "an answer with the routed experts the proxy asked for was larger than the \
+                     answer bound: sent again without them, the turn gets no experts (counted in \
+                     /v1/rollout/status routed_experts.missing; logged once)"
+                );
+            }
+            app.0
+                .policy
+                .chat(request::without_injected_experts(&t.forwarded.body))
+                .await?
+        }
+        other => other?,
+    };
     drop(permit);
     let upstream = started.elapsed();
     metrics::histogram!(m::UPSTREAM_SECONDS).record(upstream.as_secs_f64());

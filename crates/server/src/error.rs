@@ -131,7 +131,7 @@ impl ApiError {
                         S::from_u16(*status).unwrap_or(S::BAD_GATEWAY),
                         "upstream_status",
                     ),
-                    SglangError::InvalidBody { .. } => {
+                    SglangError::InvalidBody { .. } | SglangError::TooLarge { .. } => {
                         (S::BAD_GATEWAY, "upstream_invalid_response")
                     }
                     SglangError::Stream { .. } => (S::BAD_GATEWAY, "upstream_stream_broken"),

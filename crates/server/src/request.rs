@@ -551,6 +551,24 @@ pub fn without_injected_ids(body: &Bytes) -> Bytes {
     }
 }
 
+/// The routed-experts flag `forward_body` adds, before the ids flag.
+const INJECTED_EXPERTS: &[u8] = br#","return_routed_experts":true"#;
+
+/// `body` (written by [`forward_body`] with the experts flag added) without that flag. A JSON
+/// string cannot hold the flag's bytes (its quotes would be escaped), and the client's own flag
+/// would have kept us from adding ours, so its last occurrence is the one we added.
+pub fn without_injected_experts(body: &Bytes) -> Bytes {
+    match memchr::memmem::rfind(body, INJECTED_EXPERTS) {
+        Some(at) => {
+            let mut b = Vec::with_capacity(body.len());
+            b.extend_from_slice(&body[..at]);
+            b.extend_from_slice(&body[at + INJECTED_EXPERTS.len()..]);
+            Bytes::from(b)
+        }
+        None => body.clone(),
+    }
+}
+
 /// The body sent upstream: log-probs forced on (`top_logprobs` at least 1), `model` filled when absent,
 /// `stream` set as decided, every other field untouched. Written from the client's own text: fields
 /// keep their order and bytes; a field we set keeps its place, one we add comes last.

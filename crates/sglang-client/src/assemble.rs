@@ -561,6 +561,7 @@ impl Answer {
         let (routed_experts, routed_experts_error) = split(experts);
         Ok(RolloutResponse {
             routed_experts,
+            routed_experts_encoded: None,
             routed_experts_error,
             message,
             tokens,
@@ -649,8 +650,9 @@ pub struct StreamAssembler {
     /// Characters of answer text received, and of the reported tokens' texts.
     text_chars: usize,
     token_chars: usize,
-    /// Streamed routed experts (SGLang: `sglext` of the final `choices: []` chunk).
-    experts: Option<Result<ps_core::EngineExperts, String>>,
+    /// Streamed routed experts, undecoded (SGLang: `sglext` of the final `choices: []` chunk;
+    /// `None` inside: not a string).
+    experts: Option<Option<String>>,
     /// Streamed `sglext` ids (a final `choices: []` chunk before `[DONE]`).
     sglext_prompt: Option<Vec<u32>>,
     sglext_response: Option<Vec<u32>>,
@@ -736,7 +738,8 @@ impl StreamAssembler {
     pub fn feed_raw(&mut self, chunk: &RawObject<'_>) {
         self.chunks += 1;
         let sglext = chunk.get("sglext").map(RawValue::get);
-        if let Some(experts) = crate::experts::from_sglext(sglext) {
+        // Kept as text: decoding megabytes is the capture thread's work, not the chat path's.
+        if let Some(experts) = crate::experts::encoded_in_sglext(sglext) {
             self.experts = Some(experts);
         }
         if let Some(ids) = sglext_ids(sglext, "output_ids") {
@@ -927,9 +930,17 @@ impl StreamAssembler {
             }),
             _ => None,
         };
-        let (routed_experts, routed_experts_error) = split(self.experts);
+        let (routed_experts_encoded, routed_experts_error) = match self.experts {
+            Some(Some(text)) => (Some(text), None),
+            Some(None) => (
+                None,
+                Some(format!("{} is not a string", crate::experts::SGLANG_FIELD)),
+            ),
+            None => (None, None),
+        };
         RolloutResponse {
-            routed_experts,
+            routed_experts: None,
+            routed_experts_encoded,
             routed_experts_error,
             message: Value::Object(message),
             tokens: self.tokens,

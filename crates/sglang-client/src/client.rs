@@ -290,9 +290,9 @@ impl PolicyClient for SglangClient {
     async fn chat(&self, body: Bytes) -> Result<Bytes, SglangError> {
         let mut resp = self.send(body).await?;
         let url = &self.config.chat_url;
-        let too_large = || SglangError::InvalidBody {
+        let too_large = || SglangError::TooLarge {
             url: url.clone(),
-            detail: format!("the answer is larger than {MAX_ANSWER_BYTES} bytes"),
+            limit: MAX_ANSWER_BYTES,
         };
         if resp
             .content_length()

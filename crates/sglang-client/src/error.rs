@@ -34,6 +34,8 @@ pub enum SglangError {
     },
     #[error("the policy upstream at {url} sent a body that is not the expected JSON: {detail}")]
     InvalidBody { url: String, detail: String },
+    #[error("the policy upstream at {url} sent an answer larger than {limit} bytes")]
+    TooLarge { url: String, limit: usize },
     #[error("the stream from the policy upstream at {url} broke: {detail}")]
     Stream { url: String, detail: String },
     #[error("the stream from the policy upstream at {url} reported an error: {message}")]

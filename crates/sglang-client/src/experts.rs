@@ -15,12 +15,23 @@ pub const VLLM_FIELD: &str = "choices[0].routed_experts";
 
 /// The experts in an `sglext` object's text, when it has them: `Err` names what is wrong.
 pub fn from_sglext(sglext: Option<&str>) -> Option<Result<EngineExperts, String>> {
+    encoded_in_sglext(sglext).map(|text| sglang(text.as_deref()))
+}
+
+/// The base64 text of the experts in an `sglext` object, undecoded (`None` inside: not a
+/// string); `None` when it has none.
+pub fn encoded_in_sglext(sglext: Option<&str>) -> Option<Option<String>> {
     let obj = RawObject::parse(sglext?).ok()?;
     let value = obj.get("routed_experts")?;
     if value.get().trim() == "null" {
         return None;
     }
-    Some(sglang(raw::as_str(value).as_deref()))
+    Some(raw::as_str(value).map(|t| t.into_owned()))
+}
+
+/// SGLang's experts from their base64 text (what a stream left undecoded).
+pub fn decode_sglang(text: &str) -> Result<EngineExperts, String> {
+    sglang(Some(text))
 }
 
 fn sglang(text: Option<&str>) -> Result<EngineExperts, String> {

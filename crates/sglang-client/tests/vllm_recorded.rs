@@ -139,3 +139,21 @@ fn an_unknown_model_is_a_nested_404() {
     let r = &chats(404)[0];
     assert!(r["response"]["body"]["error"]["message"].is_string(), "{r}");
 }
+
+/// A real vLLM serving a mixture-of-experts model without `--enable-return-routed-experts`
+/// answers `routed_experts: null`: read as an answer without experts (nothing to count as
+/// broken), its ids and finish read as usual.
+#[test]
+fn a_moe_answer_without_experts_has_none_and_no_error() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/real/vllm-0.32-moe-without-experts.json"
+    );
+    let bytes = Bytes::from(std::fs::read(path).unwrap());
+    let answer = Answer::parse("http://vllm/v1/chat/completions", bytes).unwrap();
+    let rollout = answer.rollout().unwrap();
+    assert!(rollout.routed_experts.is_none());
+    assert!(rollout.routed_experts_error.is_none());
+    let ids = rollout.engine_ids.unwrap();
+    assert_eq!((ids.prompt.len(), ids.response.len()), (9, 8));
+}

@@ -147,6 +147,7 @@ pub fn rollout_from_response(resp: &Value) -> RolloutResponse {
     RolloutResponse {
         // Routed experts are checked by the parsers' own tests, not by this oracle.
         routed_experts: None,
+        routed_experts_encoded: None,
         routed_experts_error: None,
         prompt_tokens: resp
             .get("usage")
@@ -359,6 +360,7 @@ impl StreamAssembler {
         };
         RolloutResponse {
             routed_experts: None,
+            routed_experts_encoded: None,
             routed_experts_error: None,
             prompt_tokens: self.prompt_tokens,
             message: Value::Object(message),

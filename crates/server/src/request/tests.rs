@@ -666,3 +666,42 @@ fn full_distribution_sets_three_parameters_and_keeps_the_ids_flag_last() {
         assert_eq!((s.top_p, s.top_k, s.unreadable), (top_p, top_k, unreadable));
     }
 }
+
+/// The experts flag we add comes off again by itself (the answer would be too large with it),
+/// leaving the ids flag last and every other byte in place.
+#[test]
+fn the_experts_flag_we_add_comes_off_again() {
+    let req = parse(
+        br#"{"messages":[{"role":"user","content":"say \"return_routed_experts\":true"}],"extra":{"return_routed_experts":false}}"#,
+        &HeaderMap::new(),
+    )
+    .expect("valid");
+    let f = super::forward_body(
+        &req,
+        &ForwardOptions {
+            served_model_name: "m",
+            model: None,
+            stream: false,
+            return_token_ids: true,
+            full_distribution: false,
+            routed_experts: true,
+        },
+    );
+    assert!(f.injected_experts);
+    let text = std::str::from_utf8(&f.body).unwrap();
+    assert!(
+        text.ends_with(r#","return_routed_experts":true,"return_token_ids":true}"#),
+        "{text}"
+    );
+    let without = without_injected_experts(&f.body);
+    let v: Value = serde_json::from_slice(&without).expect("JSON");
+    assert!(v.get("return_routed_experts").is_none());
+    assert_eq!(v["return_token_ids"], true);
+    assert_eq!(v["extra"]["return_routed_experts"], false);
+    assert_eq!(
+        without.len() + r#","return_routed_experts":true"#.len(),
+        f.body.len()
+    );
+    let neither: Value = serde_json::from_slice(&without_injected_ids(&without)).expect("JSON");
+    assert!(neither.get("return_token_ids").is_none());
+}
