@@ -69,6 +69,18 @@ struct Serve {
 /// `policy-serving serve` in `mode` in front of `chat_base` (the recorder), with the fake's
 /// `/generate` as the judges and the engine's `/v1/completions` as the teacher.
 async fn serve(mode: &str, chat_base: &str, judge: &str, engine: &str, model: &str) -> Serve {
+    serve_with(mode, chat_base, judge, engine, model, "").await
+}
+
+/// [`serve`] with more `[capture]` settings (`capture` is their TOML lines).
+async fn serve_with(
+    mode: &str,
+    chat_base: &str,
+    judge: &str,
+    engine: &str,
+    model: &str,
+    capture: &str,
+) -> Serve {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let teacher = if mode == "rl" {
@@ -87,7 +99,7 @@ async fn serve(mode: &str, chat_base: &str, judge: &str, engine: &str, model: &s
             "[server]\nport = {port}\nmode = \"{mode}\"\n\
              [sglang]\nchat_url = \"{chat_base}/v1/chat/completions\"\ntimeout_sec = 300\n\
              [prm]\nrouter_url = \"{judge}\"\n{teacher}\
-             [capture]\ndrift_check_first = 1000000\n\
+             [capture]\ndrift_check_first = 1000000\n{capture}\
              [store]\npath = \"{}\"\n",
             dir.path().join("store").display()
         ),
@@ -483,5 +495,98 @@ async fn opd_with_the_real_engine_as_policy_and_teacher() {
 async fn combine_with_the_real_engine_as_policy_and_teacher() {
     if let Some(n) = run_mode("combine").await {
         eprintln!("combine: {n} samples checked against the engine's answers");
+    }
+}
+
+/// Sampling parameters against the real engine: what a client sends reaches vLLM as sent and the
+/// sample says what it means (`top_p: 0.9` truncated and marked; nothing sent left to the model's
+/// `generation_config.json`, which for this model is itself truncating); `capture.sampling =
+/// "full_distribution"` sends `top_p: 1, top_k: -1, min_p: 0`, which the real vLLM takes (every
+/// turn answered, every sample full).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_parameters_on_the_real_engine() {
+    let Some(engine) = engine_url() else { return };
+    let model = served_model(&engine).await;
+    let judge = FakeSglang::builder().spawn().await.unwrap();
+    for (capture, want) in [
+        ("", ["truncated", "engine_defaults"]),
+        ("sampling = \"full_distribution\"\n", ["full", "full"]),
+    ] {
+        let rec = recorder::Recorder::start(&engine).await;
+        let s = serve_with(
+            "rl",
+            &rec.url(),
+            &judge.generate_url(),
+            &engine,
+            &model,
+            capture,
+        )
+        .await;
+        for (i, extra) in [
+            json!({"top_p": 0.9, "temperature": 0.8}),
+            json!({"temperature": 0.8}),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for stream in [false, true] {
+                let session = format!("sampling-{i}-{stream}");
+                let mut history = vec![json!({"role": "user", "content": "Name a colour."})];
+                for turn in 0..2 {
+                    let mut body = json!({"model": model, "messages": history, "max_tokens": 12,
+                        "stream": stream, "chat_template_kwargs": {"enable_thinking": false}});
+                    for (k, v) in extra.as_object().unwrap() {
+                        body[k] = v.clone();
+                    }
+                    let m = ask(&s.base, &session, &body, turn == 1).await;
+                    history.push(m);
+                    history.push(json!({"role": "user", "content": "Another."}));
+                }
+            }
+        }
+        let st = settled(&s.base, 8).await;
+        let samples: Value = http()
+            .get(format!("{}/v1/rollout/samples?after=0&max=100", s.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let samples = samples["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), 8, "{st}");
+        for x in samples {
+            let m = &x["sample"]["metadata"];
+            let i = usize::from(
+                !x["sample"]["session_id"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("sampling-0"),
+            );
+            assert_eq!(m["sampling_kind"], want[i], "{capture:?}: {m}");
+            assert_eq!(m["sampling"]["temperature"], 0.8);
+            assert_eq!(
+                m.get("truncated_sampling_without_sets").is_some(),
+                want[i] == "truncated"
+            );
+        }
+        // What vLLM was sent.
+        let bodies: Vec<Value> = rec
+            .exchanges()
+            .into_iter()
+            .filter(|e| e.path == "/v1/chat/completions")
+            .map(|e| e.request)
+            .collect();
+        assert_eq!(bodies.len(), 8);
+        for b in &bodies {
+            if capture.is_empty() {
+                assert!(b.get("top_k").is_none() && b.get("min_p").is_none(), "{b}");
+            } else {
+                assert_eq!(
+                    (&b["top_p"], &b["top_k"], &b["min_p"]),
+                    (&json!(1), &json!(-1), &json!(0))
+                );
+            }
+        }
     }
 }
