@@ -581,6 +581,7 @@ async fn sampling_parameters_on_the_real_engine() {
         for b in &bodies {
             if capture.is_empty() {
                 assert!(b.get("top_k").is_none() && b.get("min_p").is_none(), "{b}");
+                assert!(b.get("top_p").is_none_or(|p| p == 0.9), "{b}");
             } else {
                 assert_eq!(
                     (&b["top_p"], &b["top_k"], &b["min_p"]),

@@ -88,15 +88,26 @@ pub(crate) fn attach(
         return Ok(None);
     }
     let tokens = turn.prompt_ids.len() + turn.response_ids.len();
-    // A stream's experts arrive as SGLang's base64 text, decoded here, off the chat path.
+    // A stream's experts arrive as SGLang's base64 text, decoded here, off the chat path (and
+    // only for a turn that can keep them).
     let decoded = rollout
         .routed_experts_encoded
         .as_deref()
+        .filter(|_| turn.token_source == TokenSource::Engine)
         .map(ps_sglang_client::experts::decode_sglang);
     let engine = match (&rollout.routed_experts, decoded) {
         (Some(e), _) => Ok(Some(std::borrow::Cow::Borrowed(e))),
         (None, Some(Ok(e))) => Ok(Some(std::borrow::Cow::Owned(e))),
         (None, Some(Err(e))) => Err(e),
+        // Undecoded on a re-tokenized turn: present, and refused as such below.
+        (None, None) if rollout.routed_experts_encoded.is_some() => {
+            Ok(Some(std::borrow::Cow::Owned(ps_core::EngineExperts {
+                width: ps_core::ExpertWidth::Int32,
+                data: Vec::new(),
+                shape: None,
+                field: ps_sglang_client::experts::SGLANG_FIELD.into(),
+            })))
+        }
         (None, None) => match &rollout.routed_experts_error {
             Some(e) => Err(e.clone()),
             None => Ok(None),
@@ -150,5 +161,109 @@ pub(crate) fn attach(
             turn.routed_experts_missing = Some(reason.to_owned());
             Ok(Some(reason))
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use base64::Engine as _;
+    use ps_core::{EngineExperts, ExpertWidth, TokenSource};
+
+    use super::*;
+
+    /// A 3-token turn (2 rows) and its engine's experts, 1 layer × top-2 each.
+    fn turn(source: TokenSource) -> CapturedTurn {
+        let mut t = ps_core::pending::testing::pending_turn("s", 1).turn;
+        t.token_source = source;
+        t
+    }
+
+    fn rollout(experts: Option<&[i32]>, encoded: bool) -> RolloutResponse {
+        let data: Option<Vec<u8>> =
+            experts.map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        let mut r = RolloutResponse::default();
+        match (data, encoded) {
+            (Some(d), true) => {
+                r.routed_experts_encoded =
+                    Some(base64::engine::general_purpose::STANDARD.encode(d));
+            }
+            (Some(d), false) => {
+                r.routed_experts = Some(EngineExperts {
+                    width: ExpertWidth::Int32,
+                    data: d,
+                    shape: None,
+                    field: "sglext.routed_experts".into(),
+                });
+            }
+            (None, _) => {}
+        }
+        r
+    }
+
+    fn stats(mode: RoutedExpertsMode, asked: bool) -> ExpertStats {
+        let s = ExpertStats::default();
+        s.configure(
+            mode,
+            Some(MoeShape {
+                layers: 1,
+                top_k: 2,
+            }),
+            asked,
+        );
+        s
+    }
+
+    #[test]
+    fn every_mode_and_case() {
+        let fit: &[i32] = &[1, 2, 3, 4];
+        // Encoded (a stream) or decoded (whole): kept on an engine-id turn.
+        for encoded in [false, true] {
+            let s = stats(RoutedExpertsMode::Auto, false);
+            let mut t = turn(TokenSource::Engine);
+            assert_eq!(
+                attach(&mut t, &rollout(Some(fit), encoded), &s).unwrap(),
+                None
+            );
+            assert_eq!(t.routed_experts.unwrap().to_i32(), fit);
+            assert_eq!(s.captured.load(Ordering::Relaxed), 1);
+        }
+        // A re-tokenized turn never keeps them, even when the count fits.
+        let s = stats(RoutedExpertsMode::Auto, false);
+        let mut t = turn(TokenSource::Retokenized);
+        let why = attach(&mut t, &rollout(Some(fit), true), &s).unwrap();
+        assert_eq!(why, Some("routed_experts_mismatch"));
+        assert!(t.routed_experts.is_none());
+        assert_eq!(
+            t.routed_experts_missing.as_deref(),
+            Some("routed_experts_mismatch")
+        );
+        assert_eq!(s.mismatched.load(Ordering::Relaxed), 1);
+        // None at all: silent under `auto` until experts were seen or asked for...
+        let s = stats(RoutedExpertsMode::Auto, false);
+        let mut t = turn(TokenSource::Engine);
+        assert_eq!(attach(&mut t, &rollout(None, false), &s).unwrap(), None);
+        assert_eq!(s.missing.load(Ordering::Relaxed), 0);
+        let s = stats(RoutedExpertsMode::Auto, true);
+        assert_eq!(
+            attach(&mut t, &rollout(None, false), &s).unwrap(),
+            Some("routed_experts_missing")
+        );
+        assert_eq!(s.missing.load(Ordering::Relaxed), 1);
+        // ...refused under `require`, with its reason; nothing under `off`.
+        let s = stats(RoutedExpertsMode::Require, true);
+        let mut t = turn(TokenSource::Engine);
+        let e = attach(&mut t, &rollout(None, false), &s).unwrap_err();
+        assert_eq!(e.reason(), "routed_experts_missing");
+        let e = attach(&mut t, &rollout(Some(&[1, 2, 3]), false), &s).unwrap_err();
+        assert_eq!(e.reason(), "routed_experts_mismatch");
+        assert!(t.routed_experts_missing.is_none(), "marked only under auto");
+        let s = stats(RoutedExpertsMode::Off, true);
+        assert_eq!(
+            attach(&mut t, &rollout(Some(fit), false), &s).unwrap(),
+            None
+        );
+        assert!(t.routed_experts.is_none());
+        assert_eq!(s.captured.load(Ordering::Relaxed), 0);
     }
 }

@@ -157,8 +157,8 @@ pub enum ExpertsMismatch {
 
 impl ExpertRows {
     /// The engine's experts of a turn of `tokens` tokens, checked against its shape (rows =
-    /// `tokens − 1`; layers × top-k from the engine's own shape, else `model`'s, else one layer of
-    /// every index of a row) and narrowed to the smallest width.
+    /// `tokens − 1`; layers × top-k from the engine's own shape, else `model`'s, else refused:
+    /// [`ExpertsMismatch::NoShape`]) and narrowed to the smallest width.
     pub fn of_turn(
         engine: &EngineExperts,
         tokens: usize,
@@ -504,5 +504,8 @@ mod tests {
         let packed = rmp_serde::to_vec_named(&rows).unwrap();
         assert!(packed.windows(3).any(|w| w == [0, 255, 7]), "raw bytes");
         assert_eq!(rmp_serde::from_slice::<ExpertRows>(&packed).unwrap(), rows);
+        // A record with the base64 string in MessagePack is read too.
+        let as_text = rmp_serde::to_vec_named(&serde_json::to_value(&rows).unwrap()).unwrap();
+        assert_eq!(rmp_serde::from_slice::<ExpertRows>(&as_text).unwrap(), rows);
     }
 }

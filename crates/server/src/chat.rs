@@ -396,12 +396,18 @@ async fn streamed_answer(
 /// upstream wait.
 async fn whole_answer(
     app: &AppState,
-    t: OpenedTurn,
+    mut t: OpenedTurn,
     client_streams: bool,
     permit: OwnedSemaphorePermit,
 ) -> Result<(Response, Duration), ApiError> {
     let started = Instant::now();
-    let bytes = match app.0.policy.chat(t.forwarded.body.clone()).await {
+    // The body is kept for the wait only when it may be sent again (below).
+    let body = if t.forwarded.injected_experts {
+        t.forwarded.body.clone()
+    } else {
+        std::mem::take(&mut t.forwarded.body)
+    };
+    let bytes = match app.0.policy.chat(body).await {
         // Routed experts take layers × top-k × 16/3 bytes a token in SGLang's base64: a long
         // answer asked for them can pass the answer's size bound. The flag was ours, for
         // training: the request is sent again without it (the turn then has no experts, counted).
