@@ -332,7 +332,7 @@ impl PolicyClient for SglangClient {
         let resp = self.send(body).await?;
         let url = self.config.chat_url.clone();
         let idle = self.config.timeout;
-        let events = strip_bom(resp.bytes_stream()).eventsource();
+        let events = whole_lines(strip_bom(resp.bytes_stream())).eventsource();
         let stream = futures::stream::unfold(
             (Box::pin(events), false, url),
             move |(mut events, finished, url)| async move {
@@ -391,6 +391,62 @@ impl PolicyClient for SglangClient {
 }
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The body cut at line breaks: each item ends with a line's end (the last may not), so that the
+/// SSE parser, which reads an unfinished line again from its start with every chunk it is given,
+/// reads each line once. A streamed answer's last line can be megabytes long (SGLang's routed
+/// experts, base64 in one `data:` line): given chunk by chunk, its parse would be quadratic.
+fn whole_lines<S, E>(body: S) -> impl Stream<Item = Result<bytes::Bytes, E>> + Send
+where
+    S: Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
+    E: Send + 'static,
+{
+    struct State<S> {
+        body: std::pin::Pin<Box<S>>,
+        /// The start of a line not yet ended.
+        pending: Vec<u8>,
+        ended: bool,
+    }
+    futures::stream::unfold(
+        State {
+            body: Box::pin(body),
+            pending: Vec::new(),
+            ended: false,
+        },
+        |mut st| async move {
+            if st.ended {
+                return None;
+            }
+            loop {
+                match st.body.next().await {
+                    Some(Ok(chunk)) => {
+                        let Some(end) = memchr::memrchr2(b'\n', b'\r', &chunk) else {
+                            st.pending.extend_from_slice(&chunk);
+                            continue;
+                        };
+                        let out = if st.pending.is_empty() {
+                            chunk.slice(..=end)
+                        } else {
+                            let mut line = std::mem::take(&mut st.pending);
+                            line.extend_from_slice(&chunk[..=end]);
+                            bytes::Bytes::from(line)
+                        };
+                        st.pending.extend_from_slice(&chunk[end + 1..]);
+                        return Some((Ok(out), st));
+                    }
+                    Some(Err(e)) => return Some((Err(e), st)),
+                    None => {
+                        st.ended = true;
+                        if st.pending.is_empty() {
+                            return None;
+                        }
+                        return Some((Ok(bytes::Bytes::from(std::mem::take(&mut st.pending))), st));
+                    }
+                }
+            }
+        },
+    )
+}
 
 /// Normalises an SSE body for `eventsource-stream` 0.2.3: drops the UTF-8 byte-order marks at its
 /// start (the format says to ignore one; the parser panics on them), even split across chunks, and
@@ -471,6 +527,44 @@ mod tests {
         );
         assert_eq!(normalised(vec![b"d"]).await, b"d\n");
         assert_eq!(normalised(vec![b"data: z\n\n"]).await, b"data: z\n\n\n");
+    }
+
+    /// Every item but the last ends a line; the bytes are the body's, in order; and the events
+    /// parsed are those of the body however it was chunked (a 1 MB line in 1 kB pieces).
+    #[tokio::test]
+    async fn the_parser_is_handed_whole_lines() {
+        let long = format!(
+            "data: {{\"sglext\":{{\"routed_experts\":\"{}\"}}}}",
+            "A".repeat(1 << 20)
+        );
+        let body = format!("data: {{\"a\":1}}\r\n\r\n{long}\n\ndata: [DONE]\n\n");
+        let chunks: Vec<Result<bytes::Bytes, ()>> = body
+            .as_bytes()
+            .chunks(1000)
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        let items: Vec<bytes::Bytes> = whole_lines(futures::stream::iter(chunks.clone()))
+            .map(|c| c.expect("no error"))
+            .collect()
+            .await;
+        let (last, rest) = items.split_last().unwrap();
+        assert!(rest.iter().all(|c| matches!(c.last(), Some(b'\n' | b'\r'))));
+        let joined: Vec<u8> = items.iter().flat_map(|c| c.to_vec()).collect();
+        assert_eq!(joined, body.as_bytes());
+        assert!(last.ends_with(b"\n"));
+        let events: Vec<String> = whole_lines(futures::stream::iter(chunks))
+            .eventsource()
+            .map(|e| e.expect("event").data)
+            .collect()
+            .await;
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[0], "{\"a\":1}");
+        assert_eq!(events[1].len(), long.len() - "data: ".len());
+        assert_eq!(events[2], "[DONE]");
+        // A body that does not end its last line: that line still comes out.
+        let tail: Vec<Result<bytes::Bytes, ()>> = vec![Ok(bytes::Bytes::from_static(b"a\nb"))];
+        let out: Vec<_> = whole_lines(futures::stream::iter(tail)).collect().await;
+        assert_eq!(out.len(), 2);
     }
 
     #[test]
