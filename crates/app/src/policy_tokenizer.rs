@@ -91,6 +91,7 @@ impl PolicyTokenizer {
 pub const DEMO_MOE_SHAPE: ps_core::MoeShape = ps_core::MoeShape {
     layers: 4,
     top_k: 2,
+    experts: Some(16),
 };
 
 /// A mixture-of-experts model's routing shape from its `config.json` in `dir`:
@@ -110,6 +111,9 @@ pub fn moe_shape(dir: &std::path::Path) -> Option<ps_core::MoeShape> {
     Some(ps_core::MoeShape {
         layers: read("num_hidden_layers")?,
         top_k: read("num_experts_per_tok")?,
+        experts: ["num_experts", "n_routed_experts", "num_local_experts"]
+            .iter()
+            .find_map(|k| read(k)),
     })
 }
 

@@ -176,7 +176,7 @@ async fn sglang_experts_reach_every_kind_of_sample() {
             assert_eq!(st["routed_experts"]["captured"], 3, "{st}");
             assert_eq!(
                 st["routed_experts"]["model_shape"],
-                json!({"layers": 4, "top_k": 2})
+                json!({"layers": 4, "top_k": 2, "experts": 16})
             );
             r.server.stop().await;
         }

@@ -208,6 +208,7 @@ mod tests {
             Some(MoeShape {
                 layers: 1,
                 top_k: 2,
+                experts: None,
             }),
             asked,
         );

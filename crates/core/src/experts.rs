@@ -93,11 +93,15 @@ impl EngineExperts {
 }
 
 /// A model's routing shape: layers that report experts and experts per token (its `config.json`'s
-/// `num_hidden_layers` and `num_experts_per_tok`).
+/// `num_hidden_layers` and `num_experts_per_tok`), and how many experts there are when it says
+/// (`num_experts`, `n_routed_experts`, `num_local_experts`): the width every turn is stored in,
+/// so that all turns of a conversation share their blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoeShape {
     pub layers: usize,
     pub top_k: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<usize>,
 }
 
 /// A captured turn's routed experts: `rows × layers × top_k` indices in the smallest width that
@@ -221,7 +225,12 @@ impl ExpertRows {
                     })?;
             max = max.max(v);
         }
-        let width = ExpertWidth::for_max(max);
+        // The model's expert count decides when known: every turn in one width.
+        let most = model
+            .and_then(|m| m.experts)
+            .and_then(|e| u32::try_from(e.saturating_sub(1)).ok())
+            .unwrap_or(0);
+        let width = ExpertWidth::for_max(max.max(most));
         let data = if width == engine.width {
             engine.data.clone()
         } else {
@@ -391,6 +400,7 @@ mod tests {
         let model = Some(MoeShape {
             layers: 2,
             top_k: 2,
+            experts: None,
         });
         let rows = ExpertRows::of_turn(&sglang(&values), 3, model).unwrap();
         assert_eq!((rows.rows, rows.layers, rows.top_k), (2, 2, 2));
@@ -400,6 +410,7 @@ mod tests {
         let one = Some(MoeShape {
             layers: 1,
             top_k: 1,
+            experts: None,
         });
         let wide = ExpertRows::of_turn(&sglang(&[300, 1]), 3, one).unwrap();
         assert_eq!(wide.width, ExpertWidth::Uint16);
@@ -416,6 +427,7 @@ mod tests {
         let model = Some(MoeShape {
             layers: 2,
             top_k: 2,
+            experts: None,
         });
         // 7 indices are not whole rows of 2.
         assert!(matches!(
@@ -460,6 +472,7 @@ mod tests {
         let model = MoeShape {
             layers: 1,
             top_k: 2,
+            experts: None,
         };
         let values: Vec<i32> = (0..2 * 700).map(|i| i * 7 % 13).collect();
         let short = ExpertRows::of_turn(&sglang(&values[..2 * 600]), 601, Some(model)).unwrap();
@@ -507,5 +520,18 @@ mod tests {
         // A record with the base64 string in MessagePack is read too.
         let as_text = rmp_serde::to_vec_named(&serde_json::to_value(&rows).unwrap()).unwrap();
         assert_eq!(rmp_serde::from_slice::<ExpertRows>(&as_text).unwrap(), rows);
+    }
+
+    #[test]
+    fn the_models_expert_count_sets_the_width_of_every_turn() {
+        let model = Some(MoeShape {
+            layers: 1,
+            top_k: 1,
+            experts: Some(300),
+        });
+        // Indices below 256, but a 300-expert model: uint16, as every other turn of it.
+        let rows = ExpertRows::of_turn(&sglang(&[3, 7]), 3, model).unwrap();
+        assert_eq!(rows.width, ExpertWidth::Uint16);
+        assert_eq!(rows.to_i32(), [3, 7]);
     }
 }

@@ -88,7 +88,8 @@ async fn the_demo_runs_end_to_end_and_the_trainer_side_gets_every_main_turn() {
         ps_app::policy_tokenizer::DEMO_MOE_SHAPE,
         ps_core::MoeShape {
             layers: routing.layers,
-            top_k: routing.top_k
+            top_k: routing.top_k,
+            experts: Some(routing.experts as usize),
         }
     );
     assert!(text.contains("routed experts: "), "{text}");
