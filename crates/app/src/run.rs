@@ -139,6 +139,15 @@ pub async fn build_full(
                 moe_shape,
                 options.ask_routed_experts,
             )
+            .with_max_held_experts(
+                usize::try_from(
+                    settings
+                        .capture
+                        .max_held_experts_mib
+                        .saturating_mul(1 << 20),
+                )
+                .unwrap_or(usize::MAX),
+            )
     })
     .map_err(StartupError::Workers)?;
     let rollout = Rollout {

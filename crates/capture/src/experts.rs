@@ -26,6 +26,10 @@ pub struct ExpertStats {
     pub missing: AtomicU64,
     /// Turns whose experts did not fit their tokens or could not be read.
     pub mismatched: AtomicU64,
+    /// Turns whose experts did not fit under `capture.max_held_experts_mib`.
+    pub over_budget: AtomicU64,
+    /// The bytes of experts captured turns hold now, and their bound.
+    pub budget: ps_core::ExpertBudget,
     /// The first mismatch, for the status.
     last: Mutex<Option<String>>,
 }
@@ -68,6 +72,9 @@ impl ExpertStats {
             "captured": self.captured.load(Ordering::Relaxed),
             "missing": self.missing.load(Ordering::Relaxed),
             "mismatched": self.mismatched.load(Ordering::Relaxed),
+            "over_budget": self.over_budget.load(Ordering::Relaxed),
+            "held_bytes": self.budget.held(),
+            "max_held_bytes": self.budget.limit(),
             "last_mismatch": lock(&self.last).clone(),
         })
     }
@@ -136,11 +143,31 @@ pub(crate) fn attach(
         )),
     };
     match found {
-        Ok(rows) => {
-            stats.captured.fetch_add(1, Ordering::Relaxed);
-            turn.routed_experts = Some(rows);
-            Ok(None)
-        }
+        Ok(mut rows) => match stats.budget.reserve(rows.data.len()) {
+            Some(held) => {
+                rows.held = Some(held);
+                stats.captured.fetch_add(1, Ordering::Relaxed);
+                turn.routed_experts = Some(rows);
+                Ok(None)
+            }
+            None => {
+                stats.over_budget.fetch_add(1, Ordering::Relaxed);
+                let detail = format!(
+                    "the turn's {} bytes of routed experts would pass capture.max_held_experts_mib \
+                     ({} bytes held by turns waiting to become samples): raise it, or judge faster",
+                    rows.data.len(),
+                    stats.budget.held()
+                );
+                if mode == RoutedExpertsMode::Require {
+                    return Err(CaptureError::Refused {
+                        reason: "routed_experts_over_budget",
+                        detail,
+                    });
+                }
+                turn.routed_experts_missing = Some("routed_experts_over_budget".to_owned());
+                Ok(Some("routed_experts_over_budget"))
+            }
+        },
         Err((reason, detail)) => {
             let seen_before = stats.asked.load(Ordering::Relaxed)
                 || stats.captured.load(Ordering::Relaxed) > 0
@@ -266,5 +293,38 @@ mod tests {
         );
         assert!(t.routed_experts.is_none());
         assert_eq!(s.captured.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_held_bound_keeps_no_experts_past_it_and_frees_with_the_turn() {
+        let fit: &[i32] = &[1, 2, 3, 4];
+        let s = stats(RoutedExpertsMode::Auto, true);
+        // 4 one-byte indices a turn; room for two turns.
+        s.budget.set_limit(8);
+        let (mut a, mut b, mut c) = (
+            turn(TokenSource::Engine),
+            turn(TokenSource::Engine),
+            turn(TokenSource::Engine),
+        );
+        attach(&mut a, &rollout(Some(fit), false), &s).unwrap();
+        attach(&mut b, &rollout(Some(fit), false), &s).unwrap();
+        assert_eq!(s.budget.held(), 8);
+        let why = attach(&mut c, &rollout(Some(fit), false), &s).unwrap();
+        assert_eq!(why, Some("routed_experts_over_budget"));
+        assert!(c.routed_experts.is_none());
+        assert_eq!(s.over_budget.load(Ordering::Relaxed), 1);
+        // A turn that became a sample (dropped) gives its bytes back.
+        drop(a);
+        assert_eq!(s.budget.held(), 4);
+        let r = stats(RoutedExpertsMode::Require, true);
+        r.budget.set_limit(3);
+        let e = attach(&mut c, &rollout(Some(fit), false), &r).unwrap_err();
+        assert_eq!(e.reason(), "routed_experts_over_budget");
+        assert!(
+            e.to_string().contains("capture.max_held_experts_mib"),
+            "{e}"
+        );
+        drop(b);
+        assert_eq!(s.budget.held(), 0);
     }
 }

@@ -288,6 +288,12 @@ impl CaptureQueue {
         self
     }
 
+    /// `capture.max_held_experts_mib`, in bytes.
+    pub fn with_max_held_experts(self, bytes: usize) -> Self {
+        self.stats.experts.budget.set_limit(bytes);
+        self
+    }
+
     /// Whether turns with images are captured (the policy's directory has an image processor
     /// and the store keeps images); otherwise they are refused on the chat path
     /// (`image_unsupported`).

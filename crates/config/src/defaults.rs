@@ -92,6 +92,8 @@ pub const CAPTURE_DRIFT_CHECK_EVERY: u64 = 100;
 pub const CAPTURE_MAX_IMAGE_MIB: u64 = 20;
 /// `capture.max_images_per_turn`.
 pub const CAPTURE_MAX_IMAGES_PER_TURN: usize = 64;
+/// `capture.max_held_experts_mib`: routed experts held by turns waiting to become samples.
+pub const CAPTURE_MAX_HELD_EXPERTS_MIB: u64 = 4096;
 /// `capture.max_queued_mib`.
 pub const CAPTURE_MAX_QUEUED_MIB: u64 = 256;
 

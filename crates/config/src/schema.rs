@@ -876,6 +876,10 @@ pub struct CaptureSettings {
     /// whose shape does not fit its tokens, gives no sample: `routed_experts_missing`,
     /// `routed_experts_mismatch`).
     pub routed_experts: ps_core::RoutedExpertsMode,
+    /// At most this many MiB of routed experts held in memory by captured turns waiting for their
+    /// next state and judges; a turn past it keeps no experts (`routed_experts_over_budget`:
+    /// marked under `auto`, dropped under `require`). Default 4096, at least 1.
+    pub max_held_experts_mib: u64,
 }
 
 impl Default for CaptureSettings {
@@ -890,6 +894,7 @@ impl Default for CaptureSettings {
             max_images_per_turn: d::CAPTURE_MAX_IMAGES_PER_TURN,
             sampling: ps_core::SamplingMode::AsSent,
             routed_experts: ps_core::RoutedExpertsMode::Auto,
+            max_held_experts_mib: d::CAPTURE_MAX_HELD_EXPERTS_MIB,
         }
     }
 }

@@ -28,6 +28,10 @@ impl Settings {
         }
         self.check_redis(&mut v);
         v.positive("capture.max_queued_mib", self.capture.max_queued_mib);
+        v.positive(
+            "capture.max_held_experts_mib",
+            self.capture.max_held_experts_mib,
+        );
         v.positive("capture.max_image_mib", self.capture.max_image_mib);
         v.positive(
             "capture.max_images_per_turn",

@@ -114,6 +114,101 @@ pub struct ExpertRows {
     pub width: ExpertWidth,
     #[serde(with = "base64_bytes")]
     pub data: Vec<u8>,
+    /// Its bytes counted against the memory bound of held experts while it lives
+    /// ([`ExpertBudget`]); never serialized (a turn resumed after a restart is not counted).
+    #[serde(skip)]
+    pub held: Option<Held>,
+}
+
+/// A bound on the bytes of routed experts that captured turns hold in memory while they wait for
+/// their next state and their judges (`capture.max_held_experts_mib`): a turn past it keeps no
+/// experts. Clones share the count.
+#[derive(Debug, Clone, Default)]
+pub struct ExpertBudget(Arc<BudgetCount>);
+
+#[derive(Debug, Default)]
+struct BudgetCount {
+    limit: std::sync::atomic::AtomicUsize,
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl ExpertBudget {
+    /// A bound of `limit` bytes (0: none).
+    pub fn new(limit: usize) -> Self {
+        let b = Self::default();
+        b.set_limit(limit);
+        b
+    }
+
+    pub fn set_limit(&self, limit: usize) {
+        self.0
+            .limit
+            .store(limit, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn limit(&self) -> usize {
+        self.0.limit.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.0.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts `bytes` if they fit under the bound; the returned [`Held`] gives them back when
+    /// dropped. `None`: they do not fit.
+    pub fn reserve(&self, bytes: usize) -> Option<Held> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let limit = self.limit();
+        self.0
+            .held
+            .fetch_update(Relaxed, Relaxed, |h| {
+                let next = h.checked_add(bytes)?;
+                (limit == 0 || next <= limit).then_some(next)
+            })
+            .ok()?;
+        Some(Held {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Bytes counted in an [`ExpertBudget`] while this lives. A clone counts again (past the bound
+/// too: the memory is held either way).
+#[derive(Debug)]
+pub struct Held {
+    budget: ExpertBudget,
+    bytes: usize,
+}
+
+impl Clone for Held {
+    fn clone(&self) -> Self {
+        self.budget
+            .0
+            .held
+            .fetch_add(self.bytes, std::sync::atomic::Ordering::Relaxed);
+        Self {
+            budget: self.budget.clone(),
+            bytes: self.bytes,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget
+            .0
+            .held
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// What is held is not part of a turn's value.
+impl PartialEq for Held {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Why an engine's experts do not fit a turn.
@@ -251,6 +346,7 @@ impl ExpertRows {
             top_k,
             width,
             data,
+            held: None,
         })
     }
 
@@ -510,6 +606,7 @@ mod tests {
             top_k: 3,
             width: ExpertWidth::Uint8,
             data: vec![0, 255, 7],
+            held: None,
         };
         let json = serde_json::to_value(&rows).unwrap();
         assert_eq!(json["data"], "AP8H");
@@ -533,5 +630,24 @@ mod tests {
         let rows = ExpertRows::of_turn(&sglang(&[3, 7]), 3, model).unwrap();
         assert_eq!(rows.width, ExpertWidth::Uint16);
         assert_eq!(rows.to_i32(), [3, 7]);
+    }
+
+    #[test]
+    fn the_budget_counts_what_lives_and_refuses_past_its_bound() {
+        let budget = ExpertBudget::new(100);
+        let a = budget.reserve(60).unwrap();
+        assert!(budget.reserve(50).is_none(), "past the bound");
+        let b = a.clone();
+        assert_eq!(budget.held(), 120, "a clone holds its bytes too");
+        drop(a);
+        drop(b);
+        assert_eq!(budget.held(), 0);
+        let c = budget.reserve(100).unwrap();
+        assert_eq!(budget.held(), 100);
+        drop(c);
+        assert!(
+            ExpertBudget::new(0).reserve(usize::MAX / 2).is_some(),
+            "0: no bound"
+        );
     }
 }

@@ -38,7 +38,7 @@ pub use align::{AlignPolicy, Alignment, PositionSource, align_logprobs};
 pub use capture::{CapturedTurn, EnginePrompts, TokenSource, TurnGuard, TurnSink, WeightVersion};
 pub use engine::{Engine, EngineCell, EngineSetting};
 pub use errors::error_chain;
-pub use experts::{EngineExperts, ExpertRows, ExpertWidth, MoeShape, SampleExperts};
+pub use experts::{EngineExperts, ExpertBudget, ExpertRows, ExpertWidth, MoeShape, SampleExperts};
 pub use json_text::JsonText;
 pub use log::{EncodedSample, LogError, SampleLog, StoreStats, StoredSample};
 pub use modes::{PauseMode, RoutedExpertsMode, SamplingMode, SessionInference, TokenIdsMode};
