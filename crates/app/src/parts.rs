@@ -231,7 +231,10 @@ pub fn policy_client(
         api_key: settings.sglang_api_key(env)?,
         timeout: g.timeout(),
         connect_timeout: g.connect_timeout(),
-    })?)
+    })?
+    .with_max_answer_bytes(
+        usize::try_from(g.max_answer_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+    ))
 }
 
 /// The judge backend (SGLang `/generate` at `prm.router_url`, rendered with the judge's tokenizer:

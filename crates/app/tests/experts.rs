@@ -374,3 +374,40 @@ async fn a_long_conversation_stores_each_position_once() {
     }
     r.server.stop().await;
 }
+
+/// An answer that the experts we asked for make larger than `sglang.max_answer_mib` is asked
+/// again without them: the client gets its answer, the turn is captured without experts and
+/// counted missing.
+#[tokio::test]
+async fn an_answer_too_large_with_experts_is_asked_again_without_them() {
+    let routing = MoeRouting {
+        layers: 64,
+        top_k: 8,
+        experts: 16,
+    };
+    let quirks = Quirks {
+        routed_experts: Some(routing),
+        ..Quirks::default()
+    };
+    let r = rig(quirks, |s, dir| {
+        s.sglang.max_answer_mib = 1;
+        s.server.model_dir = Some(moe_model_dir(&dir.join("wide"), 64, 8));
+    })
+    .await;
+    // ~2.7 kB of base64 a token: a prompt of some 500 tokens passes 1 MiB.
+    let long = "plan the next step of the trip with care ".repeat(100);
+    let answer = r.server.chat("big", json!([user(&long)]), true).await;
+    assert!(answer["choices"][0]["message"].is_object(), "{answer}");
+    let st = r.server.status_when(|st| common::accounted(st) >= 1).await;
+    assert_eq!(st["routed_experts"]["missing"], 1, "{st}");
+    assert_eq!(st["samples"]["submitted"], 1, "{st}");
+    let asks: Vec<bool> = r
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|q| q.path == "/v1/chat/completions")
+        .map(|q| q.body.get("return_routed_experts").is_some())
+        .collect();
+    assert_eq!(asks, [true, false]);
+    r.server.stop().await;
+}

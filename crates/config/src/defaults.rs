@@ -34,6 +34,8 @@ pub const SGLANG_CONNECT_TIMEOUT_SEC: u64 = 5;
 pub const SGLANG_STREAM: bool = true;
 /// `sglang.max_concurrency`.
 pub const SGLANG_MAX_CONCURRENCY: usize = 256;
+/// `sglang.max_answer_mib`: the largest non-streamed answer read.
+pub const SGLANG_MAX_ANSWER_MIB: u64 = 128;
 
 /// `prm.enabled`.
 pub const PRM_ENABLED: bool = true;

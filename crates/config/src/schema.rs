@@ -310,6 +310,11 @@ pub struct SglangSettings {
     /// Cap on concurrent upstream chat requests; a permit is held until a streamed body ends. A
     /// request beyond it gets 429 with Retry-After. Default 256.
     pub max_concurrency: usize,
+    /// The largest non-streamed answer read, in MiB (a larger one is the client's 502). Routed
+    /// experts take layers × top-k × 16/3 bytes a token in SGLang's base64 (2 KiB for a 48-layer
+    /// top-8 model): raise it for long contexts of a mixture-of-experts policy. Default 128, at
+    /// least 1.
+    pub max_answer_mib: u64,
 }
 
 impl Default for SglangSettings {
@@ -325,6 +330,7 @@ impl Default for SglangSettings {
             return_token_ids: None,
             engine: ps_core::EngineSetting::default(),
             max_concurrency: d::SGLANG_MAX_CONCURRENCY,
+            max_answer_mib: d::SGLANG_MAX_ANSWER_MIB,
         }
     }
 }
@@ -348,6 +354,7 @@ impl fmt::Debug for SglangSettings {
             .field("return_token_ids", &self.return_token_ids)
             .field("engine", &self.engine)
             .field("max_concurrency", &self.max_concurrency)
+            .field("max_answer_mib", &self.max_answer_mib)
             .finish()
     }
 }

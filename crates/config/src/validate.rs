@@ -197,6 +197,7 @@ impl Settings {
         v.positive("sglang.timeout_sec", s.timeout_sec);
         v.positive("sglang.connect_timeout_sec", s.connect_timeout_sec);
         v.positive("sglang.max_concurrency", s.max_concurrency as u64);
+        v.positive("sglang.max_answer_mib", s.max_answer_mib);
     }
 
     fn check_prm(&self, v: &mut Checks) {

@@ -418,8 +418,9 @@ async fn whole_answer(
                 tracing::warn!(
                     limit,
                     "an answer with the routed experts the proxy asked for was larger than the \
-                     answer bound: sent again without them, the turn gets no experts (counted in \
-                     /v1/rollout/status routed_experts.missing; logged once)"
+                     answer bound (raise sglang.max_answer_mib): sent again without them, the turn \
+                     gets no experts (counted in /v1/rollout/status routed_experts.missing; logged \
+                     once)"
                 );
             }
             app.0

@@ -62,9 +62,17 @@ pub struct SglangClient {
     http: reqwest::Client,
     config: SglangClientConfig,
     health_url: String,
+    /// The largest non-streamed answer read ([`MAX_ANSWER_BYTES`] unless set).
+    max_answer_bytes: usize,
 }
 
 impl SglangClient {
+    /// Reads non-streamed answers of up to `bytes` (`sglang.max_answer_mib`).
+    pub fn with_max_answer_bytes(mut self, bytes: usize) -> Self {
+        self.max_answer_bytes = bytes.max(1);
+        self
+    }
+
     pub fn new(config: SglangClientConfig) -> Result<Self, SglangError> {
         let health_url = health_url(&config.chat_url).ok_or_else(|| SglangError::InvalidBody {
             url: config.chat_url.clone(),
@@ -82,6 +90,7 @@ impl SglangClient {
             http,
             config,
             health_url,
+            max_answer_bytes: MAX_ANSWER_BYTES,
         })
     }
 
@@ -290,28 +299,26 @@ impl PolicyClient for SglangClient {
     async fn chat(&self, body: Bytes) -> Result<Bytes, SglangError> {
         let mut resp = self.send(body).await?;
         let url = &self.config.chat_url;
+        let limit = self.max_answer_bytes;
         let too_large = || SglangError::TooLarge {
             url: url.clone(),
-            limit: MAX_ANSWER_BYTES,
+            limit,
         };
-        if resp
-            .content_length()
-            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
-        {
+        if resp.content_length().is_some_and(|n| n > limit as u64) {
             return Err(too_large());
         }
         // Sized from `Content-Length` when the upstream sends one, so that the `Bytes` a capture
         // job keeps until its worker takes it carries no spare capacity.
         let expected = resp
             .content_length()
-            .map_or(0, |n| usize::try_from(n).unwrap_or(0).min(MAX_ANSWER_BYTES));
+            .map_or(0, |n| usize::try_from(n).unwrap_or(0).min(limit));
         let read = async {
             let mut bytes = Vec::with_capacity(expected);
             while let Some(chunk) = resp.chunk().await.map_err(|e| SglangError::InvalidBody {
                 url: url.clone(),
                 detail: format!("reading the body failed: {e}"),
             })? {
-                if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
+                if bytes.len() + chunk.len() > limit {
                     return Err(too_large());
                 }
                 bytes.extend_from_slice(&chunk);
