@@ -155,6 +155,7 @@ pub async fn build_full(
         buffer: Arc::new(buffer.clone()),
         on_pause: Some(records as Arc<dyn PauseHook>),
     };
+    let experts_budget = capture.stats().experts.budget.clone();
     let state = AppState::with_rollout(options, Arc::new(policy), capture, metrics, Some(rollout));
     if let Some(engine) = engine {
         state.learn_engine(engine, "reported by the policy server at start");
@@ -177,9 +178,18 @@ pub async fn build_full(
     // Turns the previous run persisted at shutdown (unfinished when its grace ran out) resume now.
     {
         let store = store.clone();
+        let experts = experts_budget;
         tokio::spawn(async move {
             match store.take_pending().await {
-                Ok(turns) if !turns.is_empty() => buffer.resume(turns),
+                Ok(mut turns) if !turns.is_empty() => {
+                    // Their routed experts are in memory again: counted, past the bound too.
+                    for t in &mut turns {
+                        if let Some(rows) = &mut t.turn.routed_experts {
+                            rows.held = Some(experts.hold(rows.data.len()));
+                        }
+                    }
+                    buffer.resume(turns);
+                }
                 Ok(_) => {}
                 Err(e) => {
                     tracing::error!(error = %e, "pending turns of the previous run could not be read")

@@ -106,7 +106,7 @@ pub struct MoeShape {
 
 /// A captured turn's routed experts: `rows × layers × top_k` indices in the smallest width that
 /// holds them, little-endian, row-major (`rows` = the turn's tokens − 1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExpertRows {
     pub rows: usize,
     pub layers: usize,
@@ -118,6 +118,20 @@ pub struct ExpertRows {
     /// ([`ExpertBudget`]); never serialized (a turn resumed after a restart is not counted).
     #[serde(skip)]
     pub held: Option<Held>,
+}
+
+/// Equal rows, whether or not counted in a budget.
+impl PartialEq for ExpertRows {
+    fn eq(&self, other: &Self) -> bool {
+        (self.rows, self.layers, self.top_k, self.width, &self.data)
+            == (
+                other.rows,
+                other.layers,
+                other.top_k,
+                other.width,
+                &other.data,
+            )
+    }
 }
 
 /// A bound on the bytes of routed experts that captured turns hold in memory while they wait for
@@ -153,6 +167,18 @@ impl ExpertBudget {
     /// Bytes held now.
     pub fn held(&self) -> usize {
         self.0.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts `bytes` whether or not they fit (memory already held: a turn resumed after a
+    /// restart); the returned [`Held`] gives them back when dropped.
+    pub fn hold(&self, bytes: usize) -> Held {
+        self.0
+            .held
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        Held {
+            budget: self.clone(),
+            bytes,
+        }
     }
 
     /// Counts `bytes` if they fit under the bound; the returned [`Held`] gives them back when
@@ -363,13 +389,36 @@ impl ExpertRows {
 /// the content hashes (SHA-256, hex) of consecutive runs of [`BLOCK_ROWS`] rows (the last may be
 /// shorter), whose bytes the store keeps once per hash and delivers beside the sample, as images.
 /// `start_len` is Slime's `routed_experts_start_len`: 0, the rows cover the whole sample.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SampleExperts {
     pub shape: [usize; 3],
     pub dtype: ExpertWidth,
     pub start_len: usize,
     pub block_rows: usize,
     pub blocks: Vec<ExpertBlock>,
+    /// While the sample's blocks hold their bytes (until it is stored), they count in the
+    /// budget its turn's rows counted in; never serialized.
+    #[serde(skip)]
+    pub held: Option<Held>,
+}
+
+/// Equal experts, whether or not counted in a budget.
+impl PartialEq for SampleExperts {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.shape,
+            self.dtype,
+            self.start_len,
+            self.block_rows,
+            &self.blocks,
+        ) == (
+            other.shape,
+            other.dtype,
+            other.start_len,
+            other.block_rows,
+            &other.blocks,
+        )
+    }
 }
 
 /// One block of a sample's experts: its hash and, while the sample travels to its store, its
@@ -401,6 +450,7 @@ impl SampleExperts {
             start_len: 0,
             block_rows: BLOCK_ROWS,
             blocks,
+            held: rows.held.clone(),
         }
     }
 
@@ -630,6 +680,41 @@ mod tests {
         let rows = ExpertRows::of_turn(&sglang(&[3, 7]), 3, model).unwrap();
         assert_eq!(rows.width, ExpertWidth::Uint16);
         assert_eq!(rows.to_i32(), [3, 7]);
+    }
+
+    #[test]
+    fn a_samples_copy_counts_until_it_is_dropped_and_a_resumed_turn_counts_past_the_bound() {
+        let budget = ExpertBudget::new(10);
+        let mut rows = ExpertRows::of_turn(
+            &EngineExperts {
+                width: ExpertWidth::Int32,
+                data: [1i32, 2, 3, 4]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                shape: Some([2, 1, 2]),
+                field: "x".into(),
+            },
+            3,
+            None,
+        )
+        .unwrap();
+        rows.held = budget.reserve(rows.data.len());
+        let sample = SampleExperts::of(&rows);
+        assert_eq!(budget.held(), 8);
+        drop(rows);
+        assert_eq!(
+            budget.held(),
+            4,
+            "the sample's blocks still hold their bytes"
+        );
+        drop(sample);
+        assert_eq!(budget.held(), 0);
+        let resumed = budget.hold(50);
+        assert_eq!(budget.held(), 50);
+        assert!(budget.reserve(1).is_none());
+        drop(resumed);
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]
