@@ -114,6 +114,10 @@ pub struct ExpertRows {
     pub width: ExpertWidth,
     #[serde(with = "base64_bytes")]
     pub data: Vec<u8>,
+    /// The SHA-256 (hex) of each block of [`BLOCK_ROWS`] rows of `data`, computed where the rows
+    /// were checked (the capture thread), so that making the sample only copies bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_hashes: Vec<String>,
     /// Its bytes counted against the memory bound of held experts while it lives
     /// ([`ExpertBudget`]); never serialized (a turn resumed after a restart is not counted).
     #[serde(skip)]
@@ -366,14 +370,23 @@ impl ExpertRows {
             }
             out
         };
-        Ok(Self {
+        let mut rows = Self {
             rows,
             layers,
             top_k,
             width,
             data,
+            block_hashes: Vec::new(),
             held: None,
-        })
+        };
+        rows.block_hashes = rows.blocks().map(|b| hex(&Sha256::digest(b))).collect();
+        Ok(rows)
+    }
+
+    /// `data` cut into blocks of [`BLOCK_ROWS`] rows (the last may be shorter).
+    fn blocks(&self) -> std::slice::Chunks<'_, u8> {
+        let row_bytes = self.layers * self.top_k * self.width.bytes();
+        self.data.chunks((row_bytes * BLOCK_ROWS).max(1))
     }
 
     /// Every index, as int32 (Slime's dtype).
@@ -433,14 +446,18 @@ pub struct ExpertBlock {
 
 impl SampleExperts {
     /// Splits `rows` into blocks of [`BLOCK_ROWS`] rows, each hashed.
+    /// The hashes are the rows' own when they carry them (computed on the capture thread).
     pub fn of(rows: &ExpertRows) -> Self {
-        let row_bytes = rows.layers * rows.top_k * rows.width.bytes();
-        let block_bytes = (row_bytes * BLOCK_ROWS).max(1);
+        let known = rows.block_hashes.len() == rows.blocks().len();
         let blocks = rows
-            .data
-            .chunks(block_bytes)
-            .map(|chunk| ExpertBlock {
-                hash: hex(&Sha256::digest(chunk)),
+            .blocks()
+            .enumerate()
+            .map(|(i, chunk)| ExpertBlock {
+                hash: if known {
+                    rows.block_hashes[i].clone()
+                } else {
+                    hex(&Sha256::digest(chunk))
+                },
                 bytes: Some(Arc::from(chunk)),
             })
             .collect();
@@ -624,6 +641,11 @@ mod tests {
         let short = ExpertRows::of_turn(&sglang(&values[..2 * 600]), 601, Some(model)).unwrap();
         let long = ExpertRows::of_turn(&sglang(&values), 701, Some(model)).unwrap();
         let (a, b) = (SampleExperts::of(&short), SampleExperts::of(&long));
+        // The hashes computed with the rows are the blocks' own.
+        let mut bare_rows = long.clone();
+        bare_rows.block_hashes.clear();
+        assert_eq!(SampleExperts::of(&bare_rows), b);
+        assert_eq!(long.block_hashes.len(), 3);
         assert_eq!(a.blocks.len(), 3);
         assert_eq!(b.blocks.len(), 3);
         // The two full blocks are the same content; the partial last ones differ.
@@ -656,6 +678,7 @@ mod tests {
             top_k: 3,
             width: ExpertWidth::Uint8,
             data: vec![0, 255, 7],
+            block_hashes: Vec::new(),
             held: None,
         };
         let json = serde_json::to_value(&rows).unwrap();
