@@ -125,8 +125,8 @@ impl Stats {
             .and_then(Value::as_str)
             .unwrap_or("retokenized")
             .to_owned();
-        // `full`, `truncated`, `greedy`, `engine_defaults` (ps_core::SamplingKind); samples
-        // stored before the field existed count as `unknown`.
+        // `full`, `truncated`, `greedy`, `engine_defaults` (ps_core::SamplingKind); `unknown`
+        // only for a sample built without `rl_sample`'s metadata (an embedder's).
         let sampling = sample
             .metadata
             .get("sampling_kind")
