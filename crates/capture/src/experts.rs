@@ -95,52 +95,39 @@ pub(crate) fn attach(
         return Ok(None);
     }
     let tokens = turn.prompt_ids.len() + turn.response_ids.len();
-    // A stream's experts arrive as SGLang's base64 text, decoded here, off the chat path (and
-    // only for a turn that can keep them).
-    let decoded = rollout
-        .routed_experts_encoded
-        .as_deref()
-        .filter(|_| turn.token_source == TokenSource::Engine)
-        .map(ps_sglang_client::experts::decode_sglang);
-    let engine = match (&rollout.routed_experts, decoded) {
-        (Some(e), _) => Ok(Some(std::borrow::Cow::Borrowed(e))),
-        (None, Some(Ok(e))) => Ok(Some(std::borrow::Cow::Owned(e))),
-        (None, Some(Err(e))) => Err(e),
-        // Undecoded on a re-tokenized turn: present, and refused as such below.
-        (None, None) if rollout.routed_experts_encoded.is_some() => {
-            Ok(Some(std::borrow::Cow::Owned(ps_core::EngineExperts {
-                width: ps_core::ExpertWidth::Int32,
-                data: Vec::new(),
-                shape: None,
-                field: ps_sglang_client::experts::SGLANG_FIELD.into(),
-            })))
-        }
-        (None, None) => match &rollout.routed_experts_error {
-            Some(e) => Err(e.clone()),
-            None => Ok(None),
-        },
+    let shaped = |engine: &ps_core::EngineExperts| {
+        ExpertRows::of_turn(engine, tokens, stats.shape())
+            .map_err(|e| ("routed_experts_mismatch", e.to_string()))
     };
-    let found = match engine {
+    let present = rollout.routed_experts.is_some() || rollout.routed_experts_encoded.is_some();
+    let found = if present && turn.token_source != TokenSource::Engine {
         // Rows are the engine's tokens: only a turn whose ids are the engine's has them one for
         // one (a re-rendered response holds template tokens the engine never routed, and may
         // hold as many tokens by chance).
-        Ok(Some(_)) if turn.token_source != TokenSource::Engine => Err((
+        Err((
             "routed_experts_mismatch",
             "the turn's ids are re-tokenized, not the engine's: the engine's rows of routed \
              experts cannot be matched to them (ask the engine for its ids: sglang.token_ids, \
              or SGLang's --return-output-ids for streams)"
                 .to_owned(),
-        )),
-        Ok(Some(engine)) => ExpertRows::of_turn(&engine, tokens, stats.shape())
-            .map_err(|e| ("routed_experts_mismatch", e.to_string())),
-        Err(e) => Err(("routed_experts_mismatch", e)),
-        Ok(None) => Err((
+        ))
+    } else if let Some(engine) = &rollout.routed_experts {
+        shaped(engine)
+    } else if let Some(text) = &rollout.routed_experts_encoded {
+        // A stream's experts arrive as SGLang's base64 text, decoded here, off the chat path.
+        ps_sglang_client::experts::decode_sglang(text)
+            .map_err(|e| ("routed_experts_mismatch", e))
+            .and_then(|engine| shaped(&engine))
+    } else if let Some(e) = &rollout.routed_experts_error {
+        Err(("routed_experts_mismatch", e.clone()))
+    } else {
+        Err((
             "routed_experts_missing",
             "the engine returned no routed experts with the answer (SGLang: started without \
              --enable-return-routed-experts, or a build without them on this endpoint; vLLM: \
              started without it, or a streamed answer, which carries none)"
                 .to_owned(),
-        )),
+        ))
     };
     match found {
         Ok(mut rows) => match stats.budget.reserve(rows.data.len()) {

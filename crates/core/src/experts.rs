@@ -55,8 +55,9 @@ impl ExpertWidth {
         }
     }
 
-    /// Index `i` of little-endian `data` in this width (a negative int32 reads as `None`).
-    fn read(self, data: &[u8], i: usize) -> Option<u32> {
+    /// Index `i` of little-endian `data` in this width (a negative int32, or an `i` past the
+    /// data, reads as `None`).
+    pub fn read(self, data: &[u8], i: usize) -> Option<u32> {
         let b = self.bytes();
         let s = data.get(i * b..(i + 1) * b)?;
         match self {

@@ -138,15 +138,6 @@ pub fn attach_experts(view: &mut SampleView, e: &ps_core::SampleExperts, bytes: 
     if bytes.len() != rows * row_bytes || layers * top_k == 0 {
         return;
     }
-    let read = |b: &[u8]| -> u32 {
-        match e.dtype {
-            ps_core::ExpertWidth::Uint8 => u32::from(b[0]),
-            ps_core::ExpertWidth::Uint16 => u32::from(u16::from_le_bytes([b[0], b[1]])),
-            ps_core::ExpertWidth::Int32 => {
-                u32::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(u32::MAX)
-            }
-        }
-    };
     for (i, t) in view.tokens.iter_mut().enumerate() {
         let r = view.prompt_tokens + i;
         let Some(row) = bytes.get(r * row_bytes..(r + 1) * row_bytes) else {
@@ -154,7 +145,11 @@ pub fn attach_experts(view: &mut SampleView, e: &ps_core::SampleExperts, bytes: 
         };
         t.experts = Some(
             row.chunks(top_k * width)
-                .map(|layer| layer.chunks(width).map(read).collect())
+                .map(|layer| {
+                    (0..top_k)
+                        .map(|k| e.dtype.read(layer, k).unwrap_or(u32::MAX))
+                        .collect()
+                })
                 .collect(),
         );
     }
