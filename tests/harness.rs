@@ -43,6 +43,43 @@ impl Drop for KillOnDrop {
 }
 
 /// A loopback port free right now.
+/// Runs an agent's `cmd` to its end, stdin closed, its output in the file `out` and its errors in
+/// `err` (the same path: one log); killed if it outlives `limit`, which only turns a hung agent
+/// into a clear failure naming `what`. Its exit status, output and errors.
+pub async fn run_agent(
+    cmd: &mut Command,
+    out: &Path,
+    err: &Path,
+    limit: std::time::Duration,
+    what: &str,
+) -> (std::process::ExitStatus, String, String) {
+    use std::process::Stdio;
+    let out_file = std::fs::File::create(out).unwrap();
+    let err_file = if err == out {
+        out_file.try_clone().unwrap()
+    } else {
+        std::fs::File::create(err).unwrap()
+    };
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out_file)
+        .stderr(err_file)
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let deadline = tokio::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what} hung");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let errors = if err == out { String::new() } else { read(err) };
+    (status, read(out), errors)
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

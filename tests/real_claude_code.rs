@@ -15,10 +15,9 @@
 mod harness;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use harness::KillOnDrop;
 use ps_fake_sglang::FakeSglang;
 use serde_json::Value;
 
@@ -55,35 +54,23 @@ async fn prompt(
     if cont {
         cmd.arg("--continue");
     }
-    let child = cmd
-        .current_dir(work)
+    cmd.current_dir(work)
         .env("HOME", home)
         .env("ANTHROPIC_BASE_URL", base)
         .env("ANTHROPIC_API_KEY", "sk-policy-serving-test")
         .env("ANTHROPIC_MODEL", "claude-sonnet-4-5")
         .env("ANTHROPIC_SMALL_FAST_MODEL", "claude-haiku-4-5")
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("DISABLE_AUTOUPDATER", "1")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    // A prompt takes a few seconds here; the bound only turns a hung agent into a clear failure.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "claude hung on: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+        .env("DISABLE_AUTOUPDATER", "1");
+    // A prompt takes a few seconds here.
+    let (status, out, err) = harness::run_agent(
+        &mut cmd,
+        &out_path,
+        &err_path,
+        Duration::from_secs(180),
+        &format!("claude on: {text}"),
+    )
+    .await;
     assert!(
         status.success(),
         "claude failed ({status:?}):\n{out}\n{err}"

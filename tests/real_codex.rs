@@ -15,10 +15,9 @@
 mod harness;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use harness::KillOnDrop;
 use ps_fake_sglang::FakeSglang;
 
 fn codex() -> Option<PathBuf> {
@@ -48,32 +47,20 @@ async fn prompt(codex: &Path, home: &Path, work: &Path, text: &str, resume: bool
         cmd.args(["resume", "--last"]);
     }
     cmd.arg(text);
-    let child = cmd
-        .current_dir(work)
+    cmd.current_dir(work)
         .env("HOME", home)
         .env("CODEX_HOME", home.join(".codex"))
-        .env("POLICY_KEY", "sk-policy-serving-test")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    // A prompt takes seconds here; the bound only turns a hung agent into a clear failure (Codex
-    // retries a failing request five times before it gives up).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "codex hung on: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+        .env("POLICY_KEY", "sk-policy-serving-test");
+    // A prompt takes seconds here (Codex retries a failing request five times before it gives
+    // up).
+    let (status, out, err) = harness::run_agent(
+        &mut cmd,
+        &out_path,
+        &err_path,
+        Duration::from_secs(180),
+        &format!("codex on: {text}"),
+    )
+    .await;
     assert!(
         status.success() && !err.contains("ERROR"),
         "codex failed ({status:?}):\n{out}\n{err}"

@@ -15,11 +15,11 @@
 mod harness;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{KillOnDrop, free_port};
+use harness::free_port;
 use ps_chat_template::ChatTokenizer;
 use ps_fake_sglang::FakeSglang;
 use serde_json::{Value, json};
@@ -77,32 +77,20 @@ fn write_openclaw_config(home: &Path, base: &str) {
 /// One turn: `openclaw agent --local --session-id ID -m TEXT`, as a user runs it.
 async fn turn(openclaw: &Path, home: &Path, session: &str, text: &str) {
     let out_path = home.join("openclaw-output.txt");
-    let log = std::fs::File::create(&out_path).unwrap();
-    let child = Command::new(openclaw)
-        .args(["agent", "--local", "--session-id", session, "-m", text])
+    let mut cmd = Command::new(openclaw);
+    cmd.args(["agent", "--local", "--session-id", session, "-m", text])
         .env("HOME", home)
         .env("OPENCLAW_STATE_DIR", home.join(".openclaw"))
-        .env_remove("OPENCLAW_CONFIG_PATH")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    // An agent turn takes ~20 s of Node start-up and plugin loading on this 2-core machine; the
-    // bound only turns a hung agent into a clear failure (the guard kills it).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "openclaw hung on {session}: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+        .env_remove("OPENCLAW_CONFIG_PATH");
+    // An agent turn takes ~20 s of Node start-up and plugin loading on this 2-core machine.
+    let (status, output, _) = harness::run_agent(
+        &mut cmd,
+        &out_path,
+        &out_path,
+        Duration::from_secs(300),
+        &format!("openclaw on {session}: {text}"),
+    )
+    .await;
     assert!(
         status.success() && !output.contains("couldn't generate a response"),
         "openclaw failed on {session} ({status:?}):\n{output}"
